@@ -1,0 +1,582 @@
+package cascade
+
+import (
+	"strconv"
+	"strings"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/caddy-cascade/cascade/hierarchy"
+)
+
+func init() {
+	httpcaddyfile.RegisterHandlerDirective("rate_limit", parseCaddyfile)
+	// After authentication, so {http.auth.user.id} and the headers that
+	// forward_auth copies are there for key templates; before the handlers
+	// that respond. Override with the global option `order rate_limit ...`.
+	httpcaddyfile.RegisterDirectiveOrder("rate_limit", httpcaddyfile.After, "forward_auth")
+}
+
+var _ caddyfile.Unmarshaler = (*Handler)(nil)
+
+func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
+	var handler Handler
+	err := handler.UnmarshalCaddyfile(h.Dispenser)
+	return &handler, err
+}
+
+// UnmarshalCaddyfile sets up the handler from Caddyfile tokens. Syntax:
+//
+//	rate_limit {
+//	    tree <name> {
+//	        match { <matchers> }
+//	        tier <name> [<key>] {
+//	            key     <template>                  # e.g. {header.X-Org}, {http.auth.user.id}, {client_ip}
+//	            missing deny|shared|skip            # empty key: refuse (default), one shared bucket, or skip the tier
+//	            limit   <count>[ <dimension>]/<per> [burst <n>] [gcra|sliding|calendar] [tz <zone>]
+//	            value   <value...> {                # per-value override: replaces the tier's limits
+//	                limit ...
+//	            }
+//	            value   <value...> unlimited
+//	            adaptive
+//	        }
+//	    }
+//	    zone <name> {                               # mholt/caddy-ratelimit zone: a sliding window
+//	        match { <matchers> }
+//	        key    <template>
+//	        events <max_events>
+//	        window <duration>
+//	    }
+//	    cost <dimension> <number|placeholder> [default <n>]   # e.g. cost tokens {header.X-Tokens} default 1
+//	    store memory {
+//	        name     <name>
+//	        max_keys <n>
+//	    }
+//	    store redis {
+//	        address       <host:port...>
+//	        master_name   <name>                    # Sentinel
+//	        cluster
+//	        username      <user>
+//	        password      <password>
+//	        db            <n>
+//	        tls           [insecure] { server_name <name>  ca <pem file> }
+//	        dial_timeout  <duration>
+//	        read_timeout  <duration>
+//	        write_timeout <duration>
+//	        pool_size     <n>
+//	        key_prefix    <prefix>
+//	        timeout       <duration>
+//	    }
+//	    on_store_error deny|allow
+//	    mode           enforce|warn|shadow
+//	    headers        <family...>|none             # ietf x_ratelimit retry_after openai
+//	    status_code    <code>
+//	    use_error_routes
+//	    jitter         <fraction>
+//	    sweep_interval <duration>
+//	    distributed    { ... }                      # accepted and ignored (mholt compatibility)
+//	    storage        <module...>                  # accepted and ignored (mholt compatibility)
+//	}
+//
+// <per> is s, min, h, day, week, month or a duration (30m, 15s). Limits are
+// GCRA (token bucket) by default, with burst = count; per-month limits are
+// calendar quotas. A jitter above 1 is read as a percentage (20 = 0.2), as
+// mholt/caddy-ratelimit wrote it.
+func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // directive name
+	if d.NextArg() {
+		return d.Errf("rate_limit takes a block, not arguments (got %q)", d.Val())
+	}
+	for d.NextBlock(0) {
+		var err error
+		switch d.Val() {
+		case "tree":
+			err = h.parseTree(d)
+		case "zone":
+			err = h.parseZone(d)
+		case "cost":
+			args := d.RemainingArgs()
+			if len(args) != 2 && (len(args) != 4 || args[2] != "default") {
+				return d.Errf("usage: cost <dimension> <number or placeholder> [default <n>], e.g. cost tokens {header.X-Tokens} default 1")
+			}
+			c := &Cost{Dimension: args[0], Value: args[1]}
+			if len(args) == 4 {
+				n, perr := strconv.ParseInt(args[3], 10, 64)
+				if perr != nil || n < 0 {
+					return d.Errf("cost %s: default %q must be a non-negative whole number", args[0], args[3])
+				}
+				c.Default = &n
+			}
+			h.Costs = append(h.Costs, c)
+		case "store":
+			err = h.parseStore(d)
+		case "on_store_error":
+			h.OnStoreError, err = oneOf(d, "deny", "allow")
+		case "mode":
+			h.Mode, err = oneOf(d, "enforce", "warn", "shadow")
+		case "headers":
+			err = h.parseHeaders(d)
+		case "status_code":
+			var n int
+			if n, err = intArg(d); err == nil {
+				h.StatusCode = n
+			}
+		case "use_error_routes":
+			h.UseErrorRoutes = true
+		case "jitter":
+			if !d.NextArg() {
+				return d.ArgErr()
+			}
+			j, perr := strconv.ParseFloat(d.Val(), 64)
+			if perr != nil || j < 0 {
+				return d.Errf("jitter %q: use a fraction such as 0.2 (or a percentage such as 20)", d.Val())
+			}
+			if j > 1 {
+				j /= 100
+			}
+			h.Jitter = j
+		case "sweep_interval":
+			if !d.NextArg() {
+				return d.ArgErr()
+			}
+			dur, perr := caddy.ParseDuration(d.Val())
+			if perr != nil {
+				return d.Errf("sweep_interval %q: %v", d.Val(), perr)
+			}
+			h.SweepInterval = caddy.Duration(dur)
+		case "distributed":
+			h.Distributed = []byte(`{}`)
+			for nesting := d.Nesting(); d.NextBlock(nesting); {
+				d.RemainingArgs()
+			}
+		case "storage":
+			h.StorageRaw = []byte(`{}`)
+			d.RemainingArgs()
+			for nesting := d.Nesting(); d.NextBlock(nesting); {
+				d.RemainingArgs()
+			}
+		default:
+			return d.Errf("unknown rate_limit option %q: expected tree, zone, cost, store, on_store_error, mode, headers, status_code, use_error_routes, jitter or sweep_interval", d.Val())
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (h *Handler) parseTree(d *caddyfile.Dispenser) error {
+	if !d.NextArg() {
+		return d.Errf("usage: tree <name> { tier ... }")
+	}
+	t := &Tree{Tree: hierarchy.Tree{Name: d.Val()}}
+	if d.NextArg() {
+		return d.Errf("tree %s: unexpected argument %q; tiers go in the block", t.Name, d.Val())
+	}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		switch d.Val() {
+		case "tier":
+			tier, err := parseTier(d)
+			if err != nil {
+				return err
+			}
+			t.Tiers = append(t.Tiers, tier)
+		case "match":
+			set, err := caddyhttp.ParseCaddyfileNestedMatcherSet(d)
+			if err != nil {
+				return err
+			}
+			t.MatcherSetsRaw = append(t.MatcherSetsRaw, set)
+		default:
+			return d.Errf("tree %s: unknown option %q: expected tier or match", t.Name, d.Val())
+		}
+	}
+	if len(t.Tiers) == 0 {
+		return d.Errf("tree %s has no tiers: add tier <name> <key> { limit ... }", t.Name)
+	}
+	h.Trees = append(h.Trees, t)
+	return nil
+}
+
+func parseTier(d *caddyfile.Dispenser) (*hierarchy.Tier, error) {
+	if !d.NextArg() {
+		return nil, d.Errf("usage: tier <name> [<key>] { limit ... }")
+	}
+	tier := &hierarchy.Tier{Name: d.Val()}
+	if d.NextArg() {
+		tier.Key = d.Val()
+	}
+	if d.NextArg() {
+		return nil, d.Errf("tier %s: unexpected argument %q", tier.Name, d.Val())
+	}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		switch d.Val() {
+		case "key":
+			if !d.NextArg() {
+				return nil, d.ArgErr()
+			}
+			tier.Key = d.Val()
+		case "missing":
+			v, err := oneOf(d, "deny", "shared", "skip")
+			if err != nil {
+				return nil, err
+			}
+			tier.Missing = hierarchy.Missing(v)
+		case "limit":
+			l, err := parseLimit(d)
+			if err != nil {
+				return nil, err
+			}
+			tier.Limits = append(tier.Limits, l)
+		case "value":
+			if err := parseValue(d, tier); err != nil {
+				return nil, err
+			}
+		case "adaptive":
+			tier.Adaptive = true
+		default:
+			return nil, d.Errf("tier %s: unknown option %q: expected key, missing, limit, value or adaptive", tier.Name, d.Val())
+		}
+	}
+	if tier.Key == "" {
+		return nil, d.Errf("tier %s has no key: write tier %s {header.X-%s}, or key <placeholder> in its block", tier.Name, tier.Name, tier.Name)
+	}
+	return tier, nil
+}
+
+// parseValue parses `value <v...> { limit ... }` or `value <v...> unlimited`.
+func parseValue(d *caddyfile.Dispenser, tier *hierarchy.Tier) error {
+	vals := d.RemainingArgs()
+	unlimited := len(vals) > 1 && vals[len(vals)-1] == "unlimited"
+	if unlimited {
+		vals = vals[:len(vals)-1]
+	}
+	if len(vals) == 0 {
+		return d.Errf("usage: value <value...> { limit ... } or value <value...> unlimited")
+	}
+	var limits []*hierarchy.Limit
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		if d.Val() != "limit" {
+			return d.Errf("value %s: unknown option %q: only limit", vals[0], d.Val())
+		}
+		l, err := parseLimit(d)
+		if err != nil {
+			return err
+		}
+		limits = append(limits, l)
+	}
+	if !unlimited && len(limits) == 0 {
+		return d.Errf("value %s has no limits: add limit lines in its block, or write value %s unlimited", vals[0], vals[0])
+	}
+	if unlimited && len(limits) > 0 {
+		return d.Errf("value %s: unlimited and limits are exclusive", vals[0])
+	}
+	if tier.Values == nil {
+		tier.Values = map[string]*hierarchy.Override{}
+	}
+	for _, v := range vals {
+		if _, dup := tier.Values[v]; dup {
+			return d.Errf("tier %s: value %s overridden twice", tier.Name, v)
+		}
+		o := &hierarchy.Override{Unlimited: unlimited}
+		for _, l := range limits {
+			c := *l
+			o.Limits = append(o.Limits, &c)
+		}
+		tier.Values[v] = o
+	}
+	return nil
+}
+
+// parseLimit parses `limit <count>[ <dimension>]/<per> [burst <n>] [algorithm] [tz <zone>]`.
+func parseLimit(d *caddyfile.Dispenser) (*hierarchy.Limit, error) {
+	const usage = "usage: limit <count>/<per> or limit <count> <dimension>/<per>, then optionally burst <n>, gcra|sliding|calendar, tz <zone>; e.g. limit 1000/h or limit 100000 tokens/h burst 5000"
+	args := d.RemainingArgs()
+	if len(args) == 0 {
+		return nil, d.Errf("%s", usage)
+	}
+	l := &hierarchy.Limit{}
+	rateArg := args[0]
+	rest := args[1:]
+	countStr, per, ok := strings.Cut(rateArg, "/")
+	if !ok {
+		// "<count> <dimension>/<per>"
+		if len(rest) == 0 {
+			return nil, d.Errf("limit %s: no period; %s", rateArg, usage)
+		}
+		countStr = rateArg
+		var dimPer string
+		dimPer, rest = rest[0], rest[1:]
+		if l.Dimension, per, ok = strings.Cut(dimPer, "/"); !ok {
+			return nil, d.Errf("limit %s %s: no period; %s", rateArg, dimPer, usage)
+		}
+	}
+	n, err := strconv.ParseInt(strings.ReplaceAll(countStr, "_", ""), 10, 64)
+	if err != nil || n <= 0 {
+		return nil, d.Errf("limit: count %q must be a positive whole number", countStr)
+	}
+	l.Count, l.Per = n, per
+	for len(rest) > 0 {
+		switch w := rest[0]; w {
+		case "burst":
+			if len(rest) < 2 {
+				return nil, d.Errf("limit: burst needs a number")
+			}
+			b, err := strconv.ParseInt(rest[1], 10, 64)
+			if err != nil || b <= 0 {
+				return nil, d.Errf("limit: burst %q must be a positive whole number", rest[1])
+			}
+			l.Burst, rest = b, rest[2:]
+		case "tz":
+			if len(rest) < 2 {
+				return nil, d.Errf("limit: tz needs a time zone name such as Europe/Paris")
+			}
+			l.Timezone, rest = rest[1], rest[2:]
+		case "gcra", "sliding", "calendar":
+			l.Algorithm, rest = w, rest[1:]
+		default:
+			return nil, d.Errf("limit: unexpected %q; %s", w, usage)
+		}
+	}
+	if err := l.Validate(); err != nil {
+		return nil, d.Errf("limit %s: %v", l.String(), err)
+	}
+	return l, nil
+}
+
+func (h *Handler) parseZone(d *caddyfile.Dispenser) error {
+	if !d.NextArg() {
+		return d.Errf("usage: zone <name> { key ... events ... window ... }")
+	}
+	name := d.Val()
+	z := &Zone{}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		switch d.Val() {
+		case "key":
+			if !d.NextArg() {
+				return d.ArgErr()
+			}
+			if z.Key != "" {
+				return d.Errf("zone key already specified: %s", z.Key)
+			}
+			z.Key = d.Val()
+		case "window":
+			if !d.NextArg() {
+				return d.ArgErr()
+			}
+			if z.Window != 0 {
+				return d.Errf("zone window already specified: %v", z.Window)
+			}
+			w, err := caddy.ParseDuration(d.Val())
+			if err != nil {
+				return d.Errf("invalid window duration '%s': %v", d.Val(), err)
+			}
+			z.Window = caddy.Duration(w)
+		case "events":
+			n, err := intArg(d)
+			if err != nil {
+				return err
+			}
+			if z.MaxEvents != 0 {
+				return d.Errf("zone max events already specified: %v", z.MaxEvents)
+			}
+			z.MaxEvents = n
+		case "match":
+			set, err := caddyhttp.ParseCaddyfileNestedMatcherSet(d)
+			if err != nil {
+				return err
+			}
+			z.MatcherSetsRaw = append(z.MatcherSetsRaw, set)
+		default:
+			return d.Errf("zone %s: unknown option %q: expected key, events, window or match", name, d.Val())
+		}
+	}
+	if z.Window <= 0 || z.MaxEvents <= 0 {
+		return d.Errf("zone %s: a rate limit zone requires both a window and maximum events", name)
+	}
+	if h.RateLimits == nil {
+		h.RateLimits = map[string]*Zone{}
+	}
+	if _, dup := h.RateLimits[name]; dup {
+		return d.Errf("zone %s defined twice", name)
+	}
+	h.RateLimits[name] = z
+	return nil
+}
+
+func (h *Handler) parseStore(d *caddyfile.Dispenser) error {
+	if !d.NextArg() {
+		return d.Errf("usage: store memory|redis { ... }")
+	}
+	if h.Store != nil {
+		return d.Errf("store already configured")
+	}
+	switch d.Val() {
+	case "memory":
+		m := &MemoryStoreConfig{}
+		h.Store = &StoreConfig{Memory: m}
+		for nesting := d.Nesting(); d.NextBlock(nesting); {
+			var err error
+			switch d.Val() {
+			case "name":
+				if !d.NextArg() {
+					return d.ArgErr()
+				}
+				m.Name = d.Val()
+			case "max_keys":
+				m.MaxKeys, err = intArg(d)
+			default:
+				return d.Errf("store memory: unknown option %q: expected name or max_keys", d.Val())
+			}
+			if err != nil {
+				return err
+			}
+		}
+	case "redis":
+		r := &RedisStoreConfig{}
+		h.Store = &StoreConfig{Redis: r}
+		return parseRedis(d, r)
+	default:
+		return d.Errf("unknown store %q: use memory (default) or redis", d.Val())
+	}
+	return nil
+}
+
+func parseRedis(d *caddyfile.Dispenser, r *RedisStoreConfig) error {
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		var err error
+		switch opt := d.Val(); opt {
+		case "address", "addresses":
+			r.Addresses = append(r.Addresses, d.RemainingArgs()...)
+			if len(r.Addresses) == 0 {
+				return d.Errf("address needs host:port")
+			}
+		case "master_name":
+			err = strArg(d, &r.MasterName)
+		case "cluster":
+			r.Cluster = true
+		case "username":
+			err = strArg(d, &r.Username)
+		case "password":
+			err = strArg(d, &r.Password)
+		case "db":
+			r.DB, err = intArg(d)
+		case "pool_size":
+			r.PoolSize, err = intArg(d)
+		case "key_prefix":
+			err = strArg(d, &r.KeyPrefix)
+		case "dial_timeout", "read_timeout", "write_timeout", "timeout":
+			if !d.NextArg() {
+				return d.ArgErr()
+			}
+			dur, perr := caddy.ParseDuration(d.Val())
+			if perr != nil || dur <= 0 {
+				return d.Errf("%s %q: use a positive duration such as 250ms", opt, d.Val())
+			}
+			switch opt {
+			case "dial_timeout":
+				r.DialTimeout = caddy.Duration(dur)
+			case "read_timeout":
+				r.ReadTimeout = caddy.Duration(dur)
+			case "write_timeout":
+				r.WriteTimeout = caddy.Duration(dur)
+			default:
+				r.Timeout = caddy.Duration(dur)
+			}
+		case "tls":
+			r.TLS = &RedisTLS{}
+			for _, a := range d.RemainingArgs() {
+				if a != "insecure" {
+					return d.Errf("tls: unexpected %q (only insecure)", a)
+				}
+				r.TLS.InsecureSkipVerify = true
+			}
+			for n := d.Nesting(); d.NextBlock(n); {
+				switch d.Val() {
+				case "server_name":
+					err = strArg(d, &r.TLS.ServerName)
+				case "ca":
+					err = strArg(d, &r.TLS.CA)
+				default:
+					return d.Errf("tls: unknown option %q: expected server_name or ca", d.Val())
+				}
+				if err != nil {
+					return err
+				}
+			}
+		default:
+			return d.Errf("store redis: unknown option %q", opt)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (h *Handler) parseHeaders(d *caddyfile.Dispenser) error {
+	fams := d.RemainingArgs()
+	if len(fams) == 0 {
+		return d.Errf("usage: headers <family...> (ietf x_ratelimit retry_after openai) or headers none")
+	}
+	f := false
+	cfg := &HeadersConfig{IETF: &f, XRateLimit: &f, RetryAfter: &f}
+	t := true
+	for _, fam := range fams {
+		switch fam {
+		case "none":
+		case "ietf":
+			cfg.IETF = &t
+		case "x_ratelimit":
+			cfg.XRateLimit = &t
+		case "retry_after":
+			cfg.RetryAfter = &t
+		case "openai":
+			cfg.OpenAI = true
+		default:
+			return d.Errf("headers: unknown family %q: use ietf, x_ratelimit, retry_after, openai or none", fam)
+		}
+	}
+	h.Headers = cfg
+	return nil
+}
+
+func oneOf(d *caddyfile.Dispenser, allowed ...string) (string, error) {
+	opt := d.Val()
+	if !d.NextArg() {
+		return "", d.Errf("%s needs one of: %s", opt, strings.Join(allowed, ", "))
+	}
+	for _, a := range allowed {
+		if d.Val() == a {
+			if d.NextArg() {
+				return "", d.Errf("%s: unexpected argument %q", opt, d.Val())
+			}
+			return a, nil
+		}
+	}
+	return "", d.Errf("%s %q: use one of %s", opt, d.Val(), strings.Join(allowed, ", "))
+}
+
+func intArg(d *caddyfile.Dispenser) (int, error) {
+	opt := d.Val()
+	if !d.NextArg() {
+		return 0, d.Errf("%s needs a number", opt)
+	}
+	n, err := strconv.Atoi(d.Val())
+	if err != nil || n < 0 {
+		return 0, d.Errf("%s %q: use a non-negative whole number", opt, d.Val())
+	}
+	return n, nil
+}
+
+func strArg(d *caddyfile.Dispenser, dst *string) error {
+	opt := d.Val()
+	if !d.NextArg() {
+		return d.Errf("%s needs a value", opt)
+	}
+	*dst = d.Val()
+	return nil
+}

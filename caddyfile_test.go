@@ -1,0 +1,216 @@
+package cascade
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+)
+
+func parse(t testing.TB, input string) (*Handler, error) {
+	t.Helper()
+	h := new(Handler)
+	err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(input))
+	return h, err
+}
+
+func TestUnmarshalCaddyfile(t *testing.T) {
+	h, err := parse(t, `rate_limit {
+		tree acme {
+			match {
+				path /v1/*
+			}
+			tier org {header.X-Org} {
+				limit 10000/h
+				limit 1_000_000 tokens/h burst 50000
+				value acme-corp bigco {
+					limit 20000/h
+				}
+				value internal unlimited
+			}
+			tier user {
+				key {http.auth.user.id}
+				missing shared
+				limit 100/30m sliding
+				limit 100000/month tz Europe/Paris
+				adaptive
+			}
+		}
+		cost tokens {header.X-Tokens}
+		store redis {
+			address {$REDIS:localhost:6379} 10.0.0.2:6379
+			cluster
+			password secret
+			db 2
+			tls insecure {
+				server_name redis.internal
+			}
+			timeout 150ms
+			key_prefix rl:
+		}
+		on_store_error allow
+		mode warn
+		headers ietf openai
+		jitter 20
+	}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ := json.Marshal(h)
+	for _, want := range []string{
+		`"name":"acme"`, `"match":[{"path":["/v1/*"]}]`,
+		`"name":"org","key":"{header.X-Org}","limits":[{"count":10000,"per":"h"},{"count":1000000,"per":"h","dimension":"tokens","burst":50000}]`,
+		`"acme-corp":{"limits":[{"count":20000,"per":"h"}]}`, `"bigco":{"limits":[{"count":20000,"per":"h"}]}`, `"internal":{"unlimited":true}`,
+		`"key":"{http.auth.user.id}","missing":"shared"`, `{"count":100,"per":"30m","algorithm":"sliding"}`,
+		`{"count":100000,"per":"month","timezone":"Europe/Paris"}`, `"adaptive":true`,
+		`"costs":[{"dimension":"tokens","value":"{header.X-Tokens}"}]`,
+		`"addresses":["localhost:6379","10.0.0.2:6379"],"cluster":true`, `"db":2`,
+		`"tls":{"server_name":"redis.internal","insecure_skip_verify":true}`, `"timeout":150000000`, `"key_prefix":"rl:"`,
+		`"on_store_error":"allow"`, `"mode":"warn"`, `"headers":{"ietf":true,"x_ratelimit":false,"retry_after":false,"openai":true}`,
+		`"jitter":0.2`,
+	} {
+		if !strings.Contains(string(got), want) {
+			t.Errorf("JSON lacks %s\n%s", want, got)
+		}
+	}
+}
+
+func TestUnmarshalCaddyfileMholtCompat(t *testing.T) {
+	h, err := parse(t, `rate_limit {
+		distributed {
+			read_interval 5s
+			write_interval 5s
+		}
+		storage file_system /tmp/rl
+		zone static_example {
+			match {
+				method GET
+			}
+			key    static
+			events 100
+			window 1m
+		}
+		zone dynamic_example {
+			key    {remote_host}
+			events 2
+			window 5s
+		}
+		jitter 0.2
+		sweep_interval 30s
+	}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	z := h.RateLimits["dynamic_example"]
+	if z == nil || z.Key != "{remote_host}" || z.MaxEvents != 2 || z.Window != caddy.Duration(5e9) {
+		t.Fatalf("zone = %+v", z)
+	}
+	if len(h.RateLimits["static_example"].MatcherSetsRaw) != 1 || h.Distributed == nil || h.StorageRaw == nil {
+		t.Errorf("match/distributed/storage not kept: %+v", h)
+	}
+}
+
+// TestCaddyfileErrors: every mistake names its line and says how to fix it.
+func TestCaddyfileErrors(t *testing.T) {
+	tests := []struct {
+		name, input, want string
+	}{
+		{"argument", "rate_limit 10 {\n}", "takes a block"},
+		{"unknown option", "rate_limit {\n\tlimits 5\n}", "unknown rate_limit option \"limits\""},
+		{"bad period", "rate_limit {\n tree t {\n  tier a k {\n   limit 5/fortnight\n  }\n }\n}", "limit 5/fortnight: unknown period"},
+		{"no period", "rate_limit {\n tree t {\n  tier a k {\n   limit 5\n  }\n }\n}", "limit 5: no period"},
+		{"bad count", "rate_limit {\n tree t {\n  tier a k {\n   limit -5/h\n  }\n }\n}", "must be a positive whole number"},
+		{"bad burst", "rate_limit {\n tree t {\n  tier a k {\n   limit 5/h burst x\n  }\n }\n}", "burst \"x\""},
+		{"stray word", "rate_limit {\n tree t {\n  tier a k {\n   limit 5/h fast\n  }\n }\n}", "unexpected \"fast\""},
+		{"gcra month", "rate_limit {\n tree t {\n  tier a k {\n   limit 5/month gcra\n  }\n }\n}", "a month has no fixed length"},
+		{"sliding burst", "rate_limit {\n tree t {\n  tier a k {\n   limit 5/h burst 2 sliding\n  }\n }\n}", "burst applies only to the gcra"},
+		{"no key", "rate_limit {\n tree t {\n  tier user {\n   limit 5/h\n  }\n }\n}", "tier user has no key"},
+		{"bad missing", "rate_limit {\n tree t {\n  tier a k {\n   missing ignore\n  }\n }\n}", "missing \"ignore\": use one of deny, shared, skip"},
+		{"empty tree", "rate_limit {\n tree t {\n }\n}", "tree t has no tiers"},
+		{"empty value", "rate_limit {\n tree t {\n  tier a k {\n   value x {\n   }\n  }\n }\n}", "value x has no limits"},
+		{"zone without events", "rate_limit {\n zone z {\n  key static\n  window 1m\n }\n}", "requires both a window and maximum events"},
+		{"bad store", "rate_limit {\n store etcd\n}", "unknown store \"etcd\""},
+		{"bad mode", "rate_limit {\n mode strict\n}", "mode \"strict\": use one of enforce, warn, shadow"},
+		{"bad header family", "rate_limit {\n headers github\n}", "unknown family \"github\""},
+		{"cost usage", "rate_limit {\n cost tokens\n}", "usage: cost <dimension>"},
+		{"bad timeout", "rate_limit {\n store redis {\n  timeout soon\n }\n}", "timeout \"soon\""},
+		{"bad tz", "rate_limit {\n tree t {\n  tier a k {\n   limit 5/day calendar tz Mars/Base\n  }\n }\n}", "timezone \"Mars/Base\""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := parse(t, tt.input)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("error = %v, want one containing %q", err, tt.want)
+			}
+			if !strings.Contains(err.Error(), "Testfile:") {
+				t.Errorf("error %q does not name its line", err)
+			}
+		})
+	}
+}
+
+// TestProvisionErrors: mistakes only visible in the whole config are caught
+// by `caddy validate`.
+func TestProvisionErrors(t *testing.T) {
+	tests := []struct{ name, rl, want string }{
+		{"dimension without cost", "tree t {\n tier a k {\n  limit 5 tokens/h\n }\n}", "tree t counts tokens, but no cost says what a request costs in tokens"},
+		{"nothing", "mode warn", "no limits configured"},
+		{"duplicate tree", "tree t {\n tier a k {\n  limit 5/h\n }\n}\ntree t {\n tier a k {\n  limit 5/h\n }\n}", "defined twice"},
+		{"bad cost", "tree t {\n tier a k {\n  limit 5 tokens/h\n }\n}\ncost tokens many", "neither a placeholder nor a non-negative integer"},
+		{"braces in prefix", "tree t {\n tier a k {\n  limit 5/h\n }\n}\nstore redis {\n key_prefix {x}\n}", "must not contain braces"},
+		{"zone name", "zone \"my zone\" {\n key static\n events 1\n window 1s\n}", "tree name \"my zone\""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg, err := adapt(t, "{\n admin off\n}\n:0 {\n rate_limit {\n"+tt.rl+"\n }\n}\n")
+			if err == nil {
+				err = caddy.Validate(mustConfig(t, cfg))
+			}
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("error = %v, want one containing %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func mustConfig(t testing.TB, cfg []byte) *caddy.Config {
+	t.Helper()
+	var c caddy.Config
+	if err := json.Unmarshal(cfg, &c); err != nil {
+		t.Fatal(err)
+	}
+	return &c
+}
+
+// FuzzCaddyfile: the parser never panics, and whatever it accepts
+// marshals to JSON that parses back to the same config.
+func FuzzCaddyfile(f *testing.F) {
+	for _, s := range []string{
+		"rate_limit {\n tree t {\n  tier a {header.X} {\n   limit 5/h burst 2\n   value v { \n limit 1 tokens/day calendar tz UTC\n }\n  }\n }\n cost tokens 3\n}",
+		"rate_limit {\n zone z {\n  key static\n  events 1\n  window 1s\n }\n jitter 20\n}",
+		"rate_limit {\n store redis {\n  address a:1 b:2\n  tls insecure {\n server_name x\n }\n }\n headers none\n}",
+		"rate_limit {\n tree {\n}",
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, input string) {
+		h, err := parse(t, input)
+		if err != nil {
+			return
+		}
+		b, err := json.Marshal(h)
+		if err != nil {
+			t.Fatalf("accepted config does not marshal: %v", err)
+		}
+		var back Handler
+		if err := json.Unmarshal(b, &back); err != nil {
+			t.Fatalf("accepted config does not round-trip: %v\n%s", err, b)
+		}
+		b2, _ := json.Marshal(&back)
+		if string(b) != string(b2) {
+			t.Fatalf("round trip changed the config:\n%s\n%s", b, b2)
+		}
+	})
+}

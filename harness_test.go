@@ -1,0 +1,123 @@
+package cascade
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	_ "github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	_ "github.com/caddyserver/caddy/v2/modules/standard"
+)
+
+// freePort returns a loopback port nobody listens on.
+func freePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// adapt turns a Caddyfile into Caddy JSON, failing on errors and warnings
+// that are not expected.
+func adapt(t testing.TB, caddyfile string) ([]byte, error) {
+	t.Helper()
+	cfg, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(caddyfile), nil)
+	return cfg, err
+}
+
+// globalOptions keep test instances off the admin port, ACME and the trust store.
+const globalOptions = `{
+	admin off
+	skip_install_trust
+	auto_https off
+	persist_config off
+	%s
+}
+`
+
+// startCaddy runs Caddy in this process with the given site blocks and
+// stops it when the test ends. Extra global options may be given.
+func startCaddy(t testing.TB, sites string, global ...string) {
+	t.Helper()
+	cf := fmt.Sprintf(globalOptions, strings.Join(global, "\n")) + sites
+	cfg, err := adapt(t, cf)
+	if err != nil {
+		t.Fatalf("adapting Caddyfile: %v\n%s", err, cf)
+	}
+	if err := caddy.Load(cfg, true); err != nil {
+		t.Fatalf("loading config: %v\n%s", err, cfg)
+	}
+	t.Cleanup(func() { _ = caddy.Stop() })
+}
+
+// client is an HTTP client for tests: no keep-alive limits, short timeout.
+var client = &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
+
+type resp struct {
+	status int
+	header http.Header
+	body   string
+}
+
+func (r resp) problem(t testing.TB) map[string]any {
+	t.Helper()
+	if ct := r.header.Get("Content-Type"); ct != "application/problem+json" {
+		t.Fatalf("content type %q, want application/problem+json (body %s)", ct, r.body)
+	}
+	var p map[string]any
+	if err := json.Unmarshal([]byte(r.body), &p); err != nil {
+		t.Fatalf("problem body %q: %v", r.body, err)
+	}
+	return p
+}
+
+// do sends a request with headers given as "Name: value" strings.
+func do(t testing.TB, method, url string, headers ...string) resp {
+	t.Helper()
+	req, err := http.NewRequest(method, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range headers {
+		k, v, _ := strings.Cut(h, ":")
+		req.Header.Set(strings.TrimSpace(k), strings.TrimSpace(v))
+	}
+	res, err := client.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, url, err)
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	return resp{res.StatusCode, res.Header, string(b)}
+}
+
+// admitN sends n requests and returns how many got 200.
+func admitN(t testing.TB, n int, url string, headers ...string) int {
+	t.Helper()
+	ok := 0
+	for i := 0; i < n; i++ {
+		if do(t, "GET", url, headers...).status == http.StatusOK {
+			ok++
+		}
+	}
+	return ok
+}
+
+// loadJSON runs Caddy with a JSON config and stops it when the test ends.
+func loadJSON(t testing.TB, cfg []byte) {
+	t.Helper()
+	if err := caddy.Load(cfg, true); err != nil {
+		t.Fatalf("loading config: %v\n%s", err, cfg)
+	}
+	t.Cleanup(func() { _ = caddy.Stop() })
+}

@@ -1,0 +1,310 @@
+// Package hierarchy describes trees of limits and turns one request's key
+// values into a Plan: the ordered buckets, with their limits and storage
+// keys, that the request must fit into.
+//
+// A Tree is a chain of tiers from the root down (organisation > team > user
+// > agent). Each tier names a key template (resolved by the caller, from
+// placeholders such as a header or the authenticated user), default limits
+// that apply to every value of the key (the "*" of seed 004), and per-value
+// overrides (an enterprise organisation, the "trade" action) that replace
+// them. A tier without default limits constrains only its named values.
+//
+// A bucket's identity is the path of values from the root to its tier, so
+// "alice" under team "eng" and "alice" under team "ops" are different
+// buckets, and "trade" and "withdrawal" of user alex each have their own
+// bucket while both count against alex's. Values that come from clients are
+// escaped or hashed (see Escape) before they become keys; every key carries
+// one hash tag per tenant subtree (DESIGN.md §4).
+//
+// The package knows nothing of HTTP or Redis.
+package hierarchy
+
+import (
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/caddy-cascade/cascade/rate"
+)
+
+// Requests is the dimension every request costs exactly 1 in.
+const Requests = "requests"
+
+// Missing says what a tier does with a request whose key resolves to empty.
+type Missing string
+
+// The missing-key policies.
+const (
+	// MissingDeny refuses the request (the default): omitting a header must
+	// never be a way around a limit.
+	MissingDeny Missing = "deny"
+	// MissingShared puts every request without the key into one shared
+	// bucket (the behaviour of mholt/caddy-ratelimit zones).
+	MissingShared Missing = "shared"
+	// MissingSkip leaves the tier out of the path: an explicit opt-out, for
+	// tiers that only some requests have.
+	MissingSkip Missing = "skip"
+)
+
+// Tree is a named chain of tiers, root first.
+type Tree struct {
+	// Name identifies the tree in keys, headers and logs. Trees with the
+	// same name on the same store share their buckets.
+	Name string `json:"name"`
+	// Tiers from the root (e.g. org) down to the leaf (e.g. agent).
+	Tiers []*Tier `json:"tiers"`
+}
+
+// Tier is one level of a tree.
+type Tier struct {
+	// Name of the tier: "org", "team", "user"…
+	Name string `json:"name"`
+	// Key is the template, usually a placeholder, whose value selects the
+	// bucket: "{http.request.header.X-Org}". A key without placeholders is
+	// a constant: one bucket for all requests (a global ceiling).
+	Key string `json:"key"`
+	// Missing is the policy for requests whose key resolves to empty:
+	// "deny" (default), "shared" or "skip".
+	Missing Missing `json:"missing,omitempty"`
+	// Limits apply to every value of the key that has no override.
+	Limits []*Limit `json:"limits,omitempty"`
+	// Values overrides the limits for named values of the key.
+	Values map[string]*Override `json:"values,omitempty"`
+	// Adaptive lets the adaptive controller scale this tier's limits.
+	Adaptive bool `json:"adaptive,omitempty"`
+}
+
+// Override replaces a tier's limits for one value of its key.
+type Override struct {
+	// Limits for this value; they replace the tier's defaults.
+	Limits []*Limit `json:"limits,omitempty"`
+	// Unlimited exempts this value from the tier (its other tiers still apply).
+	Unlimited bool `json:"unlimited,omitempty"`
+}
+
+// Limit is one limit of a tier, as configured.
+type Limit struct {
+	// Count units are allowed per Per.
+	Count int64 `json:"count"`
+	// Per is the period: "s", "min", "h", "day", "week", "month" or a
+	// duration such as "30m". "month" always means a calendar month.
+	Per string `json:"per"`
+	// Dimension is what is counted: "requests" (default), or a cost such
+	// as "tokens", "points", "bytes".
+	Dimension string `json:"dimension,omitempty"`
+	// Burst is the GCRA capacity; default Count.
+	Burst int64 `json:"burst,omitempty"`
+	// Algorithm is "gcra" (default), "sliding" or "calendar".
+	Algorithm string `json:"algorithm,omitempty"`
+	// Timezone aligns calendar windows; default UTC.
+	Timezone string `json:"timezone,omitempty"`
+
+	compiled rate.Limit
+	id       string // the limit's part of a storage key
+	policy   string // the limit's name in RateLimit-Policy
+}
+
+// Rate returns the compiled limit. Valid after Tree.Compile.
+func (l *Limit) Rate() rate.Limit { return l.compiled }
+
+// Policy is the limit's name in the RateLimit-Policy header. Valid after
+// Tree.Compile.
+func (l *Limit) Policy() string { return l.policy }
+
+// String renders the limit as configured, e.g. "100000 tokens/h burst 5000".
+func (l *Limit) String() string {
+	var b strings.Builder
+	b.WriteString(strconv.FormatInt(l.Count, 10))
+	if l.Dimension != "" && l.Dimension != Requests {
+		b.WriteString(" " + l.Dimension)
+	}
+	b.WriteString("/" + l.Per)
+	if l.Burst > 0 {
+		b.WriteString(" burst " + strconv.FormatInt(l.Burst, 10))
+	}
+	if l.Algorithm != "" && l.Algorithm != string(rate.GCRA) {
+		b.WriteString(" " + l.Algorithm)
+	}
+	return b.String()
+}
+
+var nameRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+
+// Compile validates the tree and prepares it for Resolve. Errors name the
+// tier and limit at fault.
+func (t *Tree) Compile() error {
+	if !nameRE.MatchString(t.Name) {
+		return fmt.Errorf("tree name %q: use 1-64 letters, digits, '-' or '_'", t.Name)
+	}
+	if len(t.Tiers) == 0 {
+		return fmt.Errorf("tree %s: no tiers", t.Name)
+	}
+	seen := map[string]bool{}
+	for _, tier := range t.Tiers {
+		if !nameRE.MatchString(tier.Name) {
+			return fmt.Errorf("tree %s: tier name %q: use 1-64 letters, digits, '-' or '_'", t.Name, tier.Name)
+		}
+		if seen[tier.Name] {
+			return fmt.Errorf("tree %s: tier %s appears twice", t.Name, tier.Name)
+		}
+		seen[tier.Name] = true
+		if err := tier.compile(); err != nil {
+			return fmt.Errorf("tree %s: tier %s: %w", t.Name, tier.Name, err)
+		}
+	}
+	return nil
+}
+
+func (tier *Tier) compile() error {
+	if strings.TrimSpace(tier.Key) == "" {
+		return fmt.Errorf("no key: say which placeholder identifies the %s, e.g. key {http.request.header.X-%s}", tier.Name, tier.Name)
+	}
+	switch tier.Missing {
+	case "":
+		tier.Missing = MissingDeny
+	case MissingDeny, MissingShared, MissingSkip:
+	default:
+		return fmt.Errorf("missing policy %q: use deny, shared or skip", tier.Missing)
+	}
+	if len(tier.Limits) == 0 && len(tier.Values) == 0 {
+		return fmt.Errorf("no limits: add a limit (e.g. limit 1000/h) or a value override")
+	}
+	if err := compileLimits(tier.Name, tier.Limits); err != nil {
+		return err
+	}
+	for v, o := range tier.Values {
+		if o == nil {
+			return fmt.Errorf("value %q: empty override", v)
+		}
+		if o.Unlimited && len(o.Limits) > 0 {
+			return fmt.Errorf("value %q: unlimited and limits are exclusive", v)
+		}
+		if !o.Unlimited && len(o.Limits) == 0 {
+			return fmt.Errorf("value %q: no limits (say unlimited to exempt it)", v)
+		}
+		if err := compileLimits(tier.Name, o.Limits); err != nil {
+			return fmt.Errorf("value %q: %w", v, err)
+		}
+	}
+	return nil
+}
+
+// compileLimits compiles one set of limits (a tier's defaults or one
+// override) and names each limit's policy: the tier's name when it has one
+// limit, else the tier and dimension, else tier, dimension and period.
+func compileLimits(tier string, limits []*Limit) error {
+	perDim := map[string]int{}
+	ids := map[string]bool{}
+	for _, l := range limits {
+		if err := l.compile(); err != nil {
+			return fmt.Errorf("limit %s: %w", l.String(), err)
+		}
+		if ids[l.id] {
+			return fmt.Errorf("limit %s: two limits of the same dimension, period and algorithm", l.String())
+		}
+		ids[l.id] = true
+		perDim[l.Dimension]++
+	}
+	for _, l := range limits {
+		switch {
+		case len(limits) == 1:
+			l.policy = tier
+		case perDim[l.Dimension] == 1:
+			l.policy = tier + "." + l.Dimension
+		default:
+			l.policy = tier + "." + l.Dimension + "." + l.Per
+		}
+	}
+	return nil
+}
+
+func (l *Limit) compile() error {
+	if l.Dimension == "" {
+		l.Dimension = Requests
+	}
+	if !nameRE.MatchString(l.Dimension) {
+		return fmt.Errorf("dimension %q: use letters, digits, '-' or '_'", l.Dimension)
+	}
+	period, unit, err := rate.ParsePer(l.Per)
+	if err != nil {
+		return err
+	}
+	r := rate.Limit{Algorithm: rate.Algorithm(l.Algorithm), Count: l.Count, Burst: l.Burst, Period: period}
+	switch {
+	case r.Algorithm == "" && unit != "":
+		r.Algorithm = rate.Calendar
+	case r.Algorithm == "":
+		r.Algorithm = rate.GCRA
+	}
+	if r.Algorithm == rate.Calendar {
+		if unit == "" {
+			var ok bool
+			if unit, ok = rate.CalendarUnit(period); !ok {
+				return fmt.Errorf("a calendar limit counts per hour, day, week or month, not per %s", l.Per)
+			}
+		}
+		r.Unit, r.Period = unit, 0
+		r.Location = time.UTC
+		if l.Timezone != "" {
+			loc, err := time.LoadLocation(l.Timezone)
+			if err != nil {
+				return fmt.Errorf("timezone %q: %v", l.Timezone, err)
+			}
+			r.Location = loc
+		}
+	} else {
+		if unit != "" {
+			return fmt.Errorf("a month has no fixed length: per month limits are calendar quotas (drop the %s algorithm)", r.Algorithm)
+		}
+		if l.Timezone != "" {
+			return fmt.Errorf("timezone applies only to calendar limits")
+		}
+	}
+	if err := r.Validate(); err != nil {
+		return err
+	}
+	l.compiled = r
+	per := l.Per
+	if r.Algorithm == rate.Calendar {
+		per = string(r.Unit)
+		if l.Timezone != "" {
+			per += "@" + Escape(l.Timezone)
+		}
+	} else {
+		per = strconv.FormatInt(period.Microseconds(), 10)
+	}
+	l.id = l.Dimension + "." + string(r.Algorithm) + "." + per
+	return nil
+}
+
+// Dimensions lists every dimension the tree's limits count, once each.
+func (t *Tree) Dimensions() []string {
+	var out []string
+	add := func(ls []*Limit) {
+		for _, l := range ls {
+			found := false
+			for _, d := range out {
+				found = found || d == l.Dimension
+			}
+			if !found {
+				out = append(out, l.Dimension)
+			}
+		}
+	}
+	for _, tier := range t.Tiers {
+		add(tier.Limits)
+		for _, o := range tier.Values {
+			add(o.Limits)
+		}
+	}
+	return out
+}
+
+// Validate checks one limit on its own, without changing it, so a config
+// parser can report a bad limit at the line that wrote it.
+func (l *Limit) Validate() error {
+	c := *l
+	return c.compile()
+}

@@ -1,0 +1,227 @@
+package hierarchy
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddy-cascade/cascade/rate"
+)
+
+func acme() *Tree {
+	return &Tree{Name: "acme", Tiers: []*Tier{
+		{Name: "org", Key: "{http.request.header.X-Org}", Limits: []*Limit{
+			{Count: 10000, Per: "h"}, {Count: 1000000, Per: "h", Dimension: "tokens"}}},
+		{Name: "team", Key: "{http.request.header.X-Team}",
+			Limits: []*Limit{{Count: 5000, Per: "h"}, {Count: 500000, Per: "h", Dimension: "tokens"}},
+			Values: map[string]*Override{"marketing": {Limits: []*Limit{{Count: 200000, Per: "h", Dimension: "tokens"}}}}},
+		{Name: "user", Key: "{http.request.header.X-User}", Limits: []*Limit{
+			{Count: 1000, Per: "h"}, {Count: 100000, Per: "h", Dimension: "tokens"}}},
+		{Name: "agent", Key: "{http.request.header.X-Agent}", Missing: MissingSkip, Limits: []*Limit{
+			{Count: 200, Per: "h"}, {Count: 25000, Per: "h", Dimension: "tokens"}}},
+	}}
+}
+
+func TestResolveAcme(t *testing.T) {
+	tree := acme()
+	if err := tree.Compile(); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name    string
+		values  []string
+		keys    []string
+		missing string
+	}{
+		{"full path", []string{"acme-corp", "engineering", "alice", "agent-1"}, []string{
+			"{acme|org=acme-corp}org=acme-corp#requests.gcra.3600000000",
+			"{acme|org=acme-corp}org=acme-corp#tokens.gcra.3600000000",
+			"{acme|org=acme-corp}org=acme-corp/team=engineering#requests.gcra.3600000000",
+			"{acme|org=acme-corp}org=acme-corp/team=engineering#tokens.gcra.3600000000",
+			"{acme|org=acme-corp}org=acme-corp/team=engineering/user=alice#requests.gcra.3600000000",
+			"{acme|org=acme-corp}org=acme-corp/team=engineering/user=alice#tokens.gcra.3600000000",
+			"{acme|org=acme-corp}org=acme-corp/team=engineering/user=alice/agent=agent-1#requests.gcra.3600000000",
+			"{acme|org=acme-corp}org=acme-corp/team=engineering/user=alice/agent=agent-1#tokens.gcra.3600000000",
+		}, ""},
+		{"override replaces the defaults; skipped agent", []string{"acme-corp", "marketing", "bob", ""}, []string{
+			"{acme|org=acme-corp}org=acme-corp#requests.gcra.3600000000",
+			"{acme|org=acme-corp}org=acme-corp#tokens.gcra.3600000000",
+			"{acme|org=acme-corp}org=acme-corp/team=marketing#tokens.gcra.3600000000",
+			"{acme|org=acme-corp}org=acme-corp/team=marketing/user=bob#requests.gcra.3600000000",
+			"{acme|org=acme-corp}org=acme-corp/team=marketing/user=bob#tokens.gcra.3600000000",
+		}, ""},
+		{"missing user is denied by default", []string{"acme-corp", "engineering", "", "agent-1"}, nil, "user"},
+		{"hostile values are escaped and cannot move the hash tag", []string{"a}{b", "x/y=z#w", "u|v", "%41"}, []string{
+			"{acme|org=a%7D%7Bb}org=a%7D%7Bb#requests.gcra.3600000000",
+		}, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var p Plan
+			tree.Resolve(tt.values, &p)
+			if tt.missing != "" {
+				if p.MissingTier == nil || p.MissingTier.Name != tt.missing {
+					t.Fatalf("missing tier = %v, want %s", p.MissingTier, tt.missing)
+				}
+				return
+			}
+			if p.MissingTier != nil {
+				t.Fatalf("unexpected missing tier %s", p.MissingTier.Name)
+			}
+			for i, want := range tt.keys {
+				if p.Buckets[i].Key != want {
+					t.Errorf("bucket %d key = %s, want %s", i, p.Buckets[i].Key, want)
+				}
+			}
+			if tt.name != "hostile values are escaped and cannot move the hash tag" && len(p.Buckets) != len(tt.keys) {
+				t.Fatalf("%d buckets, want %d", len(p.Buckets), len(tt.keys))
+			}
+			for _, b := range p.Buckets {
+				if strings.Count(b.Key, "{") != 1 || strings.Count(b.Key, "}") != 1 || strings.Index(b.Key, "}") < strings.Index(b.Key, "{") {
+					t.Errorf("key %q must hold exactly one hash tag", b.Key)
+				}
+				tag := b.Key[:strings.Index(b.Key, "}")+1]
+				if tag != p.Buckets[0].Key[:strings.Index(p.Buckets[0].Key, "}")+1] {
+					t.Errorf("key %q is not in the tenant's slot", b.Key)
+				}
+			}
+		})
+	}
+}
+
+func TestGlobalCeilingHasItsOwnTag(t *testing.T) {
+	tree := &Tree{Name: "notify", Tiers: []*Tier{
+		{Name: "global", Key: "all", Limits: []*Limit{{Count: 100, Per: "30m", Algorithm: "sliding"}}},
+		{Name: "category", Key: "{http.request.header.X-Category}", Limits: []*Limit{{Count: 10, Per: "30m", Algorithm: "sliding"}}},
+	}}
+	if err := tree.Compile(); err != nil {
+		t.Fatal(err)
+	}
+	var p Plan
+	tree.Resolve([]string{"all", "billing"}, &p)
+	if got := p.Buckets[0].Key; got != "{notify|global=all}global=all#requests.sliding.1800000000" {
+		t.Errorf("global key = %s", got)
+	}
+	if got := p.Buckets[1].Key; got != "{notify|category=billing}global=all/category=billing#requests.sliding.1800000000" {
+		t.Errorf("category key = %s", got)
+	}
+}
+
+func TestSeed004NamedChildren(t *testing.T) {
+	tree := &Tree{Name: "exchange", Tiers: []*Tier{
+		{Name: "user", Key: "{http.request.header.X-User}", Limits: []*Limit{{Count: 30, Per: "60s", Burst: 15}}},
+		{Name: "action", Key: "{http.request.header.X-Action}", Missing: MissingSkip, Values: map[string]*Override{
+			"trade":      {Limits: []*Limit{{Count: 10, Per: "15s", Burst: 5}}},
+			"withdrawal": {Limits: []*Limit{{Count: 3, Per: "h"}}},
+		}},
+	}}
+	if err := tree.Compile(); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		action string
+		n      int
+	}{{"trade", 2}, {"withdrawal", 2}, {"balance", 1}, {"", 1}} {
+		var p Plan
+		tree.Resolve([]string{"alex", tt.action}, &p)
+		if len(p.Buckets) != tt.n {
+			t.Errorf("action %q: %d buckets, want %d", tt.action, len(p.Buckets), tt.n)
+		}
+	}
+	l := tree.Tiers[1].Values["trade"].Limits[0].Rate()
+	if l.Burst != 5 || l.Count != 10 || l.Period != 15*time.Second || l.Algorithm != rate.GCRA {
+		t.Errorf("trade limit = %+v", l)
+	}
+}
+
+func TestCompileErrors(t *testing.T) {
+	tests := []struct {
+		name string
+		tree Tree
+		want string
+	}{
+		{"bad tree name", Tree{Name: "a b"}, "tree name"},
+		{"no tiers", Tree{Name: "t"}, "no tiers"},
+		{"no key", Tree{Name: "t", Tiers: []*Tier{{Name: "org", Limits: []*Limit{{Count: 1, Per: "s"}}}}}, "no key"},
+		{"no limits", Tree{Name: "t", Tiers: []*Tier{{Name: "org", Key: "k"}}}, "no limits"},
+		{"bad period", Tree{Name: "t", Tiers: []*Tier{{Name: "org", Key: "k", Limits: []*Limit{{Count: 1, Per: "fortnight"}}}}}, "unknown period"},
+		{"zero count", Tree{Name: "t", Tiers: []*Tier{{Name: "org", Key: "k", Limits: []*Limit{{Count: 0, Per: "s"}}}}}, "count must be positive"},
+		{"gcra month", Tree{Name: "t", Tiers: []*Tier{{Name: "org", Key: "k", Limits: []*Limit{{Count: 1, Per: "month", Algorithm: "gcra"}}}}}, "calendar"},
+		{"calendar minute", Tree{Name: "t", Tiers: []*Tier{{Name: "org", Key: "k", Limits: []*Limit{{Count: 1, Per: "min", Algorithm: "calendar"}}}}}, "hour, day, week or month"},
+		{"sliding burst", Tree{Name: "t", Tiers: []*Tier{{Name: "org", Key: "k", Limits: []*Limit{{Count: 1, Per: "s", Burst: 3, Algorithm: "sliding"}}}}}, "burst applies only"},
+		{"bad zone", Tree{Name: "t", Tiers: []*Tier{{Name: "org", Key: "k", Limits: []*Limit{{Count: 1, Per: "day", Algorithm: "calendar", Timezone: "Mars/Olympus"}}}}}, "timezone"},
+		{"duplicate limit", Tree{Name: "t", Tiers: []*Tier{{Name: "org", Key: "k", Limits: []*Limit{{Count: 1, Per: "s"}, {Count: 2, Per: "1s"}}}}}, "same dimension"},
+		{"bad missing", Tree{Name: "t", Tiers: []*Tier{{Name: "org", Key: "k", Missing: "ignore", Limits: []*Limit{{Count: 1, Per: "s"}}}}}, "missing policy"},
+		{"duplicate tier", Tree{Name: "t", Tiers: []*Tier{{Name: "a", Key: "k", Limits: []*Limit{{Count: 1, Per: "s"}}}, {Name: "a", Key: "k", Limits: []*Limit{{Count: 1, Per: "s"}}}}}, "twice"},
+		{"empty override", Tree{Name: "t", Tiers: []*Tier{{Name: "a", Key: "k", Values: map[string]*Override{"x": {}}}}}, "no limits"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := tt.tree.Compile()
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("Compile() = %v, want an error containing %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestPolicyNames(t *testing.T) {
+	tree := acme()
+	tree.Tiers[0].Limits = append(tree.Tiers[0].Limits, &Limit{Count: 100, Per: "min"})
+	if err := tree.Compile(); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, l := range tree.Tiers[0].Limits {
+		got = append(got, l.Policy())
+	}
+	want := []string{"org.requests.h", "org.tokens", "org.requests.min"}
+	if strings.Join(got, ",") != strings.Join(want, ",") {
+		t.Errorf("policies = %v, want %v", got, want)
+	}
+	if p := tree.Tiers[1].Values["marketing"].Limits[0].Policy(); p != "team" {
+		t.Errorf("override policy = %s", p)
+	}
+}
+
+func TestEscape(t *testing.T) {
+	tests := []struct{ in, want string }{
+		{"alice", "alice"},
+		{"alice@example.com", "alice@example.com"},
+		{"", ""},
+		{"a b", "a%20b"},
+		{"{x}", "%7Bx%7D"},
+		{"%41", "%2541"},
+		{"~", "%7E"},
+		{strings.Repeat("a", 64), strings.Repeat("a", 64)},
+	}
+	for _, tt := range tests {
+		if got := Escape(tt.in); got != tt.want {
+			t.Errorf("Escape(%q) = %q, want %q", tt.in, got, tt.want)
+		}
+	}
+	long := Escape(strings.Repeat("a", 65))
+	if !strings.HasPrefix(long, "~") || len(long) != 44 {
+		t.Errorf("long value escaped to %q, want a ~hash", long)
+	}
+}
+
+// FuzzEscape checks the properties keys rely on: bounded length, no key
+// separators, and no two values escaping alike.
+func FuzzEscape(f *testing.F) {
+	for _, s := range []string{"", "alice", "{tag}", "a|b/c=d#e", "%7B", "~x", strings.Repeat("é", 40)} {
+		f.Add(s, s+"x")
+	}
+	f.Fuzz(func(t *testing.T, a, b string) {
+		ea, eb := Escape(a), Escape(b)
+		if len(ea) > maxEscaped {
+			t.Fatalf("Escape(%q) is %d bytes", a, len(ea))
+		}
+		if strings.ContainsAny(ea, "{}|/=#") {
+			t.Fatalf("Escape(%q) = %q holds a separator", a, ea)
+		}
+		if a != b && ea == eb {
+			t.Fatalf("Escape(%q) == Escape(%q) == %q", a, b, ea)
+		}
+	})
+}

@@ -1,0 +1,396 @@
+package cascade
+
+import (
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// storeKind is a store an integration scenario runs on.
+type storeKind struct {
+	name  string
+	block func(t *testing.T) string // the `store` line(s) of rate_limit
+}
+
+var testSeq atomic.Int64
+
+func memoryStore() storeKind {
+	return storeKind{"memory", func(t *testing.T) string {
+		return fmt.Sprintf("store memory {\n name t%d\n }", testSeq.Add(1))
+	}}
+}
+
+// eachStore runs a scenario on the memory store and on a real Redis.
+func eachStore(t *testing.T, run func(t *testing.T, storeBlock string)) {
+	for _, k := range []storeKind{memoryStore(), redisStore()} {
+		t.Run(k.name, func(t *testing.T) { run(t, k.block(t)) })
+	}
+}
+
+// site is a rate-limited site on a free port, answering 200 "ok" upstream.
+func site(t *testing.T, rateLimit string) string {
+	t.Helper()
+	port := freePort(t)
+	startCaddy(t, fmt.Sprintf(`
+http://127.0.0.1:%d {
+	rate_limit {
+%s
+	}
+	respond "ok remaining={http.rate_limit.remaining}" 200
+}
+`, port, rateLimit))
+	return fmt.Sprintf("http://127.0.0.1:%d/", port)
+}
+
+const acmeTree = `
+	tree acme {
+		tier org {header.X-Org} {
+			limit 10000/h
+			limit 1000000 tokens/h
+		}
+		tier team {header.X-Team} {
+			limit 5000/h
+			limit 500000 tokens/h
+			value marketing {
+				limit 200000 tokens/h
+			}
+		}
+		tier user {header.X-User} {
+			limit 1000/h
+			limit 100000 tokens/h
+		}
+		tier agent {header.X-Agent} {
+			missing skip
+			limit 200/h
+			limit 25000 tokens/h
+		}
+	}
+	cost tokens {header.X-Tokens}
+`
+
+func TestAcmeHierarchy(t *testing.T) {
+	eachStore(t, func(t *testing.T, storeBlock string) {
+		url := site(t, acmeTree+storeBlock)
+		h := []string{"X-Org: acme-corp", "X-Team: engineering", "X-User: alice", "X-Agent: agent-1", "X-Tokens: 5000"}
+
+		// agent-1 has 25,000 tokens/h: five requests of 5,000.
+		if got := admitN(t, 5, url, h...); got != 5 {
+			t.Fatalf("admitted %d of 5 within agent-1's tokens", got)
+		}
+		r := do(t, "GET", url, h...)
+		if r.status != http.StatusTooManyRequests {
+			t.Fatalf("6th request: status %d, want 429", r.status)
+		}
+		p := r.problem(t)
+		if p["blocked_by"] != "acme/agent" {
+			t.Errorf("blocked_by = %v, want acme/agent", p["blocked_by"])
+		}
+		if !strings.Contains(fmt.Sprint(p["violated_policies"]), "acme/agent.tokens") {
+			t.Errorf("violated policies = %v", p["violated_policies"])
+		}
+		if ra, _ := strconv.Atoi(r.header.Get("Retry-After")); ra != 720 {
+			// 5,000 tokens refill at 25,000/h: 720 s.
+			t.Errorf("Retry-After = %q, want 720", r.header.Get("Retry-After"))
+		}
+		if got := r.header.Get("RateLimit"); got != `"agent.tokens";r=0;t=720` {
+			t.Errorf("RateLimit = %q", got)
+		}
+		policy := r.header.Get("RateLimit-Policy")
+		for _, want := range []string{`"org.requests";q=10000;w=3600`, `"org.tokens";q=1000000;w=3600;qu="tokens"`,
+			`"team.tokens";q=500000;w=3600;qu="tokens"`, `"agent.tokens";q=25000;w=3600;qu="tokens"`} {
+			if !strings.Contains(policy, want) {
+				t.Errorf("RateLimit-Policy %q lacks %s", policy, want)
+			}
+		}
+
+		// All or nothing: the denied request charged nobody. alice, through
+		// another agent, still has 100,000 − 25,000 = 75,000 tokens.
+		h2 := []string{"X-Org: acme-corp", "X-Team: engineering", "X-User: alice", "X-Agent: agent-2", "X-Tokens: 25000"}
+		if got := admitN(t, 3, url, h2...); got != 1 {
+			t.Fatalf("agent-2 admitted %d requests of 25,000, want 1 (its own cap)", got)
+		}
+		// Without an agent header the agent tier is skipped: alice has 50,000 left.
+		h3 := []string{"X-Org: acme-corp", "X-Team: engineering", "X-User: alice", "X-Tokens: 25000"}
+		if got := admitN(t, 3, url, h3...); got != 2 {
+			t.Fatalf("alice without agent admitted %d of 25,000, want 2", got)
+		}
+		r = do(t, "GET", url, h3...)
+		if p := r.problem(t); p["blocked_by"] != "acme/user" {
+			t.Errorf("blocked_by = %v, want acme/user", p["blocked_by"])
+		}
+
+		// marketing's override: 200,000 tokens/h for the team.
+		hm := []string{"X-Org: acme-corp", "X-Team: marketing", "X-Tokens: 100000"}
+		for i, u := range []string{"m1", "m2", "m3"} {
+			r := do(t, "GET", url, append(hm, "X-User: "+u)...)
+			if want := i < 2; (r.status == 200) != want {
+				t.Fatalf("marketing user %s: status %d", u, r.status)
+			}
+			if i == 2 && r.problem(t)["blocked_by"] != "acme/team" {
+				t.Errorf("marketing denial blocked_by %v", r.problem(t)["blocked_by"])
+			}
+		}
+	})
+}
+
+func TestMissingKeyIsRefused(t *testing.T) {
+	url := site(t, acmeTree+memoryStore().block(t))
+	r := do(t, "GET", url, "X-Org: acme-corp", "X-Team: engineering", "X-Tokens: 1")
+	if r.status != http.StatusBadRequest {
+		t.Fatalf("status %d, want 400", r.status)
+	}
+	p := r.problem(t)
+	if !strings.HasSuffix(fmt.Sprint(p["type"]), "#missing-key") || p["blocked_by"] != "acme/user" {
+		t.Errorf("problem = %v", p)
+	}
+	r = do(t, "GET", url, "X-Org: acme-corp", "X-Team: engineering", "X-User: bob", "X-Tokens: lots")
+	if r.status != http.StatusBadRequest || !strings.Contains(r.body, "not a non-negative integer") {
+		t.Errorf("bad cost: status %d body %s", r.status, r.body)
+	}
+}
+
+func TestGlobalAndCategorySliding(t *testing.T) {
+	eachStore(t, func(t *testing.T, storeBlock string) {
+		url := site(t, `
+	tree notify {
+		tier global all {
+			limit 100/30m sliding
+		}
+		tier category {header.X-Category} {
+			limit 10/30m sliding
+		}
+	}
+`+storeBlock)
+		for c := 0; c < 10; c++ {
+			cat := fmt.Sprintf("X-Category: c%d", c)
+			if got := admitN(t, 11, url, cat); got != 10 {
+				t.Fatalf("category %d admitted %d of 11, want 10", c, got)
+			}
+		}
+		r := do(t, "GET", url, "X-Category: fresh")
+		if r.status != 429 || r.problem(t)["blocked_by"] != "notify/global" {
+			t.Fatalf("101st request: %d %s", r.status, r.body)
+		}
+	})
+}
+
+func TestSeed004WildcardAndNamedChildren(t *testing.T) {
+	eachStore(t, func(t *testing.T, storeBlock string) {
+		url := site(t, `
+	tree exchange {
+		tier user {header.X-User} {
+			limit 30/60s burst 15
+		}
+		tier action {header.X-Action} {
+			missing skip
+			value trade {
+				limit 10/15s burst 5
+			}
+			value withdrawal {
+				limit 3/h
+			}
+		}
+	}
+`+storeBlock)
+		if got := admitN(t, 6, url, "X-User: alex", "X-Action: trade"); got != 5 {
+			t.Fatalf("trades admitted %d, want 5 (burst)", got)
+		}
+		if got := admitN(t, 4, url, "X-User: alex", "X-Action: withdrawal"); got != 3 {
+			t.Fatalf("withdrawals admitted %d, want 3", got)
+		}
+		// alex used 8 of 15: 7 more of anything else.
+		if got := admitN(t, 9, url, "X-User: alex", "X-Action: balance"); got != 7 {
+			t.Fatalf("other actions admitted %d, want 7", got)
+		}
+		r := do(t, "GET", url, "X-User: alex", "X-Action: balance")
+		if r.problem(t)["blocked_by"] != "exchange/user" {
+			t.Errorf("blocked_by %v", r.problem(t)["blocked_by"])
+		}
+		// another user is untouched
+		if got := admitN(t, 5, url, "X-User: sam", "X-Action: trade"); got != 5 {
+			t.Fatalf("sam's trades admitted %d", got)
+		}
+	})
+}
+
+func TestOverridesAndUnits(t *testing.T) {
+	eachStore(t, func(t *testing.T, storeBlock string) {
+		url := site(t, `
+	tree plans {
+		tier org {header.X-Org} {
+			limit 2/h
+			limit 100000/month
+			value bigco {
+				limit 5/h
+			}
+			value internal unlimited
+		}
+	}
+`+storeBlock)
+		if got := admitN(t, 6, url, "X-Org: small"); got != 2 {
+			t.Errorf("default org admitted %d, want 2", got)
+		}
+		if got := admitN(t, 6, url, "X-Org: bigco"); got != 5 {
+			t.Errorf("enterprise org admitted %d, want 5", got)
+		}
+		if got := admitN(t, 20, url, "X-Org: internal"); got != 20 {
+			t.Errorf("unlimited org admitted %d, want 20", got)
+		}
+		r := do(t, "GET", url, "X-Org: other")
+		if pol := r.header.Get("RateLimit-Policy"); !strings.Contains(pol, `"org.requests.month";q=100000;w=2592000`) {
+			t.Errorf("RateLimit-Policy = %q", pol)
+		}
+		if r.body != "ok remaining=1" {
+			t.Errorf("placeholder body = %q", r.body)
+		}
+	})
+}
+
+// TestMholtReadmeExamples runs mholt/caddy-ratelimit's README Caddyfile
+// unchanged (but for the ports), including its order line and distributed.
+func TestMholtReadmeExamples(t *testing.T) {
+	eachStore(t, func(t *testing.T, storeBlock string) {
+		port := freePort(t)
+		startCaddy(t, fmt.Sprintf(`
+http://127.0.0.1:%d
+
+rate_limit {
+	distributed
+	zone static_example {
+		match {
+			method GET
+		}
+		key    static
+		events 100
+		window 1m
+	}
+	zone dynamic_example {
+		key    {remote_host}
+		events 2
+		window 5s
+	}
+	%s
+}
+
+respond "I'm behind the rate limiter!"
+`, port, storeBlock), "order rate_limit before basicauth")
+		url := fmt.Sprintf("http://127.0.0.1:%d/", port)
+		if got := admitN(t, 3, url); got != 2 {
+			t.Fatalf("dynamic zone admitted %d of 3, want 2", got)
+		}
+		r := do(t, "GET", url)
+		ra, _ := strconv.Atoi(r.header.Get("Retry-After"))
+		if r.status != 429 || ra < 1 || ra > 10 {
+			t.Fatalf("status %d Retry-After %q", r.status, r.header.Get("Retry-After"))
+		}
+		time.Sleep(time.Duration(ra) * time.Second)
+		if r := do(t, "GET", url); r.status != 200 {
+			t.Fatalf("retry after %d s: status %d %s", ra, r.status, r.body)
+		}
+	})
+}
+
+func TestRetryAfterIsTrueWithJitter(t *testing.T) {
+	url := site(t, `
+	zone z {
+		key {remote_host}
+		events 1
+		window 2s
+	}
+	jitter 0.5
+`+memoryStore().block(t))
+	if r := do(t, "GET", url); r.status != 200 {
+		t.Fatal(r.status)
+	}
+	r := do(t, "GET", url)
+	ra, _ := strconv.Atoi(r.header.Get("Retry-After"))
+	if r.status != 429 || ra < 2 || ra > 5 {
+		t.Fatalf("status %d, Retry-After %d (window 2s, up to 50%% jitter)", r.status, ra)
+	}
+	time.Sleep(time.Duration(ra) * time.Second)
+	if r := do(t, "GET", url); r.status != 200 {
+		t.Fatalf("a retry at Retry-After was refused: %d", r.status)
+	}
+}
+
+// TestExactUnderConcurrency: 200 concurrent clients against capacity 100
+// with cost 3 admit exactly 33.
+func TestExactUnderConcurrency(t *testing.T) {
+	eachStore(t, func(t *testing.T, storeBlock string) {
+		url := site(t, `
+	tree burst {
+		tier key fixed {
+			limit 100 units/h
+		}
+	}
+	cost units 3
+`+storeBlock)
+		if got := concurrentAdmits(t, []string{url}, 200); got != 33 {
+			t.Fatalf("admitted %d, want exactly 33", got)
+		}
+	})
+}
+
+func concurrentAdmits(t *testing.T, urls []string, clients int) int64 {
+	var ok atomic.Int64
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := 0; i < clients; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			<-start
+			res, err := client.Get(urls[i%len(urls)])
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			res.Body.Close()
+			if res.StatusCode == 200 {
+				ok.Add(1)
+			} else if res.StatusCode != 429 {
+				t.Errorf("status %d", res.StatusCode)
+			}
+		}(i)
+	}
+	close(start)
+	wg.Wait()
+	return ok.Load()
+}
+
+func TestModesAndHeaderSwitches(t *testing.T) {
+	url := site(t, `
+	tree t {
+		tier k fixed {
+			limit 1/h
+		}
+	}
+	mode shadow
+	headers none
+`+memoryStore().block(t))
+	for i := 0; i < 3; i++ {
+		r := do(t, "GET", url)
+		if r.status != 200 || r.header.Get("RateLimit") != "" || r.header.Get("X-RateLimit-Limit") != "" {
+			t.Fatalf("shadow request %d: %d %v", i, r.status, r.header)
+		}
+	}
+	url = site(t, `
+	tree t {
+		tier k fixed {
+			limit 1/h
+		}
+	}
+	mode warn
+	headers x_ratelimit
+`+memoryStore().block(t))
+	do(t, "GET", url)
+	r := do(t, "GET", url)
+	if r.status != 200 || r.header.Get("X-RateLimit-Remaining") != "0" || r.header.Get("RateLimit") != "" {
+		t.Fatalf("warn mode: %d %v", r.status, r.header)
+	}
+}

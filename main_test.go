@@ -1,0 +1,30 @@
+package cascade
+
+import (
+	"fmt"
+	"os"
+	"testing"
+
+	"github.com/caddy-cascade/cascade/internal/redistest"
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	redistest.Cleanup() // stop the Redis servers the tests started
+	os.Exit(code)
+}
+
+// redisStore runs a scenario on a real redis-server, started once per test
+// binary; each scenario gets its own key prefix.
+func redisStore() storeKind {
+	return storeKind{"redis", func(t *testing.T) string {
+		srv := redistest.Shared(t)
+		return fmt.Sprintf("store redis {\n address %s\n key_prefix t%d:\n }", srv.Addr(), testSeq.Add(1))
+	}}
+}
+
+func TestRedisExample(t *testing.T) {
+	srv := redistest.Shared(t)
+	t.Setenv("REDIS_ADDR", srv.Addr())
+	exerciseQuickstart(t, runExample(t, "examples/redis/Caddyfile"))
+}

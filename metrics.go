@@ -1,0 +1,75 @@
+package cascade
+
+import (
+	"errors"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the handler's Prometheus collectors, registered in Caddy's
+// metrics registry (served by Caddy's admin /metrics endpoint).
+type metrics struct {
+	decisions *prometheus.CounterVec
+	denied    *prometheus.CounterVec
+	duration  prometheus.Histogram
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "cascade", Name: "decisions_total",
+			Help: "Rate limit decisions by result: ok, limited, impossible, missing_key, bad_cost, store_error.",
+		}, []string{"result"}),
+		denied: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "cascade", Name: "denied_total",
+			Help: "Requests over a limit, by the tree/tier that denied them.",
+		}, []string{"blocked_by"}),
+		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: "cascade", Name: "decision_duration_seconds",
+			Help:    "Time to decide one request, store round trip included.",
+			Buckets: []float64{.00001, .00005, .0001, .00025, .0005, .001, .0025, .005, .01, .05},
+		}),
+	}
+	if reg == nil {
+		return m, nil
+	}
+	var err error
+	if m.decisions, err = register(reg, m.decisions); err != nil {
+		return nil, err
+	}
+	if m.denied, err = register(reg, m.denied); err != nil {
+		return nil, err
+	}
+	if m.duration, err = register(reg, m.duration); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// register registers c, or returns the collector already registered under
+// its name (every handler of a config shares one registry).
+func register[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error) {
+	if err := reg.Register(c); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if errors.As(err, &are) {
+			if existing, ok := are.ExistingCollector.(C); ok {
+				return existing, nil
+			}
+		}
+		return c, err
+	}
+	return c, nil
+}
+
+func (m *metrics) observe(d decision, took time.Duration) {
+	m.decisions.WithLabelValues(d.reason).Inc()
+	if d.blocked != "" {
+		m.denied.WithLabelValues(d.blocked).Inc()
+	}
+	if d.reason != "missing_key" && d.reason != "bad_cost" {
+		m.duration.Observe(took.Seconds())
+	}
+}
+
+func microseconds(us int64) time.Duration { return time.Duration(us) * time.Microsecond }

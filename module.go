@@ -1,0 +1,517 @@
+// Package cascade is a Caddy HTTP handler that enforces hierarchical,
+// cost-weighted rate limits: every request must fit every limit of every
+// tier on its path (organisation > team > user > agent, or any tree you
+// describe), decided in one atomic step on an embedded store or on Redis.
+//
+// The request path (DESIGN.md §1): estimate the cost, resolve the plan from
+// the trees, decide atomically in the store, write the headers, then either
+// refuse (429 with a problem+json body) or pass the request on. This package
+// is only the Caddy glue; the algorithms live in packages rate and store,
+// the trees in hierarchy.
+package cascade
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+
+	"github.com/caddy-cascade/cascade/hierarchy"
+	"github.com/caddy-cascade/cascade/rate"
+	"github.com/caddy-cascade/cascade/store"
+)
+
+func init() {
+	caddy.RegisterModule(Handler{})
+}
+
+// Interface guards.
+var (
+	_ caddy.Provisioner           = (*Handler)(nil)
+	_ caddy.Validator             = (*Handler)(nil)
+	_ caddy.CleanerUpper          = (*Handler)(nil)
+	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)
+)
+
+// Handler enforces hierarchical, cost-weighted rate limits.
+//
+// It is a superset of mholt/caddy-ratelimit: its `rate_limits` zones, `jitter`
+// and `sweep_interval` keep their meaning, and its `distributed` and `storage`
+// settings are accepted with a warning (use the Redis store instead).
+type Handler struct {
+	// Trees of limits. Every tree whose matchers match the request applies,
+	// and the request must fit all of them: all or nothing.
+	Trees []*Tree `json:"trees,omitempty"`
+
+	// RateLimits are mholt/caddy-ratelimit zones by name: each is a
+	// one-tier tree with a sliding window of max_events per window.
+	RateLimits map[string]*Zone `json:"rate_limits,omitempty"`
+
+	// Costs say what a request costs in each dimension other than
+	// "requests" (always 1). Every dimension counted by a limit needs one.
+	Costs []*Cost `json:"costs,omitempty"`
+
+	// Store holds the limits' state: the embedded memory store (default)
+	// or Redis.
+	Store *StoreConfig `json:"store,omitempty"`
+
+	// OnStoreError is what happens when the store cannot decide (Redis
+	// unreachable or too slow): "deny" (default; 503 with Retry-After) or
+	// "allow" (the request passes, and the failure is logged and counted).
+	OnStoreError string `json:"on_store_error,omitempty"`
+
+	// Mode is "enforce" (default), "warn" (over-limit requests pass but
+	// carry the headers) or "shadow" (over-limit requests pass silently;
+	// decisions are only logged, counted and put in placeholders).
+	Mode string `json:"mode,omitempty"`
+
+	// Headers selects the response header families to write.
+	Headers *HeadersConfig `json:"headers,omitempty"`
+
+	// StatusCode of a denial; default 429.
+	StatusCode int `json:"status_code,omitempty"`
+
+	// UseErrorRoutes returns denials as Caddy errors, so `handle_errors`
+	// routes can render them (mholt/caddy-ratelimit's behaviour), instead
+	// of writing the problem+json body directly.
+	UseErrorRoutes bool `json:"use_error_routes,omitempty"`
+
+	// Jitter adds up to this fraction (0.2 = 20%) of random time to
+	// Retry-After, so denied clients don't return in a herd.
+	Jitter float64 `json:"jitter,omitempty"`
+
+	// SweepInterval is how often the memory store drops expired state;
+	// default 1m. (Also mholt/caddy-ratelimit's setting of that name.)
+	SweepInterval caddy.Duration `json:"sweep_interval,omitempty"`
+
+	// Distributed and StorageRaw are mholt/caddy-ratelimit's file-synced
+	// distribution. They are accepted so its configs load, and ignored
+	// with a warning: the Redis store shares exact limits instead.
+	Distributed json.RawMessage `json:"distributed,omitempty"`
+	StorageRaw  json.RawMessage `json:"storage,omitempty"`
+
+	trees   []*Tree
+	costs   map[string]*Cost
+	store   store.Store
+	poolKey string
+	logger  *zap.Logger
+	metrics *metrics
+}
+
+// Tree is a hierarchy.Tree with optional request matchers.
+type Tree struct {
+	hierarchy.Tree
+	// MatcherSetsRaw limits the tree to matching requests (any set may match).
+	MatcherSetsRaw caddyhttp.RawMatcherSets `json:"match,omitempty" caddy:"namespace=http.matchers"`
+
+	matchers caddyhttp.MatcherSets
+	dynamic  []bool // per tier: does the key have placeholders?
+}
+
+// Zone is an mholt/caddy-ratelimit zone: at most MaxEvents requests per
+// Window for each value of Key, in a sliding window.
+type Zone struct {
+	MatcherSetsRaw caddyhttp.RawMatcherSets `json:"match,omitempty" caddy:"namespace=http.matchers"`
+	Key            string                   `json:"key,omitempty"`
+	Window         caddy.Duration           `json:"window,omitempty"`
+	MaxEvents      int                      `json:"max_events,omitempty"`
+}
+
+// HeadersConfig switches the response header families. All default to on
+// except OpenAI.
+type HeadersConfig struct {
+	// IETF writes RateLimit-Policy and RateLimit (draft-ietf-httpapi-ratelimit-headers).
+	IETF *bool `json:"ietf,omitempty"`
+	// XRateLimit writes X-RateLimit-Limit, -Remaining and -Reset.
+	XRateLimit *bool `json:"x_ratelimit,omitempty"`
+	// RetryAfter writes Retry-After on denials.
+	RetryAfter *bool `json:"retry_after,omitempty"`
+	// OpenAI writes x-ratelimit-{limit,remaining,reset}-{requests,tokens},
+	// the headers LLM SDKs read.
+	OpenAI bool `json:"openai,omitempty"`
+}
+
+func on(b *bool) bool { return b == nil || *b }
+
+// Cost is the cost of a request in one dimension.
+type Cost struct {
+	// Dimension counted, e.g. "tokens".
+	Dimension string `json:"dimension"`
+	// Value is a number or a placeholder template that resolves to one,
+	// e.g. "{http.request.header.X-Tokens}". Only for trusted callers: the
+	// client chooses its own cost.
+	Value string `json:"value,omitempty"`
+	// Default is the cost when Value resolves to nothing (the header is
+	// absent). Without it such a request is refused with 400.
+	Default *int64 `json:"default,omitempty"`
+}
+
+// CaddyModule returns the Caddy module information.
+func (Handler) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.handlers.rate_limit",
+		New: func() caddy.Module { return new(Handler) },
+	}
+}
+
+// Provision sets the handler up: compiles trees and zones, loads matchers,
+// opens (or reuses, across config reloads) the store.
+func (h *Handler) Provision(ctx caddy.Context) error {
+	h.logger = ctx.Logger()
+	if len(h.Distributed) > 0 || len(h.StorageRaw) > 0 {
+		h.logger.Warn("rate_limit: 'distributed' and 'storage' (mholt/caddy-ratelimit) are ignored; " +
+			"to share exact limits across instances, use 'store redis { address ... }'")
+	}
+	h.trees = append(h.trees[:0], h.Trees...)
+	names := make([]string, 0, len(h.RateLimits))
+	for name := range h.RateLimits {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		t, err := h.RateLimits[name].tree(name)
+		if err != nil {
+			return err
+		}
+		h.trees = append(h.trees, t)
+	}
+	if len(h.trees) == 0 {
+		return errors.New("rate_limit: no limits configured: add a tree { tier ... } or a zone")
+	}
+	seen := map[string]bool{}
+	for _, t := range h.trees {
+		if seen[t.Name] {
+			return fmt.Errorf("rate_limit: tree or zone %q defined twice", t.Name)
+		}
+		seen[t.Name] = true
+		if err := t.Compile(); err != nil {
+			return fmt.Errorf("rate_limit: %w", err)
+		}
+		t.dynamic = make([]bool, len(t.Tiers))
+		for i, tier := range t.Tiers {
+			t.dynamic[i] = strings.ContainsRune(tier.Key, '{')
+		}
+		if t.MatcherSetsRaw != nil {
+			mods, err := ctx.LoadModule(t, "MatcherSetsRaw")
+			if err != nil {
+				return fmt.Errorf("rate_limit: tree %s: loading matchers: %w", t.Name, err)
+			}
+			if err := t.matchers.FromInterface(mods); err != nil {
+				return fmt.Errorf("rate_limit: tree %s: %w", t.Name, err)
+			}
+		}
+	}
+	h.costs = map[string]*Cost{}
+	for _, c := range h.Costs {
+		if c.Dimension == "" || c.Dimension == hierarchy.Requests {
+			return fmt.Errorf("rate_limit: cost needs a dimension other than %q", hierarchy.Requests)
+		}
+		if h.costs[c.Dimension] != nil {
+			return fmt.Errorf("rate_limit: cost %s configured twice", c.Dimension)
+		}
+		if strings.TrimSpace(c.Value) == "" {
+			return fmt.Errorf("rate_limit: cost %s: no value: give a number or a placeholder", c.Dimension)
+		}
+		if !strings.ContainsRune(c.Value, '{') {
+			if n, err := strconv.ParseInt(c.Value, 10, 64); err != nil || n < 0 {
+				return fmt.Errorf("rate_limit: cost %s: %q is neither a placeholder nor a non-negative integer", c.Dimension, c.Value)
+			}
+		}
+		if c.Default != nil && *c.Default < 0 {
+			return fmt.Errorf("rate_limit: cost %s: default %d must not be negative", c.Dimension, *c.Default)
+		}
+		h.costs[c.Dimension] = c
+	}
+	for _, t := range h.trees {
+		for _, dim := range t.Dimensions() {
+			if dim != hierarchy.Requests && h.costs[dim] == nil {
+				return fmt.Errorf("rate_limit: tree %s counts %s, but no cost says what a request costs in %s: add 'cost %s <number or placeholder>'",
+					t.Name, dim, dim, dim)
+			}
+		}
+	}
+	var err error
+	if h.metrics, err = newMetrics(ctx.GetMetricsRegistry()); err != nil {
+		return fmt.Errorf("rate_limit: metrics: %w", err)
+	}
+	if h.Store == nil {
+		h.Store = &StoreConfig{}
+	}
+	h.store, h.poolKey, err = h.Store.open(ctx, time.Duration(h.SweepInterval))
+	if err != nil {
+		return fmt.Errorf("rate_limit: store: %w", err)
+	}
+	return nil
+}
+
+// tree converts an mholt zone into a one-tier tree with a sliding window.
+func (z *Zone) tree(name string) (*Tree, error) {
+	if z.Window <= 0 || z.MaxEvents <= 0 {
+		return nil, fmt.Errorf("rate_limit: zone %s: a zone requires both a window and max events (events N, window DURATION)", name)
+	}
+	key := z.Key
+	if key == "" {
+		key = "static"
+	}
+	return &Tree{
+		Tree: hierarchy.Tree{Name: name, Tiers: []*hierarchy.Tier{{
+			Name: name, Key: key, Missing: hierarchy.MissingShared,
+			Limits: []*hierarchy.Limit{{
+				Count: int64(z.MaxEvents), Per: time.Duration(z.Window).String(), Algorithm: string(rate.Sliding),
+			}},
+		}}},
+		MatcherSetsRaw: z.MatcherSetsRaw,
+	}, nil
+}
+
+// Validate checks the settings that Provision does not.
+func (h *Handler) Validate() error {
+	switch h.OnStoreError {
+	case "", "deny", "allow":
+	default:
+		return fmt.Errorf("rate_limit: on_store_error %q: use deny or allow", h.OnStoreError)
+	}
+	switch h.Mode {
+	case "", "enforce", "warn", "shadow":
+	default:
+		return fmt.Errorf("rate_limit: mode %q: use enforce, warn or shadow", h.Mode)
+	}
+	if h.Jitter < 0 || h.Jitter > 1 {
+		return fmt.Errorf("rate_limit: jitter %v: use a fraction between 0 and 1 (0.2 is 20%%)", h.Jitter)
+	}
+	if h.StatusCode != 0 && (h.StatusCode < 400 || h.StatusCode > 599) {
+		return fmt.Errorf("rate_limit: status_code %d: use a 4xx or 5xx code", h.StatusCode)
+	}
+	return nil
+}
+
+// Cleanup releases this config's hold on the store; the store itself lives
+// on while a newer config uses it, so limits survive reloads.
+func (h *Handler) Cleanup() error {
+	if h.poolKey != "" {
+		_, err := stores.Delete(h.poolKey)
+		return err
+	}
+	return nil
+}
+
+// decision is what ServeHTTP learned about one request.
+type decision struct {
+	buckets []hierarchy.Bucket
+	costs   []int64
+	store.Decision
+	reason  string // ok | limited | impossible | missing_key | store_error | bad_cost
+	blocked string // tree/tier of the first denying bucket
+	closest int    // index of the bucket closest to exhaustion, -1 if none
+	retry   time.Duration
+}
+
+// ServeHTTP implements caddyhttp.MiddlewareHandler.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	if repl == nil {
+		repl = caddy.NewReplacer()
+	}
+	start := time.Now()
+	d, status, err := h.decide(r, repl)
+	h.metrics.observe(d, time.Since(start))
+	h.setPlaceholders(repl, d)
+
+	if d.reason == "store_error" {
+		h.logger.Error("rate limit store failed", zap.Error(err), zap.String("policy", h.onStoreError()))
+		if h.onStoreError() == "allow" {
+			return next.ServeHTTP(w, r)
+		}
+		w.Header().Set("Retry-After", "1")
+		return h.problem(w, http.StatusServiceUnavailable, problemUnavailable, "Rate limit unavailable",
+			"the rate limit store could not decide this request; try again shortly", d)
+	}
+	if status != 0 { // a client error before any decision (missing key, bad cost)
+		return h.problem(w, status, d.reason, http.StatusText(status), err.Error(), d)
+	}
+
+	mode := h.Mode
+	if mode != "shadow" {
+		h.writeHeaders(w.Header(), d)
+	}
+	if d.Allowed || d.buckets == nil {
+		return next.ServeHTTP(w, r)
+	}
+	h.logger.Debug("rate limited",
+		zap.String("blocked_by", d.blocked),
+		zap.String("reason", d.reason),
+		zap.Duration("retry_after", d.retry),
+		zap.String("path", r.URL.Path))
+	if mode == "shadow" || mode == "warn" {
+		return next.ServeHTTP(w, r)
+	}
+	code := h.StatusCode
+	if code == 0 {
+		code = http.StatusTooManyRequests
+	}
+	detail := "the " + d.blocked + " limit is exhausted"
+	if d.reason == "impossible" {
+		detail = "this request costs more than the " + d.blocked + " limit can ever admit"
+	} else {
+		detail += "; retry in " + strconv.FormatInt(ceilSeconds(d.retry), 10) + " s"
+	}
+	if h.UseErrorRoutes {
+		return caddyhttp.Error(code, errors.New(detail))
+	}
+	return h.problem(w, code, d.reason, "Too Many Requests", detail, d)
+}
+
+// decide runs steps 1-4 of the request path. A non-zero status means the
+// request is refused before any decision (a client error), with err saying why.
+func (h *Handler) decide(r *http.Request, repl *caddy.Replacer) (decision, int, error) {
+	d := decision{closest: -1}
+	var plan hierarchy.Plan
+	var valueBuf [8]string
+	for _, t := range h.trees {
+		if t.matchers != nil && !t.matchers.AnyMatch(r) {
+			continue
+		}
+		values := valueBuf[:0]
+		for i, tier := range t.Tiers {
+			values = append(values, resolveKey(repl, tier.Key, t.dynamic[i]))
+		}
+		t.Resolve(values, &plan)
+		if plan.MissingTier != nil {
+			d.reason = "missing_key"
+			d.blocked = t.Name + "/" + plan.MissingTier.Name
+			return d, http.StatusBadRequest, fmt.Errorf("this request has no %s: its %s key (%s) is empty, and the tier refuses requests without it",
+				plan.MissingTier.Name, d.blocked, plan.MissingTier.Key)
+		}
+	}
+	d.buckets = plan.Buckets
+	if len(d.buckets) == 0 {
+		d.Allowed, d.reason = true, "ok"
+		return d, 0, nil
+	}
+
+	costs := map[string]int64{hierarchy.Requests: 1}
+	for dim, c := range h.costs {
+		n, err := resolveCost(repl, c.Value, c.Default)
+		if err != nil {
+			d.reason, d.buckets = "bad_cost", nil
+			return d, http.StatusBadRequest, fmt.Errorf("cost %s: %v", dim, err)
+		}
+		costs[dim] = n
+	}
+	sb := make([]store.Bucket, len(d.buckets))
+	d.costs = make([]int64, len(d.buckets))
+	for i, b := range d.buckets {
+		d.costs[i] = costs[b.Limit.Dimension]
+		sb[i] = store.Bucket{Key: b.Key, Limit: b.Limit.Rate(), Cost: d.costs[i]}
+	}
+	res, err := h.store.Decide(r.Context(), sb)
+	if err != nil {
+		d.reason = "store_error"
+		return d, 0, err
+	}
+	d.Decision = res
+	d.closest = closest(d)
+	switch {
+	case res.Allowed:
+		d.reason = "ok"
+	case res.Impossible:
+		d.reason = "impossible"
+	default:
+		d.reason = "limited"
+	}
+	if !res.Allowed {
+		for i, rr := range res.Results {
+			if !rr.Allowed {
+				b := d.buckets[i]
+				d.blocked = b.Tree.Name + "/" + b.Tier.Name
+				d.closest = i
+				break
+			}
+		}
+		d.retry = res.RetryAfter
+		if h.Jitter > 0 && d.retry > 0 {
+			d.retry += time.Duration(rand.Float64() * h.Jitter * float64(d.retry))
+		}
+	}
+	return d, 0, nil
+}
+
+// resolveKey resolves a tier's key template. A key is missing (empty) when
+// any placeholder in it resolves to empty: "user-{header}" without the
+// header must not become one shared "user-" bucket.
+func resolveKey(repl *caddy.Replacer, tmpl string, dynamic bool) string {
+	if !dynamic {
+		return tmpl
+	}
+	empty := false
+	out, err := repl.ReplaceFunc(tmpl, func(_ string, val any) (any, error) {
+		if val == nil || fmt.Sprint(val) == "" {
+			empty = true
+		}
+		return val, nil
+	})
+	if err != nil || empty {
+		return ""
+	}
+	return out
+}
+
+// resolveCost turns a cost template into a non-negative integer.
+func resolveCost(repl *caddy.Replacer, tmpl string, def *int64) (int64, error) {
+	s := strings.TrimSpace(repl.ReplaceAll(tmpl, ""))
+	if s == "" {
+		if def != nil {
+			return *def, nil
+		}
+		return 0, fmt.Errorf("resolved to nothing (is the header or placeholder set?)")
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("%q is not a non-negative integer", truncate(s, 32))
+	}
+	return n, nil
+}
+
+// closest picks the bucket nearest to exhaustion: the lowest fraction of
+// its capacity remaining, the longest reset on a tie.
+func closest(d decision) int {
+	best, bestFrac := -1, 2.0
+	for i, r := range d.Results {
+		frac := float64(r.Remaining) / float64(d.buckets[i].Limit.Rate().Capacity())
+		if frac < bestFrac || (frac == bestFrac && r.Reset > d.Results[best].Reset) {
+			best, bestFrac = i, frac
+		}
+	}
+	return best
+}
+
+func (h *Handler) onStoreError() string {
+	if h.OnStoreError == "" {
+		return "deny"
+	}
+	return h.OnStoreError
+}
+
+func ceilSeconds(d time.Duration) int64 {
+	s := int64(d / time.Second)
+	if d%time.Second != 0 {
+		s++
+	}
+	return s
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}

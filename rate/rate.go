@@ -1,0 +1,386 @@
+// Package rate holds the arithmetic of Cascade's three limiting algorithms as
+// pure functions over a small State and a clock reading. It is the ONE place
+// where the math lives: the memory store calls these functions directly, and
+// the Redis scripts in package lua mirror them operation for operation, so the
+// two stores reach the same decisions (the conformance suite in
+// store/storetest checks that they do).
+//
+// Time is an int64 count of microseconds since the Unix epoch: the unit of
+// Redis TIME, and exactly representable in the float64 numbers of Redis Lua.
+//
+// # GCRA (the default)
+//
+// A limit of Count units per Period with a burst capacity B (B defaults to
+// Count: "100k tokens per hour" lets 100k through at once, then refills
+// continuously). The classic statement of GCRA keeps one theoretical arrival
+// time (TAT) per key, with emission interval I = Period/Count and tolerance
+// τ = B·I: with cost n at time t, tat' = max(TAT, t) + n·I, and the request is
+// admitted iff tat' − t ≤ τ.
+//
+// This package keeps the same quantity in a form that survives float64
+// arithmetic: the "level" u = (TAT − t)/I, the number of units currently
+// owed, together with the time it was written. The level drains at Count per
+// Period, so at time t it is max(0, u − (t − at)·Count/Period). Admitting
+// cost n means u' = level + n ≤ B. Storing TAT directly would put an absolute
+// time (≈ 1.8e15 µs) into every sum, and repeated additions of a fractional
+// I would drift by whole microseconds; the level stays small, and a burst of
+// same-instant requests of integer cost sums exactly, which is what makes
+// "C/k concurrent requests admit exactly floor(C/k)" hold.
+//
+// # Sliding window
+//
+// "At most Count units in any window of Period". Cascade uses the O(1)
+// two-counter estimate (as nginx, Cloudflare and others do): windows are
+// aligned to multiples of Period; the estimate at elapsed time e into the
+// current window is prev·(Period − e)/Period + cur. The estimate assumes the
+// previous window's events were spread evenly; its error is bounded by the
+// previous window's count and it is exact whenever the previous window was
+// empty (so the first window admits exactly Count). TestSlidingWindowError
+// measures the worst case against an exact log.
+//
+// # Calendar quota
+//
+// A fixed window aligned to the calendar (hour, day, week starting Monday,
+// month) in a time zone (UTC unless configured): a billing quota that resets
+// on the 1st. The window's bounds are computed in Go (Limit.Window), because
+// only Go knows time zones and month lengths; the Redis store passes the
+// bounds of the current and the next window to its script.
+package rate
+
+import (
+	"fmt"
+	"math"
+	"time"
+)
+
+// Algorithm names one of the limiting algorithms.
+type Algorithm string
+
+// The algorithms.
+const (
+	GCRA     Algorithm = "gcra"
+	Sliding  Algorithm = "sliding"
+	Calendar Algorithm = "calendar"
+)
+
+// Unit is the calendar unit of a Calendar limit.
+type Unit string
+
+// The calendar units.
+const (
+	Hour  Unit = "hour"
+	Day   Unit = "day"
+	Week  Unit = "week"
+	Month Unit = "month"
+)
+
+// Limit is one limit: at most Count units per Period (or per calendar Unit).
+type Limit struct {
+	Algorithm Algorithm
+	// Count is the number of units allowed per Period (or per Unit).
+	Count int64
+	// Period is the GCRA refill period or the sliding window. Unused by Calendar.
+	Period time.Duration
+	// Burst is GCRA's capacity; 0 means Count.
+	Burst int64
+	// Unit and Location align a Calendar window.
+	Unit     Unit
+	Location *time.Location
+}
+
+// Validate reports whether the limit can be enforced.
+func (l Limit) Validate() error {
+	if l.Count <= 0 {
+		return fmt.Errorf("count must be positive, got %d", l.Count)
+	}
+	switch l.Algorithm {
+	case GCRA, Sliding:
+		if l.Period < time.Microsecond {
+			return fmt.Errorf("period must be at least 1µs, got %v", l.Period)
+		}
+		if l.Burst < 0 {
+			return fmt.Errorf("burst must not be negative, got %d", l.Burst)
+		}
+		if l.Burst != 0 && l.Algorithm != GCRA {
+			return fmt.Errorf("burst applies only to the gcra algorithm")
+		}
+	case Calendar:
+		switch l.Unit {
+		case Hour, Day, Week, Month:
+		default:
+			return fmt.Errorf("calendar limits need a unit of hour, day, week or month, got %q", l.Unit)
+		}
+		if l.Burst != 0 {
+			return fmt.Errorf("burst applies only to the gcra algorithm")
+		}
+	default:
+		return fmt.Errorf("unknown algorithm %q (want gcra, sliding or calendar)", l.Algorithm)
+	}
+	return nil
+}
+
+// Capacity is the largest cost a single request can ever be admitted with:
+// the burst for GCRA, Count otherwise. A larger cost is refused as impossible.
+func (l Limit) Capacity() int64 {
+	if l.Algorithm == GCRA && l.Burst > 0 {
+		return l.Burst
+	}
+	return l.Count
+}
+
+// WindowSeconds is the policy window advertised in RateLimit-Policy (w=):
+// the period, or the length of the calendar unit (a month counts 30 days).
+func (l Limit) WindowSeconds() int64 {
+	switch l.Algorithm {
+	case Calendar:
+		switch l.Unit {
+		case Hour:
+			return 3600
+		case Day:
+			return 86400
+		case Week:
+			return 7 * 86400
+		default:
+			return 30 * 86400
+		}
+	default:
+		s := int64(math.Ceil(l.Period.Seconds()))
+		if s < 1 {
+			s = 1
+		}
+		return s
+	}
+}
+
+// Window returns the calendar window [start, end) containing t, in µs.
+func (l Limit) Window(t int64) (start, end int64) {
+	loc := l.Location
+	if loc == nil {
+		loc = time.UTC
+	}
+	tm := time.UnixMicro(t).In(loc)
+	var s, e time.Time
+	switch l.Unit {
+	case Hour:
+		s = time.Date(tm.Year(), tm.Month(), tm.Day(), tm.Hour(), 0, 0, 0, loc)
+		e = s.Add(time.Hour)
+	case Day:
+		s = time.Date(tm.Year(), tm.Month(), tm.Day(), 0, 0, 0, 0, loc)
+		e = s.AddDate(0, 0, 1)
+	case Week:
+		off := (int(tm.Weekday()) + 6) % 7 // Monday = 0
+		s = time.Date(tm.Year(), tm.Month(), tm.Day()-off, 0, 0, 0, 0, loc)
+		e = s.AddDate(0, 0, 7)
+	default:
+		s = time.Date(tm.Year(), tm.Month(), 1, 0, 0, 0, 0, loc)
+		e = s.AddDate(0, 1, 0)
+	}
+	return s.UnixMicro(), e.UnixMicro()
+}
+
+// State is what a store keeps for one bucket. Its meaning depends on the
+// algorithm:
+//
+//	GCRA:     A = level u (units owed),            T = when A was written
+//	Sliding:  A = previous window's count, B = current window's count, T = current window's start
+//	Calendar: A = count in the window,             T = the window's start
+//
+// The zero State is a fresh, full bucket for every algorithm.
+type State struct {
+	A, B float64
+	T    int64
+}
+
+// Result says what a bucket thinks of one request.
+type Result struct {
+	// Allowed is true when the cost fits.
+	Allowed bool
+	// Impossible is true when the cost exceeds the limit's Capacity, so no
+	// amount of waiting helps. Allowed is false then.
+	Impossible bool
+	// Remaining is the whole number of units left: after this request when
+	// Allowed, before it otherwise. Never negative.
+	Remaining int64
+	// Before is the whole number of units left before this request. A store
+	// reports it as Remaining when another bucket on the path denied, since
+	// then nothing was charged.
+	Before int64
+	// RetryAfter (µs) is the earliest wait after which this cost would fit;
+	// 0 when Allowed or Impossible.
+	RetryAfter int64
+	// Reset (µs) is the wait until the bucket is entirely full again.
+	Reset int64
+}
+
+// Apply decides cost n at time now against state s. It returns the state to
+// store if the request is admitted (the caller stores it only when every
+// bucket on the path admits: all or nothing) and the Result.
+func (l Limit) Apply(s State, now, n int64) (State, Result) {
+	switch l.Algorithm {
+	case Sliding:
+		return l.sliding(s, now, n)
+	case Calendar:
+		return l.calendar(s, now, n)
+	default:
+		return l.gcra(s, now, n)
+	}
+}
+
+// Adjust changes a bucket by delta units at time now: a negative delta
+// refunds capacity (never beyond a full bucket), a positive one adds debt
+// that later requests pay for. It is how a reconciled cost corrects the
+// estimate charged at decision time.
+func (l Limit) Adjust(s State, now, delta int64) State {
+	switch l.Algorithm {
+	case Sliding:
+		s = l.slide(s, now)
+		s.B = math.Max(0, s.B+float64(delta))
+	case Calendar:
+		start, _ := l.Window(now)
+		if s.T != start {
+			s = State{T: start}
+		}
+		s.A = math.Max(0, s.A+float64(delta))
+	default:
+		s.A = math.Max(0, l.level(s, now)+float64(delta))
+		s.T = now
+	}
+	return s
+}
+
+// TTL (µs) is how long a store must keep state s written at now: after it
+// the state is equivalent to a fresh bucket.
+func (l Limit) TTL(s State, now int64) int64 {
+	switch l.Algorithm {
+	case Sliding:
+		p := l.Period.Microseconds()
+		return s.T + 2*p - now
+	case Calendar:
+		_, end := l.Window(now)
+		return end - now
+	default:
+		return ceilMicros(l.level(s, now) * float64(l.Period.Microseconds()) / float64(l.Count))
+	}
+}
+
+// level is the GCRA level at time now: the stored level drained at Count per Period.
+func (l Limit) level(s State, now int64) float64 {
+	elapsed := now - s.T
+	if elapsed < 0 {
+		elapsed = 0
+	}
+	return math.Max(0, s.A-float64(elapsed)*float64(l.Count)/float64(l.Period.Microseconds()))
+}
+
+func (l Limit) gcra(s State, now, n int64) (State, Result) {
+	b := float64(l.Capacity())
+	perUnit := float64(l.Period.Microseconds()) / float64(l.Count) // I, in µs
+	u := l.level(s, now)
+	if n > l.Capacity() {
+		return s, Result{Impossible: true, Remaining: floorNonNeg(b - u), Before: floorNonNeg(b - u), Reset: ceilMicros(u * perUnit)}
+	}
+	next := u + float64(n)
+	if next <= b {
+		return State{A: next, T: now}, Result{Allowed: true, Remaining: floorNonNeg(b - next), Before: floorNonNeg(b - u), Reset: ceilMicros(next * perUnit)}
+	}
+	return s, Result{
+		Remaining:  floorNonNeg(b - u),
+		Before:     floorNonNeg(b - u),
+		RetryAfter: ceilMicros((next-b)*perUnit) + 1,
+		Reset:      ceilMicros(u * perUnit),
+	}
+}
+
+// slide moves a sliding-window state forward to the window containing now.
+func (l Limit) slide(s State, now int64) State {
+	p := l.Period.Microseconds()
+	start := now - mod(now, p)
+	switch {
+	case s.T == start:
+		return s
+	case s.T+p == start:
+		return State{A: s.B, T: start}
+	default:
+		return State{T: start}
+	}
+}
+
+func (l Limit) sliding(s State, now, n int64) (State, Result) {
+	p := float64(l.Period.Microseconds())
+	max := float64(l.Count)
+	s = l.slide(s, now)
+	e := float64(now - s.T)
+	est := s.A*(p-e)/p + s.B
+	if n > l.Count {
+		return s, Result{Impossible: true, Remaining: floorNonNeg(max - est), Before: floorNonNeg(max - est), Reset: slidingReset(s, p, e)}
+	}
+	if est+float64(n) <= max {
+		next := s
+		next.B += float64(n)
+		return next, Result{Allowed: true, Remaining: floorNonNeg(max - est - float64(n)), Before: floorNonNeg(max - est), Reset: slidingReset(next, p, e)}
+	}
+	var wait float64
+	if s.B+float64(n) <= max {
+		// Fits in this window once enough of the previous window has slid out:
+		// prev·(p − e − w)/p ≤ max − cur − n.
+		wait = p - e - (max-s.B-float64(n))*p/s.A
+	} else {
+		// Must wait for the next window, where this window's count becomes
+		// the previous one: cur·(p − e2)/p + n ≤ max.
+		wait = p - e + math.Max(0, p-(max-float64(n))*p/s.B)
+	}
+	return s, Result{Remaining: floorNonNeg(max - est), Before: floorNonNeg(max - est), RetryAfter: ceilMicros(wait) + 1, Reset: slidingReset(s, p, e)}
+}
+
+// slidingReset is the wait until the estimate is back to zero: the previous
+// window slides out at the end of this one, the current one a window later.
+func slidingReset(s State, p, e float64) int64 {
+	switch {
+	case s.B > 0:
+		return ceilMicros(2*p - e)
+	case s.A > 0:
+		return ceilMicros(p - e)
+	}
+	return 0
+}
+
+func (l Limit) calendar(s State, now, n int64) (State, Result) {
+	start, end := l.Window(now)
+	if s.T != start {
+		s = State{T: start}
+	}
+	max := float64(l.Count)
+	reset := end - now
+	if s.A == 0 {
+		reset = 0
+	}
+	if n > l.Count {
+		return s, Result{Impossible: true, Remaining: floorNonNeg(max - s.A), Before: floorNonNeg(max - s.A), Reset: reset}
+	}
+	if s.A+float64(n) <= max {
+		return State{A: s.A + float64(n), T: start}, Result{Allowed: true, Remaining: floorNonNeg(max - s.A - float64(n)), Before: floorNonNeg(max - s.A), Reset: end - now}
+	}
+	return s, Result{Remaining: floorNonNeg(max - s.A), Before: floorNonNeg(max - s.A), RetryAfter: end - now, Reset: reset}
+}
+
+func floorNonNeg(x float64) int64 {
+	if x <= 0 {
+		return 0
+	}
+	return int64(math.Floor(x))
+}
+
+func ceilMicros(x float64) int64 {
+	if x <= 0 {
+		return 0
+	}
+	return int64(math.Ceil(x))
+}
+
+func mod(a, b int64) int64 {
+	m := a % b
+	if m < 0 {
+		m += b
+	}
+	return m
+}

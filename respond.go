@@ -1,0 +1,164 @@
+package cascade
+
+import (
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/caddy-cascade/cascade/hierarchy"
+)
+
+// Problem types of the problem+json bodies (RFC 9457), documented in the README.
+const (
+	problemBase        = "https://github.com/caddy-cascade/cascade#"
+	problemUnavailable = "store-unavailable"
+)
+
+// writeHeaders writes the rate-limit header families of a decision.
+//
+//	RateLimit-Policy: "org";q=10000;w=3600, "org.tokens";q=1000000;w=3600;qu="tokens"
+//	RateLimit: "user";r=12;t=36
+//	X-RateLimit-Limit: 1000, X-RateLimit-Remaining: 12, X-RateLimit-Reset: 36
+//	Retry-After: 36 (denials only)
+//
+// RateLimit, and the X-RateLimit headers, describe the policy closest to
+// exhaustion, or on a denial the policy that denied. t is the wait (in
+// whole seconds, rounded up) until that policy's bucket is full again, or
+// on a denial until this request could be admitted.
+func (h *Handler) writeHeaders(hdr http.Header, d decision) {
+	if d.buckets == nil || d.closest < 0 {
+		return
+	}
+	cfg := h.Headers
+	if cfg == nil {
+		cfg = &HeadersConfig{}
+	}
+	c := d.buckets[d.closest]
+	cr := d.Results[d.closest]
+	t := ceilSeconds(microseconds(cr.Reset))
+	if !d.Allowed {
+		t = ceilSeconds(d.retry)
+	}
+	if on(cfg.IETF) {
+		var b strings.Builder
+		seen := make(map[*hierarchy.Limit]bool, len(d.buckets))
+		for _, bk := range d.buckets {
+			if seen[bk.Limit] {
+				continue
+			}
+			seen[bk.Limit] = true
+			if b.Len() > 0 {
+				b.WriteString(", ")
+			}
+			writePolicy(&b, bk)
+		}
+		hdr.Set("RateLimit-Policy", b.String())
+		hdr.Set("RateLimit", `"`+c.Limit.Policy()+`";r=`+strconv.FormatInt(cr.Remaining, 10)+";t="+strconv.FormatInt(t, 10))
+	}
+	if on(cfg.XRateLimit) {
+		hdr.Set("X-RateLimit-Limit", strconv.FormatInt(c.Limit.Rate().Capacity(), 10))
+		hdr.Set("X-RateLimit-Remaining", strconv.FormatInt(cr.Remaining, 10))
+		hdr.Set("X-RateLimit-Reset", strconv.FormatInt(t, 10))
+	}
+	if !d.Allowed && !d.Impossible && on(cfg.RetryAfter) {
+		hdr.Set("Retry-After", strconv.FormatInt(ceilSeconds(d.retry), 10))
+	}
+	if cfg.OpenAI {
+		h.writeOpenAIHeaders(hdr, d)
+	}
+}
+
+// writePolicy writes one RateLimit-Policy item: the policy's name, its
+// quota q, its window w in seconds and, for dimensions other than requests,
+// its quota unit qu.
+func writePolicy(b *strings.Builder, bk hierarchy.Bucket) {
+	l := bk.Limit.Rate()
+	b.WriteString(`"` + bk.Limit.Policy() + `";q=`)
+	b.WriteString(strconv.FormatInt(l.Capacity(), 10))
+	b.WriteString(";w=")
+	b.WriteString(strconv.FormatInt(l.WindowSeconds(), 10))
+	if bk.Limit.Dimension != hierarchy.Requests {
+		b.WriteString(`;qu="` + bk.Limit.Dimension + `"`)
+	}
+}
+
+// writeOpenAIHeaders writes x-ratelimit-{limit,remaining,reset}-{requests,tokens}
+// from the tightest bucket of each of those two dimensions.
+func (h *Handler) writeOpenAIHeaders(hdr http.Header, d decision) {
+	for _, dim := range []string{"requests", "tokens"} {
+		best := -1
+		for i, bk := range d.buckets {
+			if bk.Limit.Dimension != dim {
+				continue
+			}
+			if best < 0 || d.Results[i].Remaining < d.Results[best].Remaining {
+				best = i
+			}
+		}
+		if best < 0 {
+			continue
+		}
+		r := d.Results[best]
+		hdr.Set("x-ratelimit-limit-"+dim, strconv.FormatInt(d.buckets[best].Limit.Rate().Capacity(), 10))
+		hdr.Set("x-ratelimit-remaining-"+dim, strconv.FormatInt(r.Remaining, 10))
+		hdr.Set("x-ratelimit-reset-"+dim, strconv.FormatInt(ceilSeconds(microseconds(r.Reset)), 10)+"s")
+	}
+}
+
+// problemBody is an RFC 9457 problem detail, extended with the blocking tier.
+type problemBody struct {
+	Type       string   `json:"type"`
+	Title      string   `json:"title"`
+	Status     int      `json:"status"`
+	Detail     string   `json:"detail,omitempty"`
+	BlockedBy  string   `json:"blocked_by,omitempty"`
+	Policies   []string `json:"violated_policies,omitempty"`
+	RetryAfter int64    `json:"retry_after,omitempty"`
+}
+
+// problem writes a problem+json response.
+func (h *Handler) problem(w http.ResponseWriter, status int, kind, title, detail string, d decision) error {
+	p := problemBody{
+		Type:      problemBase + strings.ReplaceAll(kind, "_", "-"),
+		Title:     title,
+		Status:    status,
+		Detail:    detail,
+		BlockedBy: d.blocked,
+	}
+	for i, r := range d.Results {
+		if !r.Allowed {
+			p.Policies = append(p.Policies, d.buckets[i].Tree.Name+"/"+d.buckets[i].Limit.Policy())
+		}
+	}
+	if d.retry > 0 {
+		p.RetryAfter = ceilSeconds(d.retry)
+	}
+	body, err := json.Marshal(p)
+	if err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(status)
+	_, err = w.Write(body)
+	return err
+}
+
+// setPlaceholders publishes the decision as {http.rate_limit.*}.
+func (h *Handler) setPlaceholders(repl *caddy.Replacer, d decision) {
+	repl.Set("http.rate_limit.allowed", d.Allowed && d.reason == "ok")
+	repl.Set("http.rate_limit.reason", d.reason)
+	repl.Set("http.rate_limit.blocked_by", d.blocked)
+	repl.Set("http.rate_limit.retry_after", ceilSeconds(d.retry))
+	if d.closest >= 0 && d.closest < len(d.Results) {
+		c := d.buckets[d.closest]
+		repl.Set("http.rate_limit.policy", c.Limit.Policy())
+		repl.Set("http.rate_limit.tier", c.Tier.Name)
+		repl.Set("http.rate_limit.limit", c.Limit.Rate().Capacity())
+		repl.Set("http.rate_limit.remaining", d.Results[d.closest].Remaining)
+		repl.Set("http.rate_limit.reset", ceilSeconds(microseconds(d.Results[d.closest].Reset)))
+	}
+}

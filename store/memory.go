@@ -1,0 +1,254 @@
+package store
+
+import (
+	"context"
+	"hash/maphash"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/caddy-cascade/cascade/rate"
+)
+
+// memoryShards is the number of independently locked parts of the memory
+// store. A decision locks only the shards its buckets live in, in ascending
+// order, so decisions on unrelated keys run in parallel and never deadlock.
+const memoryShards = 64
+
+// evictionSample is how many entries are looked at to choose a victim when
+// the store is at its cap (sampled eviction, as Redis does for maxmemory).
+const evictionSample = 16
+
+// MemoryOptions configure a Memory store.
+type MemoryOptions struct {
+	// MaxKeys caps the number of buckets tracked. At the cap, inserting a
+	// new bucket first drops expired state, then evicts the entry closest
+	// to expiry among a small random sample: the bucket closest to being
+	// full again, whose loss over-admits least. Evictions are counted in
+	// Stats. Zero means 1,000,000.
+	MaxKeys int
+	// SweepInterval is how often expired state is removed in the
+	// background. Zero means one minute; negative disables the sweeper
+	// (tests sweep by hand).
+	SweepInterval time.Duration
+	// Clock overrides the wall clock, for tests.
+	Clock Clock
+}
+
+// Memory is the embedded store: state lives in this process. It is exact
+// under any concurrency within the process; instances do not share it.
+type Memory struct {
+	clock    Clock
+	perShard int
+	seed     maphash.Seed
+	shards   [memoryShards]memoryShard
+	stop     chan struct{}
+	done     chan struct{}
+	closed   sync.Once
+
+	evictions atomic.Int64
+}
+
+type memoryShard struct {
+	mu      sync.Mutex
+	entries map[string]*memoryEntry
+}
+
+type memoryEntry struct {
+	state   rate.State
+	expires int64 // µs; state is as good as fresh after this
+}
+
+// NewMemory returns a Memory store and starts its sweeper.
+func NewMemory(opts MemoryOptions) *Memory {
+	if opts.MaxKeys <= 0 {
+		opts.MaxKeys = 1_000_000
+	}
+	if opts.Clock == nil {
+		opts.Clock = WallClock
+	}
+	m := &Memory{
+		clock:    opts.Clock,
+		perShard: (opts.MaxKeys + memoryShards - 1) / memoryShards,
+		seed:     maphash.MakeSeed(),
+		stop:     make(chan struct{}),
+		done:     make(chan struct{}),
+	}
+	for i := range m.shards {
+		m.shards[i].entries = make(map[string]*memoryEntry)
+	}
+	interval := opts.SweepInterval
+	if interval == 0 {
+		interval = time.Minute
+	}
+	if interval > 0 {
+		go m.sweepEvery(interval)
+	} else {
+		close(m.done)
+	}
+	return m
+}
+
+// Decide implements Store.
+func (m *Memory) Decide(_ context.Context, buckets []Bucket) (Decision, error) {
+	var lockBuf [16]uint8
+	locked := m.lock(buckets, lockBuf[:0])
+	defer m.unlock(locked)
+
+	now := m.clock()
+	results := make([]rate.Result, len(buckets))
+	var nextBuf [8]rate.State
+	next := nextBuf[:0]
+	allowed := true
+	for i, b := range buckets {
+		s := m.stateOf(b.Key, now)
+		n, r := b.Limit.Apply(s, now, b.Cost)
+		results[i] = r
+		next = append(next, n)
+		allowed = allowed && r.Allowed
+	}
+	if allowed {
+		for i, b := range buckets {
+			m.store(b, next[i], now)
+		}
+	}
+	return Combine(results), nil
+}
+
+// Adjust implements Store.
+func (m *Memory) Adjust(_ context.Context, buckets []Bucket) error {
+	var lockBuf [16]uint8
+	locked := m.lock(buckets, lockBuf[:0])
+	defer m.unlock(locked)
+	now := m.clock()
+	for _, b := range buckets {
+		m.store(b, b.Limit.Adjust(m.stateOf(b.Key, now), now, b.Cost), now)
+	}
+	return nil
+}
+
+// Close stops the sweeper. The state is dropped with the store.
+func (m *Memory) Close() error {
+	m.closed.Do(func() { close(m.stop) })
+	<-m.done
+	return nil
+}
+
+// Len is the number of buckets currently tracked.
+func (m *Memory) Len() int {
+	n := 0
+	for i := range m.shards {
+		s := &m.shards[i]
+		s.mu.Lock()
+		n += len(s.entries)
+		s.mu.Unlock()
+	}
+	return n
+}
+
+// Evictions is the number of buckets evicted at the MaxKeys cap so far.
+func (m *Memory) Evictions() int64 { return m.evictions.Load() }
+
+// Sweep removes every expired bucket now.
+func (m *Memory) Sweep() {
+	now := m.clock()
+	for i := range m.shards {
+		s := &m.shards[i]
+		s.mu.Lock()
+		for k, e := range s.entries {
+			if e.expires <= now {
+				delete(s.entries, k)
+			}
+		}
+		s.mu.Unlock()
+	}
+}
+
+func (m *Memory) sweepEvery(interval time.Duration) {
+	defer close(m.done)
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-m.stop:
+			return
+		case <-t.C:
+			m.Sweep()
+		}
+	}
+}
+
+func (m *Memory) shardOf(key string) uint8 {
+	return uint8(maphash.String(m.seed, key) % memoryShards)
+}
+
+// lock takes the shard locks of every bucket in ascending shard order.
+func (m *Memory) lock(buckets []Bucket, buf []uint8) []uint8 {
+	for _, b := range buckets {
+		buf = append(buf, m.shardOf(b.Key))
+	}
+	sort.Slice(buf, func(i, j int) bool { return buf[i] < buf[j] })
+	out := buf[:0]
+	for i, s := range buf {
+		if i == 0 || s != buf[i-1] {
+			out = append(out, s)
+		}
+	}
+	for _, s := range out {
+		m.shards[s].mu.Lock()
+	}
+	return out
+}
+
+func (m *Memory) unlock(shards []uint8) {
+	for _, s := range shards {
+		m.shards[s].mu.Unlock()
+	}
+}
+
+// stateOf returns the live state of key; expired state reads as fresh.
+// The caller holds the key's shard lock.
+func (m *Memory) stateOf(key string, now int64) rate.State {
+	if e, ok := m.shards[m.shardOf(key)].entries[key]; ok && e.expires > now {
+		return e.state
+	}
+	return rate.State{}
+}
+
+// store writes a bucket's new state. The caller holds the key's shard lock.
+func (m *Memory) store(b Bucket, s rate.State, now int64) {
+	sh := &m.shards[m.shardOf(b.Key)]
+	expires := now + b.Limit.TTL(s, now)
+	if e, ok := sh.entries[b.Key]; ok {
+		e.state, e.expires = s, expires
+		return
+	}
+	if expires <= now {
+		return // a full bucket needs no state
+	}
+	if len(sh.entries) >= m.perShard {
+		m.makeRoom(sh, now)
+	}
+	sh.entries[b.Key] = &memoryEntry{state: s, expires: expires}
+}
+
+// makeRoom frees one place in a full shard: expired entries first, else the
+// sampled entry nearest to expiry.
+func (m *Memory) makeRoom(sh *memoryShard, now int64) {
+	victim, soonest, seen := "", int64(0), 0
+	for k, e := range sh.entries { // map iteration order is randomised
+		if e.expires <= now {
+			delete(sh.entries, k)
+			return
+		}
+		if seen == 0 || e.expires < soonest {
+			victim, soonest = k, e.expires
+		}
+		if seen++; seen == evictionSample {
+			break
+		}
+	}
+	delete(sh.entries, victim)
+	m.evictions.Add(1)
+}

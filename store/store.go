@@ -1,0 +1,101 @@
+// Package store decides whether one request's cost fits every limit on its
+// path, in one atomic step, and corrects a decision afterwards. It has two
+// implementations with one contract: Memory (embedded, the default) and
+// Redis (shared by many Caddy instances). The conformance suite in
+// store/storetest runs the same scenarios against both.
+//
+// A store knows nothing of HTTP, Caddy or trees: it sees buckets (a key, a
+// rate.Limit and a cost) and answers with a Decision.
+package store
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/caddy-cascade/cascade/rate"
+)
+
+// Bucket is one limit applied to one key, charged Cost by one request.
+type Bucket struct {
+	// Key identifies the bucket's state. Keys are built by package hierarchy:
+	// client values are escaped or hashed, and the part in braces ("{...}")
+	// is the hash tag that keeps one tenant's subtree in one Redis Cluster
+	// slot.
+	Key   string
+	Limit rate.Limit
+	// Cost is what this request costs in the limit's dimension. In Adjust it
+	// is the correction: negative refunds, positive adds debt.
+	Cost int64
+}
+
+// Decision is the outcome of Decide.
+type Decision struct {
+	// Allowed is true only when every bucket admitted the cost; then every
+	// bucket was charged. Otherwise no bucket was charged (all or nothing).
+	Allowed bool
+	// Impossible is true when some bucket can never admit this cost (the
+	// cost exceeds its capacity): waiting will not help.
+	Impossible bool
+	// Results holds each bucket's verdict, in the order of the buckets.
+	Results []rate.Result
+	// RetryAfter is, on denial, the earliest wait after which every bucket
+	// could admit the cost: the maximum over buckets. Zero when Allowed or
+	// Impossible.
+	RetryAfter time.Duration
+}
+
+// Store is the contract both stores fulfil.
+type Store interface {
+	// Decide charges every bucket its cost if every bucket admits it, and
+	// none otherwise, atomically with respect to every other Decide and
+	// Adjust on the same keys.
+	Decide(ctx context.Context, buckets []Bucket) (Decision, error)
+	// Adjust applies each bucket's Cost as a correction (refund or debt)
+	// without deciding anything, in one atomic step.
+	Adjust(ctx context.Context, buckets []Bucket) error
+	// Close releases the store's resources.
+	Close() error
+}
+
+// ErrUnavailable wraps every error that means the store could not decide
+// (Redis unreachable, timed out, …), so the handler can apply its declared
+// failure policy.
+var ErrUnavailable = errors.New("rate limit store unavailable")
+
+// Combine folds per-bucket results into a Decision. Both stores use it, so
+// the rules for Allowed, Impossible and RetryAfter live in one place.
+func Combine(results []rate.Result) Decision {
+	d := Decision{Allowed: true, Results: results}
+	var retry int64
+	for _, r := range results {
+		if r.Allowed {
+			continue
+		}
+		d.Allowed = false
+		if r.Impossible {
+			d.Impossible = true
+		}
+		if r.RetryAfter > retry {
+			retry = r.RetryAfter
+		}
+	}
+	if !d.Allowed {
+		// Nothing was charged: every bucket stands as it was before.
+		for i := range results {
+			results[i].Remaining = results[i].Before
+		}
+		if !d.Impossible {
+			d.RetryAfter = time.Duration(retry) * time.Microsecond
+		}
+	}
+	return d
+}
+
+// Clock returns the current time in µs since the Unix epoch. Stores take one
+// so tests can drive time; production uses the wall clock (memory) or Redis
+// TIME (redis).
+type Clock func() int64
+
+// WallClock is the production clock of the memory store.
+func WallClock() int64 { return time.Now().UnixMicro() }

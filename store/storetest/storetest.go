@@ -1,0 +1,299 @@
+// Package storetest is the conformance suite every store.Store must pass: the
+// same scenarios, under the same injected clock, with the same expected
+// decisions, remaining counts and retry times. It is how the Redis scripts
+// are held to the Go arithmetic of package rate.
+package storetest
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/caddy-cascade/cascade/rate"
+	"github.com/caddy-cascade/cascade/store"
+)
+
+// Clock is a settable clock for stores under test.
+type Clock struct{ now atomic.Int64 }
+
+// NewClock returns a clock set to t.
+func NewClock(t time.Time) *Clock {
+	c := &Clock{}
+	c.Set(t)
+	return c
+}
+
+// Now reads the clock; pass it as a store.Clock.
+func (c *Clock) Now() int64 { return c.now.Load() }
+
+// Set moves the clock to t.
+func (c *Clock) Set(t time.Time) { c.now.Store(t.UnixMicro()) }
+
+// Advance moves the clock forward by d.
+func (c *Clock) Advance(d time.Duration) { c.now.Add(d.Microseconds()) }
+
+// Opener returns a fresh, empty store that reads time from clock. Keys used
+// by different scenarios never overlap, but an opener may still want to
+// flush shared state between them.
+type Opener func(t *testing.T, clock store.Clock) store.Store
+
+// start is a Wednesday in mid-month, mid-hour: far from calendar boundaries.
+var start = time.Date(2026, 3, 18, 10, 30, 0, 0, time.UTC)
+
+func gcra(count int64, period time.Duration, burst int64) rate.Limit {
+	return rate.Limit{Algorithm: rate.GCRA, Count: count, Period: period, Burst: burst}
+}
+
+func sliding(count int64, period time.Duration) rate.Limit {
+	return rate.Limit{Algorithm: rate.Sliding, Count: count, Period: period}
+}
+
+func calendar(count int64, unit rate.Unit, loc *time.Location) rate.Limit {
+	return rate.Limit{Algorithm: rate.Calendar, Count: count, Unit: unit, Location: loc}
+}
+
+// step is one request (or adjustment) in a scenario and what must come of it.
+type step struct {
+	advance time.Duration  // move the clock first
+	at      time.Time      // or set it (when non-zero)
+	buckets []store.Bucket // the path and the costs
+	adjust  bool           // Adjust instead of Decide (Cost is the delta)
+	repeat  int            // run the same step this many times (default 1)
+
+	allowed    bool
+	impossible bool
+	remaining  []int64       // per bucket, when non-nil
+	retry      time.Duration // expected RetryAfter; checked when retrySet
+	retrySet   bool
+	retryToo   bool // then retry once at exactly RetryAfter and expect admission
+}
+
+type scenario struct {
+	name  string
+	steps []step
+}
+
+// key gives each scenario its own keys (with a hash tag, as hierarchy builds them).
+func key(scn, name string) string { return fmt.Sprintf("{conf|%s}|%s", scn, name) }
+
+func b(scn, name string, l rate.Limit, cost int64) store.Bucket {
+	return store.Bucket{Key: key(scn, name), Limit: l, Cost: cost}
+}
+
+func scenarios() []scenario {
+	tenPerMin := gcra(10, time.Minute, 0)
+	seed004 := gcra(30, time.Minute, 15)
+	trade := gcra(10, 15*time.Second, 5)
+	notify := sliding(100, 30*time.Minute)
+	perCat := sliding(10, 30*time.Minute)
+	paris, _ := time.LoadLocation("Europe/Paris")
+	if paris == nil {
+		paris = time.FixedZone("CET", 3600)
+	}
+	return []scenario{
+		{"gcra counts down then waits one emission interval", []step{
+			{buckets: []store.Bucket{b("g1", "k", tenPerMin, 1)}, allowed: true, remaining: []int64{9}},
+			{buckets: []store.Bucket{b("g1", "k", tenPerMin, 1)}, repeat: 8, allowed: true},
+			{buckets: []store.Bucket{b("g1", "k", tenPerMin, 1)}, allowed: true, remaining: []int64{0}},
+			{buckets: []store.Bucket{b("g1", "k", tenPerMin, 1)}, allowed: false, remaining: []int64{0},
+				retry: 6*time.Second + time.Microsecond, retrySet: true, retryToo: true},
+			{buckets: []store.Bucket{b("g1", "k", tenPerMin, 1)}, allowed: false},
+		}},
+		{"gcra burst then refill (seed 004 user and trade)", []step{
+			{buckets: []store.Bucket{b("g2", "user", seed004, 1), b("g2", "trade", trade, 1)}, repeat: 5, allowed: true},
+			{buckets: []store.Bucket{b("g2", "user", seed004, 1), b("g2", "trade", trade, 1)}, allowed: false,
+				remaining: []int64{10, 0}, retry: 1500*time.Millisecond + time.Microsecond, retrySet: true},
+			// withdrawal has its own cap but counts against the same user
+			{buckets: []store.Bucket{b("g2", "user", seed004, 1), b("g2", "withdrawal", trade, 1)}, repeat: 5, allowed: true},
+			{buckets: []store.Bucket{b("g2", "user", seed004, 1)}, repeat: 5, allowed: true},
+			{buckets: []store.Bucket{b("g2", "user", seed004, 1)}, allowed: false, remaining: []int64{0},
+				retry: 2*time.Second + time.Microsecond, retrySet: true, retryToo: true},
+		}},
+		{"cost k admits floor(C/k) and retry covers the shortfall", []step{
+			{buckets: []store.Bucket{b("g3", "k", tenPerMin, 3)}, repeat: 3, allowed: true},
+			{buckets: []store.Bucket{b("g3", "k", tenPerMin, 3)}, allowed: false, remaining: []int64{1},
+				retry: 12*time.Second + time.Microsecond, retrySet: true, retryToo: true},
+		}},
+		{"a cost above capacity is impossible and charges nothing", []step{
+			{buckets: []store.Bucket{b("g4", "a", tenPerMin, 1), b("g4", "b", tenPerMin, 11)}, allowed: false, impossible: true,
+				remaining: []int64{10, 10}, retry: 0, retrySet: true},
+			{buckets: []store.Bucket{b("g4", "a", tenPerMin, 10)}, allowed: true, remaining: []int64{0}},
+		}},
+		{"all or nothing: a denial below charges nothing above", []step{
+			{buckets: []store.Bucket{b("g5", "org", tenPerMin, 1), b("g5", "user", gcra(2, time.Hour, 0), 1)}, repeat: 2, allowed: true},
+			{buckets: []store.Bucket{b("g5", "org", tenPerMin, 1), b("g5", "user", gcra(2, time.Hour, 0), 1)}, repeat: 5, allowed: false},
+			{buckets: []store.Bucket{b("g5", "org", tenPerMin, 1)}, allowed: true, remaining: []int64{7}},
+		}},
+		{"retry after is the max over limits", []step{
+			{buckets: []store.Bucket{b("g6", "fast", gcra(1, time.Second, 0), 1), b("g6", "slow", gcra(1, 10*time.Second, 0), 1)}, allowed: true},
+			{buckets: []store.Bucket{b("g6", "fast", gcra(1, time.Second, 0), 1), b("g6", "slow", gcra(1, 10*time.Second, 0), 1)}, allowed: false,
+				retry: 10*time.Second + time.Microsecond, retrySet: true, retryToo: true},
+		}},
+		{"sliding window: global and per category (seed 001)", []step{
+			{buckets: []store.Bucket{b("s1", "all", notify, 1), b("s1", "cat=a", perCat, 1)}, repeat: 10, allowed: true},
+			{buckets: []store.Bucket{b("s1", "all", notify, 1), b("s1", "cat=a", perCat, 1)}, allowed: false, remaining: []int64{90, 0}},
+			{buckets: []store.Bucket{b("s1", "all", notify, 1), b("s1", "cat=b", perCat, 1)}, repeat: 10, allowed: true},
+			{advance: time.Minute, buckets: []store.Bucket{b("s1", "all", notify, 1), b("s1", "cat=a", perCat, 1)}, allowed: false, retryToo: true},
+		}},
+		{"sliding window: first window exact, then the previous window slides out", []step{
+			{at: time.Date(2026, 3, 18, 10, 0, 0, 0, time.UTC), buckets: []store.Bucket{b("s2", "k", sliding(4, time.Minute), 1)}, repeat: 4, allowed: true},
+			{buckets: []store.Bucket{b("s2", "k", sliding(4, time.Minute), 1)}, allowed: false, remaining: []int64{0},
+				retry: 75*time.Second + time.Microsecond, retrySet: true},
+			{advance: time.Minute + 15*time.Second, buckets: []store.Bucket{b("s2", "k", sliding(4, time.Minute), 1)}, allowed: true, remaining: []int64{0}},
+			{buckets: []store.Bucket{b("s2", "k", sliding(4, time.Minute), 1)}, allowed: false,
+				retry: 15*time.Second + time.Microsecond, retrySet: true, retryToo: true},
+		}},
+		{"calendar day resets at midnight UTC", []step{
+			{at: time.Date(2026, 3, 18, 23, 59, 0, 0, time.UTC), buckets: []store.Bucket{b("c1", "k", calendar(5, rate.Day, nil), 1)}, repeat: 5, allowed: true},
+			{buckets: []store.Bucket{b("c1", "k", calendar(5, rate.Day, nil), 1)}, allowed: false, remaining: []int64{0},
+				retry: time.Minute, retrySet: true, retryToo: true},
+			{buckets: []store.Bucket{b("c1", "k", calendar(5, rate.Day, nil), 1)}, allowed: true, remaining: []int64{3}},
+		}},
+		{"calendar month resets on the 1st in the configured zone", []step{
+			{at: time.Date(2026, 1, 31, 22, 0, 0, 0, time.UTC), buckets: []store.Bucket{b("c2", "k", calendar(100000, rate.Month, paris), 60000)}, allowed: true, remaining: []int64{40000}},
+			{buckets: []store.Bucket{b("c2", "k", calendar(100000, rate.Month, paris), 60000)}, allowed: false,
+				retry: time.Hour, retrySet: true}, // midnight in Paris is 23:00 UTC
+			{advance: time.Hour, buckets: []store.Bucket{b("c2", "k", calendar(100000, rate.Month, paris), 60000)}, allowed: true, remaining: []int64{40000}},
+		}},
+		{"reconcile: a refund returns capacity, a debt is paid by later requests", []step{
+			{buckets: []store.Bucket{b("r1", "tok", gcra(3000, time.Minute, 0), 1000)}, repeat: 3, allowed: true},
+			{buckets: []store.Bucket{b("r1", "tok", gcra(3000, time.Minute, 0), 1000)}, allowed: false},
+			{adjust: true, buckets: []store.Bucket{b("r1", "tok", gcra(3000, time.Minute, 0), -1500)}},
+			{buckets: []store.Bucket{b("r1", "tok", gcra(3000, time.Minute, 0), 1000)}, allowed: true, remaining: []int64{500}},
+			{adjust: true, buckets: []store.Bucket{b("r1", "tok", gcra(3000, time.Minute, 0), 2000)}},
+			// level 4500 of 3000: a cost of 100 must wait for 1600 units to drain (32 s at 50/s)
+			{buckets: []store.Bucket{b("r1", "tok", gcra(3000, time.Minute, 0), 100)}, allowed: false, remaining: []int64{0},
+				retry: 32*time.Second + time.Microsecond, retrySet: true, retryToo: true},
+		}},
+		{"a refund never fills a bucket beyond capacity", []step{
+			{adjust: true, buckets: []store.Bucket{b("r2", "k", tenPerMin, -50)}},
+			{buckets: []store.Bucket{b("r2", "k", tenPerMin, 1)}, repeat: 10, allowed: true},
+			{buckets: []store.Bucket{b("r2", "k", tenPerMin, 1)}, allowed: false},
+		}},
+	}
+}
+
+// Run runs the conformance suite against the stores open makes.
+func Run(t *testing.T, open Opener) {
+	for _, sc := range scenarios() {
+		t.Run(sc.name, func(t *testing.T) {
+			clock := NewClock(start)
+			s := open(t, clock.Now)
+			ctx := context.Background()
+			for i, st := range sc.steps {
+				if !st.at.IsZero() {
+					clock.Set(st.at)
+				}
+				clock.Advance(st.advance)
+				n := st.repeat
+				if n == 0 {
+					n = 1
+				}
+				for j := 0; j < n; j++ {
+					if st.adjust {
+						if err := s.Adjust(ctx, st.buckets); err != nil {
+							t.Fatalf("step %d: Adjust: %v", i, err)
+						}
+						continue
+					}
+					d, err := s.Decide(ctx, st.buckets)
+					if err != nil {
+						t.Fatalf("step %d.%d: Decide: %v", i, j, err)
+					}
+					check(t, fmt.Sprintf("step %d.%d", i, j), st, d)
+					if st.retryToo && j == n-1 {
+						clock.Advance(d.RetryAfter)
+						d2, err := s.Decide(ctx, st.buckets)
+						if err != nil {
+							t.Fatalf("step %d retry: %v", i, err)
+						}
+						if !d2.Allowed {
+							t.Fatalf("step %d: a retry after exactly %v was denied: %+v", i, d.RetryAfter, d2.Results)
+						}
+					}
+				}
+			}
+		})
+	}
+	t.Run("concurrent burst admits exactly floor(C/k)", func(t *testing.T) {
+		clock := NewClock(start)
+		s := open(t, clock.Now)
+		ExactBurst(t, s, 200, b("x1", "k", gcra(100, time.Hour, 0), 3), 33)
+	})
+	t.Run("concurrent burst across three tiers", func(t *testing.T) {
+		clock := NewClock(start)
+		s := open(t, clock.Now)
+		path := []store.Bucket{
+			b("x2", "org", gcra(1000, time.Hour, 0), 7),
+			b("x2", "team", gcra(500, time.Hour, 0), 7),
+			b("x2", "user", gcra(100, time.Hour, 0), 7),
+		}
+		ExactBurstPath(t, s, 200, path, 100/7)
+	})
+}
+
+// ExactBurst fires clients concurrent decisions of one bucket and requires
+// exactly want admissions.
+func ExactBurst(t *testing.T, s store.Store, clients int, bucket store.Bucket, want int) {
+	t.Helper()
+	ExactBurstPath(t, s, clients, []store.Bucket{bucket}, want)
+}
+
+// ExactBurstPath is ExactBurst for a whole path of buckets.
+func ExactBurstPath(t *testing.T, s store.Store, clients int, path []store.Bucket, want int) {
+	t.Helper()
+	var admitted atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, clients)
+	for i := 0; i < clients; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			d, err := s.Decide(context.Background(), path)
+			if err != nil {
+				errs <- err
+				return
+			}
+			if d.Allowed {
+				admitted.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatalf("Decide: %v", err)
+	}
+	if got := admitted.Load(); got != int64(want) {
+		t.Fatalf("admitted %d of %d concurrent requests, want exactly %d", got, clients, want)
+	}
+}
+
+func check(t *testing.T, where string, st step, d store.Decision) {
+	t.Helper()
+	if d.Allowed != st.allowed {
+		t.Fatalf("%s: allowed = %v, want %v (results %+v)", where, d.Allowed, st.allowed, d.Results)
+	}
+	if d.Impossible != st.impossible {
+		t.Fatalf("%s: impossible = %v, want %v", where, d.Impossible, st.impossible)
+	}
+	if len(d.Results) != len(st.buckets) {
+		t.Fatalf("%s: %d results for %d buckets", where, len(d.Results), len(st.buckets))
+	}
+	if st.remaining != nil {
+		for i, want := range st.remaining {
+			if got := d.Results[i].Remaining; got != want {
+				t.Fatalf("%s: bucket %d remaining = %d, want %d", where, i, got, want)
+			}
+		}
+	}
+	if st.retrySet && d.RetryAfter != st.retry {
+		t.Fatalf("%s: retry after = %v, want %v", where, d.RetryAfter, st.retry)
+	}
+	if !d.Allowed && !d.Impossible && d.RetryAfter <= 0 {
+		t.Fatalf("%s: denied without a retry time", where)
+	}
+}
