@@ -324,7 +324,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	start := time.Now()
 	d, status, err := h.decide(r, repl)
 	h.metrics.observe(d, time.Since(start))
-	h.setPlaceholders(repl, d)
+	h.setPlaceholders(repl, &d)
 
 	if d.reason == "store_error" {
 		h.logger.Error("rate limit store failed", zap.Error(err), zap.String("policy", h.onStoreError()))
@@ -398,19 +398,24 @@ func (h *Handler) decide(r *http.Request, repl *caddy.Replacer) (decision, int, 
 		return d, 0, nil
 	}
 
-	costs := map[string]int64{hierarchy.Requests: 1}
-	for dim, c := range h.costs {
+	costs := make([]int64, len(h.Costs))
+	for i, c := range h.Costs {
 		n, err := resolveCost(repl, c.Value, c.Default)
 		if err != nil {
 			d.reason, d.buckets = "bad_cost", nil
-			return d, http.StatusBadRequest, fmt.Errorf("cost %s: %v", dim, err)
+			return d, http.StatusBadRequest, fmt.Errorf("cost %s: %v", c.Dimension, err)
 		}
-		costs[dim] = n
+		costs[i] = n
 	}
 	sb := make([]store.Bucket, len(d.buckets))
 	d.costs = make([]int64, len(d.buckets))
 	for i, b := range d.buckets {
-		d.costs[i] = costs[b.Limit.Dimension]
+		d.costs[i] = 1
+		for j, c := range h.Costs {
+			if c.Dimension == b.Limit.Dimension {
+				d.costs[i] = costs[j]
+			}
+		}
 		sb[i] = store.Bucket{Key: b.Key, Limit: b.Limit.Rate(), Cost: d.costs[i]}
 	}
 	res, err := h.store.Decide(r.Context(), sb)
@@ -454,8 +459,13 @@ func resolveKey(repl *caddy.Replacer, tmpl string, dynamic bool) string {
 	}
 	empty := false
 	out, err := repl.ReplaceFunc(tmpl, func(_ string, val any) (any, error) {
-		if val == nil || fmt.Sprint(val) == "" {
+		switch v := val.(type) {
+		case nil:
 			empty = true
+		case string:
+			empty = empty || v == ""
+		case []string: // header values
+			empty = empty || len(v) == 0 || v[0] == ""
 		}
 		return val, nil
 	})

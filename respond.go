@@ -147,18 +147,41 @@ func (h *Handler) problem(w http.ResponseWriter, status int, kind, title, detail
 	return err
 }
 
-// setPlaceholders publishes the decision as {http.rate_limit.*}.
-func (h *Handler) setPlaceholders(repl *caddy.Replacer, d decision) {
-	repl.Set("http.rate_limit.allowed", d.Allowed && d.reason == "ok")
-	repl.Set("http.rate_limit.reason", d.reason)
-	repl.Set("http.rate_limit.blocked_by", d.blocked)
-	repl.Set("http.rate_limit.retry_after", ceilSeconds(d.retry))
-	if d.closest >= 0 && d.closest < len(d.Results) {
-		c := d.buckets[d.closest]
-		repl.Set("http.rate_limit.policy", c.Limit.Policy())
-		repl.Set("http.rate_limit.tier", c.Tier.Name)
-		repl.Set("http.rate_limit.limit", c.Limit.Rate().Capacity())
-		repl.Set("http.rate_limit.remaining", d.Results[d.closest].Remaining)
-		repl.Set("http.rate_limit.reset", ceilSeconds(microseconds(d.Results[d.closest].Reset)))
-	}
+// setPlaceholders publishes the decision as {http.rate_limit.*}. One
+// lazy provider, rather than a Set per value, keeps the hot path to one
+// allocation: most requests never read these placeholders.
+func (h *Handler) setPlaceholders(repl *caddy.Replacer, d *decision) {
+	repl.Map(func(key string) (any, bool) {
+		name, ok := strings.CutPrefix(key, "http.rate_limit.")
+		if !ok {
+			return nil, false
+		}
+		switch name {
+		case "allowed":
+			return d.Allowed && d.reason == "ok", true
+		case "reason":
+			return d.reason, true
+		case "blocked_by":
+			return d.blocked, true
+		case "retry_after":
+			return ceilSeconds(d.retry), true
+		}
+		if d.closest < 0 || d.closest >= len(d.Results) {
+			return nil, false
+		}
+		c, r := d.buckets[d.closest], d.Results[d.closest]
+		switch name {
+		case "policy":
+			return c.Limit.Policy(), true
+		case "tier":
+			return c.Tier.Name, true
+		case "limit":
+			return c.Limit.Rate().Capacity(), true
+		case "remaining":
+			return r.Remaining, true
+		case "reset":
+			return ceilSeconds(microseconds(r.Reset)), true
+		}
+		return nil, false
+	})
 }

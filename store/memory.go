@@ -3,7 +3,6 @@ package store
 import (
 	"context"
 	"hash/maphash"
-	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -188,7 +187,11 @@ func (m *Memory) lock(buckets []Bucket, buf []uint8) []uint8 {
 	for _, b := range buckets {
 		buf = append(buf, m.shardOf(b.Key))
 	}
-	sort.Slice(buf, func(i, j int) bool { return buf[i] < buf[j] })
+	for i := 1; i < len(buf); i++ { // insertion sort: paths are short, and it does not allocate
+		for j := i; j > 0 && buf[j] < buf[j-1]; j-- {
+			buf[j], buf[j-1] = buf[j-1], buf[j]
+		}
+	}
 	out := buf[:0]
 	for i, s := range buf {
 		if i == 0 || s != buf[i-1] {

@@ -1,7 +1,12 @@
 package store_test
 
 import (
+	"context"
+	"fmt"
 	"testing"
+	"time"
+
+	"github.com/caddy-cascade/cascade/rate"
 
 	"github.com/caddy-cascade/cascade/store"
 	"github.com/caddy-cascade/cascade/store/storetest"
@@ -13,4 +18,77 @@ func TestMemoryConformance(t *testing.T) {
 		t.Cleanup(func() { m.Close() })
 		return m
 	})
+}
+
+func TestMemoryCapEvictsNearestExpiry(t *testing.T) {
+	clock := storetest.NewClock(time.Date(2026, 3, 18, 10, 0, 0, 0, time.UTC))
+	m := store.NewMemory(store.MemoryOptions{Clock: clock.Now, SweepInterval: -1, MaxKeys: 64})
+	defer m.Close()
+	ctx := context.Background()
+	lim := rate.Limit{Algorithm: rate.GCRA, Count: 10, Period: time.Hour}
+	for i := 0; i < 1000; i++ {
+		if _, err := m.Decide(ctx, []store.Bucket{{Key: fmt.Sprintf("{t|k%d}", i), Limit: lim, Cost: 1}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := m.Len(); n > 64+64 { // at most one entry per shard over the cap's share
+		t.Fatalf("%d keys tracked with MaxKeys 64", n)
+	}
+	if m.Evictions() == 0 {
+		t.Fatal("no evictions counted at the cap")
+	}
+}
+
+func TestMemorySweepDropsExpiredState(t *testing.T) {
+	clock := storetest.NewClock(time.Date(2026, 3, 18, 10, 0, 0, 0, time.UTC))
+	m := store.NewMemory(store.MemoryOptions{Clock: clock.Now, SweepInterval: -1})
+	defer m.Close()
+	lim := rate.Limit{Algorithm: rate.GCRA, Count: 10, Period: time.Minute}
+	for i := 0; i < 100; i++ {
+		m.Decide(context.Background(), []store.Bucket{{Key: fmt.Sprintf("{t|k%d}", i), Limit: lim, Cost: 5}})
+	}
+	if m.Len() != 100 {
+		t.Fatalf("Len = %d", m.Len())
+	}
+	clock.Advance(29 * time.Second)
+	m.Sweep()
+	if m.Len() != 100 {
+		t.Fatalf("swept live state: Len = %d", m.Len())
+	}
+	clock.Advance(time.Second) // 5 units drain in 30 s
+	m.Sweep()
+	if m.Len() != 0 {
+		t.Fatalf("expired state kept: Len = %d", m.Len())
+	}
+}
+
+// BenchmarkMemoryDecide is one decision on a path of 1, 3, 5 and 7 tiers
+// (one limit each), spread over many tenants, as the handler makes it.
+func BenchmarkMemoryDecide(b *testing.B) {
+	for _, tiers := range []int{1, 3, 5, 7} {
+		b.Run(fmt.Sprintf("tiers=%d", tiers), func(b *testing.B) {
+			m := store.NewMemory(store.MemoryOptions{SweepInterval: -1})
+			defer m.Close()
+			lim := rate.Limit{Algorithm: rate.GCRA, Count: 1 << 40, Period: time.Hour}
+			paths := make([][]store.Bucket, 1024)
+			for p := range paths {
+				for i := 0; i < tiers; i++ {
+					paths[p] = append(paths[p], store.Bucket{Key: fmt.Sprintf("{bench|org=%d}tier%d", p, i), Limit: lim, Cost: 1})
+				}
+			}
+			ctx := context.Background()
+			b.ReportAllocs()
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				i := 0
+				for pb.Next() {
+					d, _ := m.Decide(ctx, paths[i&1023])
+					if !d.Allowed {
+						b.Fatal("denied")
+					}
+					i++
+				}
+			})
+		})
+	}
 }

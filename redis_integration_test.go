@@ -1,0 +1,140 @@
+package cascade
+
+import (
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddy-cascade/cascade/internal/redistest"
+)
+
+// TestDeadRedis: when Redis dies, requests get the declared policy within
+// the store timeout, never a hang, and come back when Redis does.
+func TestDeadRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	for _, policy := range []string{"deny", "allow"} {
+		t.Run(policy, func(t *testing.T) {
+			url := site(t, fmt.Sprintf(`
+	tree t {
+		tier user {header.X-User} {
+			limit 100/h
+		}
+	}
+	store redis {
+		address %s
+		key_prefix dead%d:
+		timeout 200ms
+	}
+	on_store_error %s
+`, srv.Addr(), testSeq.Add(1), policy))
+			if r := do(t, "GET", url, "X-User: a"); r.status != 200 {
+				t.Fatalf("with Redis up: %d", r.status)
+			}
+			srv.Pause() // a hung Redis: the worst case for timeouts
+			start := time.Now()
+			r := do(t, "GET", url, "X-User: a")
+			took := time.Since(start)
+			srv.Resume()
+			if took > 2*time.Second {
+				t.Errorf("a request took %v with Redis hung; the store timeout is 200ms", took)
+			}
+			want := map[string]int{"deny": http.StatusServiceUnavailable, "allow": http.StatusOK}[policy]
+			if r.status != want {
+				t.Fatalf("with Redis hung: status %d, want %d (%s)", r.status, want, r.body)
+			}
+			if policy == "deny" {
+				if p := r.problem(t); !strings.HasSuffix(fmt.Sprint(p["type"]), "#store-unavailable") || r.header.Get("Retry-After") == "" {
+					t.Errorf("problem %v, Retry-After %q", p, r.header.Get("Retry-After"))
+				}
+			}
+			srv.Kill()
+			if r := do(t, "GET", url, "X-User: a"); r.status != want {
+				t.Fatalf("with Redis dead: status %d, want %d", r.status, want)
+			}
+			srv.Restart(t)
+			if r := do(t, "GET", url, "X-User: a"); r.status != 200 {
+				t.Fatalf("after Redis came back: %d %s", r.status, r.body)
+			}
+		})
+	}
+}
+
+// TestThreeInstancesShareOneRedis: three separate Caddy processes, one
+// Redis, 200 concurrent clients spread over them: exactly floor(C/k) pass.
+func TestThreeInstancesShareOneRedis(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs three Caddy processes")
+	}
+	srv := redistest.Shared(t)
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "caddy")
+	build := exec.Command("go", "build", "-o", bin, "./cmd/caddy")
+	build.Stderr = os.Stderr
+	if err := build.Run(); err != nil {
+		t.Fatalf("building ./cmd/caddy: %v", err)
+	}
+	prefix := fmt.Sprintf("multi%d:", testSeq.Add(1))
+	var urls []string
+	for i := 0; i < 3; i++ {
+		port := freePort(t)
+		cf := filepath.Join(dir, fmt.Sprintf("Caddyfile%d", i))
+		os.WriteFile(cf, []byte(fmt.Sprintf(`{
+	admin off
+	auto_https off
+	persist_config off
+}
+http://127.0.0.1:%d {
+	handle /__health {
+		respond "up"
+	}
+	handle {
+		rate_limit {
+			tree burst {
+				tier key fixed {
+					limit 100 units/h
+				}
+			}
+			cost units 3
+			store redis {
+				address %s
+				key_prefix %s
+			}
+		}
+		respond "ok"
+	}
+}
+`, port, srv.Addr(), prefix)), 0o644)
+		cmd := exec.Command(bin, "run", "--config", cf, "--adapter", "caddyfile")
+		cmd.Env = append(os.Environ(), "HOME="+dir, "XDG_DATA_HOME="+dir, "XDG_CONFIG_HOME="+dir)
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+		url := fmt.Sprintf("http://127.0.0.1:%d/", port)
+		waitUp(t, url)
+		urls = append(urls, url)
+	}
+	if got := concurrentAdmits(t, urls, 200); got != 33 {
+		t.Fatalf("three instances admitted %d, want exactly 33", got)
+	}
+}
+
+func waitUp(t *testing.T, url string) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		if res, err := http.Head(url + "__health"); err == nil {
+			res.Body.Close()
+			if res.StatusCode == 200 {
+				return
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("%s did not come up", url)
+}

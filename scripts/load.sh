@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# Load test on loopback: plain Caddy `respond`, Cascade on the memory store
+# (4 tiers) and Cascade on Redis (4 tiers, Redis on this machine), one after
+# the other, with wrk (1 thread, 32 connections). Prints requests/s, p50 and
+# p99 of each and the throughput ratios against plain Caddy.
+#
+#   scripts/load.sh            # 10 s per run
+#   DURATION=30s scripts/load.sh
+#
+# It installs wrk and redis-server from Debian if absent, builds ./cmd/caddy,
+# starts its own redis-server on a free port, and stops everything at exit.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DURATION=${DURATION:-10s}
+CONNS=${CONNS:-32}
+
+for pkg in wrk redis-server; do
+	if ! command -v "$pkg" >/dev/null 2>&1; then
+		sudo=""
+		[ "$(id -u)" = 0 ] || sudo="sudo"
+		$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$pkg" >/dev/null
+	fi
+done
+
+work=$(mktemp -d)
+pids=()
+cleanup() {
+	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+	wait 2>/dev/null || true
+	rm -rf "$work"
+}
+trap cleanup EXIT
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+echo "== building ./cmd/caddy"
+go build -o "$work/caddy" ./cmd/caddy
+
+redis_port=$(free_port)
+redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no --daemonize no >"$work/redis.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 50); do redis-cli -p "$redis_port" ping >/dev/null 2>&1 && break; sleep 0.1; done
+
+# 1000 users in 50 teams of 10 organisations, 3 agents each.
+cat >"$work/headers.lua" <<'LUA'
+local n = 0
+request = function()
+	n = n + 1
+	local u = n % 1000
+	return wrk.format("GET", "/", {
+		["X-Org"] = "org" .. (u % 10), ["X-Team"] = "team" .. (u % 50),
+		["X-User"] = "user" .. u, ["X-Agent"] = "agent" .. (u % 3)})
+end
+LUA
+
+limits='
+		tree acme {
+			tier org {header.X-Org} {
+				limit 1000000000/h
+			}
+			tier team {header.X-Team} {
+				limit 1000000000/h
+			}
+			tier user {header.X-User} {
+				limit 1000000000/h
+			}
+			tier agent {header.X-Agent} {
+				limit 1000000000/h
+			}
+		}'
+
+run() { # name, rate_limit block ("" for none)
+	local name=$1 block=$2 port
+	port=$(free_port)
+	cat >"$work/$name.Caddyfile" <<CF
+{
+	admin off
+	auto_https off
+	persist_config off
+}
+http://127.0.0.1:$port {
+	$block
+	respond "ok"
+}
+CF
+	"$work/caddy" run --config "$work/$name.Caddyfile" --adapter caddyfile >"$work/$name.log" 2>&1 &
+	local pid=$!
+	pids+=($pid)
+	for _ in $(seq 100); do curl -fso /dev/null "http://127.0.0.1:$port/" -H 'X-Org: o' -H 'X-Team: t' -H 'X-User: u' -H 'X-Agent: a' && break; sleep 0.1; done
+	wrk -t1 -c"$CONNS" -d2s -s "$work/headers.lua" "http://127.0.0.1:$port/" >/dev/null # warm up
+	wrk -t1 -c"$CONNS" -d"$DURATION" --latency -s "$work/headers.lua" "http://127.0.0.1:$port/" >"$work/$name.wrk"
+	kill "$pid"; wait "$pid" 2>/dev/null || true
+	local rps p50 p99 non2xx
+	rps=$(awk '/^Requests\/sec/ {print $2}' "$work/$name.wrk")
+	p50=$(awk '$1=="50%" {print $2}' "$work/$name.wrk")
+	p99=$(awk '$1=="99%" {print $2}' "$work/$name.wrk")
+	non2xx=$(awk '/Non-2xx/ {print $NF}' "$work/$name.wrk")
+	printf '%-16s %10s req/s   p50 %8s   p99 %8s   non-2xx %s\n' "$name" "$rps" "$p50" "$p99" "${non2xx:-0}"
+	echo "$rps" >"$work/$name.rps"
+}
+
+echo "== wrk -t1 -c$CONNS -d$DURATION (loopback, $(nproc) cores)"
+run plain ""
+run cascade-memory "rate_limit {$limits
+	}"
+run cascade-redis "rate_limit {$limits
+		store redis {
+			address 127.0.0.1:$redis_port
+		}
+	}"
+run plain-again ""
+
+plain=$(python3 -c "print((float(open('$work/plain.rps').read())+float(open('$work/plain-again.rps').read()))/2)")
+for name in cascade-memory cascade-redis; do
+	python3 -c "print('%-16s %.3f x plain Caddy' % ('$name', float(open('$work/$name.rps').read())/$plain))"
+done
+echo "== Redis server time per decision (4 tiers):"
+redis-cli -p "$redis_port" info commandstats | grep -E 'cmdstat_(evalsha|eval):' || true

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Runs every test of Cascade: vet, the race-enabled test suite (memory store,
+# a real redis-server and a real Redis Cluster started by the tests
+# themselves), then each fuzz target briefly.
+#
+# On a fresh Debian machine it installs what the tests need first:
+# redis-server and redis-cli (Debian package redis-server).
+#
+#   scripts/test.sh                 # everything
+#   FUZZTIME=30s scripts/test.sh    # fuzz longer (default 10s per target)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH="$PATH:/usr/local/go/bin:$(go env GOPATH 2>/dev/null || echo "$HOME/go")/bin"
+
+need_install=
+command -v redis-server >/dev/null 2>&1 || need_install=1
+command -v redis-cli >/dev/null 2>&1 || need_install=1
+if [ -n "$need_install" ]; then
+	echo "== installing redis-server (Debian package)"
+	sudo=""
+	[ "$(id -u)" = 0 ] || sudo="sudo"
+	$sudo apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq redis-server >/dev/null
+fi
+redis-server --version
+
+echo "== go vet"
+go vet ./...
+
+echo "== go test -race"
+go test -race -count=1 -timeout 15m ./...
+
+echo "== fuzz (${FUZZTIME:-10s} per target)"
+grep -rl --include='*_test.go' '^func Fuzz' . | sort | while read -r file; do
+	dir=$(dirname "$file")
+	for target in $(grep -o '^func Fuzz[A-Za-z0-9_]*' "$file" | cut -d' ' -f2); do
+		echo "-- $dir $target"
+		go test -run '^$' -fuzz "^${target}\$" -fuzztime "${FUZZTIME:-10s}" "$dir" >/tmp/cascade-fuzz.log 2>&1 || {
+			cat /tmp/cascade-fuzz.log
+			exit 1
+		}
+	done
+done
+echo "== all tests passed"
