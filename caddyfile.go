@@ -74,6 +74,8 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    mode           enforce|warn|shadow
 //	    headers        <family...>|none             # ietf x_ratelimit retry_after openai
 //	    status_code    <code>
+//	    priority       interactive|batch|critical  # adaptive traffic class
+//	    shed_at_floor                               # 503 while the adaptive factor is at its floor
 //	    use_error_routes
 //	    jitter         <fraction>
 //	    sweep_interval <duration>
@@ -126,6 +128,10 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 		case "use_error_routes":
 			h.UseErrorRoutes = true
+		case "priority":
+			h.Priority, err = oneOf(d, "interactive", "batch", "critical")
+		case "shed_at_floor":
+			h.ShedAtFloor = true
 		case "jitter":
 			if !d.NextArg() {
 				return d.ArgErr()
@@ -159,7 +165,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				d.RemainingArgs()
 			}
 		default:
-			return d.Errf("unknown rate_limit option %q: expected tree, zone, cost, store, on_store_error, mode, headers, status_code, use_error_routes, jitter or sweep_interval", d.Val())
+			return d.Errf("unknown rate_limit option %q: expected tree, zone, cost, store, on_store_error, mode, headers, status_code, priority, shed_at_floor, use_error_routes, jitter or sweep_interval", d.Val())
 		}
 		if err != nil {
 			return err

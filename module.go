@@ -25,6 +25,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
+	"github.com/caddy-cascade/cascade/adaptive"
 	"github.com/caddy-cascade/cascade/hierarchy"
 	"github.com/caddy-cascade/cascade/rate"
 	"github.com/caddy-cascade/cascade/store"
@@ -85,6 +86,16 @@ type Handler struct {
 	// of writing the problem+json body directly.
 	UseErrorRoutes bool `json:"use_error_routes,omitempty"`
 
+	// Priority is this handler's traffic class for the adaptive controller:
+	// "interactive" (default), "batch" (scaled down first) or "critical"
+	// (scaled down last). It matters only for tiers marked adaptive.
+	Priority string `json:"priority,omitempty"`
+
+	// ShedAtFloor answers 503 (problem type temporary-reduced-capacity)
+	// while the adaptive factor of this handler's class is at its floor,
+	// instead of admitting the floor's share of traffic.
+	ShedAtFloor bool `json:"shed_at_floor,omitempty"`
+
 	// Jitter adds up to this fraction (0.2 = 20%) of random time to
 	// Retry-After, so denied clients don't return in a herd.
 	Jitter float64 `json:"jitter,omitempty"`
@@ -99,12 +110,14 @@ type Handler struct {
 	Distributed json.RawMessage `json:"distributed,omitempty"`
 	StorageRaw  json.RawMessage `json:"storage,omitempty"`
 
-	trees   []*Tree
-	costs   map[string]*Cost
-	store   store.Store
-	poolKey string
-	logger  *zap.Logger
-	metrics *metrics
+	trees      []*Tree
+	costs      map[string]*Cost
+	controller *adaptive.Controller // nil unless a tier is adaptive
+	priority   adaptive.Priority
+	store      store.Store
+	poolKey    string
+	logger     *zap.Logger
+	metrics    *metrics
 }
 
 // Tree is a hierarchy.Tree with optional request matchers.
@@ -239,6 +252,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			}
 		}
 	}
+	if err := h.provisionAdaptive(ctx); err != nil {
+		return err
+	}
 	var err error
 	if h.metrics, err = newMetrics(ctx.GetMetricsRegistry()); err != nil {
 		return fmt.Errorf("rate_limit: metrics: %w", err)
@@ -250,6 +266,33 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return fmt.Errorf("rate_limit: store: %w", err)
 	}
+	return nil
+}
+
+// provisionAdaptive connects the handler to the process's adaptive
+// controller when any of its tiers opted in.
+func (h *Handler) provisionAdaptive(ctx caddy.Context) error {
+	var err error
+	if h.priority, err = adaptive.ParsePriority(h.Priority); err != nil {
+		return fmt.Errorf("rate_limit: priority: %w", err)
+	}
+	uses := false
+	for _, t := range h.trees {
+		for _, tier := range t.Tiers {
+			uses = uses || tier.Adaptive
+		}
+	}
+	if !uses {
+		if h.ShedAtFloor || h.Priority != "" {
+			return errors.New("rate_limit: priority and shed_at_floor need a tier marked adaptive")
+		}
+		return nil
+	}
+	app, err := ctx.App("cascade")
+	if err != nil {
+		return fmt.Errorf("rate_limit: adaptive: %w", err)
+	}
+	h.controller = app.(*App).Controller()
 	return nil
 }
 
@@ -309,9 +352,10 @@ type decision struct {
 	buckets []hierarchy.Bucket
 	costs   []int64
 	store.Decision
-	reason  string // ok | limited | impossible | missing_key | store_error | bad_cost
-	blocked string // tree/tier of the first denying bucket
-	closest int    // index of the bucket closest to exhaustion, -1 if none
+	limits  []store.Bucket // the effective limits decided (scaled by the adaptive factor)
+	reason  string         // ok | limited | impossible | missing_key | store_error | bad_cost
+	blocked string         // tree/tier of the first denying bucket
+	closest int            // index of the bucket closest to exhaustion, -1 if none
 	retry   time.Duration
 }
 
@@ -321,6 +365,14 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if repl == nil {
 		repl = caddy.NewReplacer()
 	}
+	if h.ShedAtFloor && h.controller.FactorFor(h.priority) <= h.controller.Config().Floor {
+		d := decision{reason: "reduced_capacity", closest: -1}
+		h.metrics.observe(d, 0)
+		h.setPlaceholders(repl, &d)
+		w.Header().Set("Retry-After", strconv.FormatInt(ceilSeconds(h.controller.Config().Interval), 10))
+		return h.problem(w, http.StatusServiceUnavailable, "temporary_reduced_capacity", "Temporarily reduced capacity",
+			"the upstream is unhealthy and this traffic class is shed until it recovers", d)
+	}
 	start := time.Now()
 	d, status, err := h.decide(r, repl)
 	h.metrics.observe(d, time.Since(start))
@@ -329,7 +381,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if d.reason == "store_error" {
 		h.logger.Error("rate limit store failed", zap.Error(err), zap.String("policy", h.onStoreError()))
 		if h.onStoreError() == "allow" {
-			return next.ServeHTTP(w, r)
+			return h.pass(w, r, next)
 		}
 		w.Header().Set("Retry-After", "1")
 		return h.problem(w, http.StatusServiceUnavailable, problemUnavailable, "Rate limit unavailable",
@@ -344,7 +396,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		h.writeHeaders(w.Header(), d)
 	}
 	if d.Allowed || d.buckets == nil {
-		return next.ServeHTTP(w, r)
+		return h.pass(w, r, next)
 	}
 	h.logger.Debug("rate limited",
 		zap.String("blocked_by", d.blocked),
@@ -352,7 +404,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		zap.Duration("retry_after", d.retry),
 		zap.String("path", r.URL.Path))
 	if mode == "shadow" || mode == "warn" {
-		return next.ServeHTTP(w, r)
+		return h.pass(w, r, next)
 	}
 	code := h.StatusCode
 	if code == 0 {
@@ -368,6 +420,50 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return caddyhttp.Error(code, errors.New(detail))
 	}
 	return h.problem(w, code, d.reason, "Too Many Requests", detail, d)
+}
+
+// pass hands the request to the next handler and, when the adaptive
+// controller is in use, records the latency and status of what it let
+// through: the signals by which it judges the upstream's health.
+func (h *Handler) pass(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	if h.controller == nil {
+		return next.ServeHTTP(w, r)
+	}
+	sw := &statusWriter{ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w}}
+	start := time.Now()
+	err := next.ServeHTTP(sw, r)
+	status := sw.status
+	if err != nil {
+		status = http.StatusBadGateway
+		var he caddyhttp.HandlerError
+		if errors.As(err, &he) && he.StatusCode != 0 {
+			status = he.StatusCode
+		}
+	} else if status == 0 {
+		status = http.StatusOK
+	}
+	h.controller.Record(time.Since(start), status)
+	return err
+}
+
+// statusWriter remembers the status code of a response.
+type statusWriter struct {
+	*caddyhttp.ResponseWriterWrapper
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 && code >= 200 {
+		w.status = code
+	}
+	w.ResponseWriterWrapper.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriterWrapper.Write(b)
 }
 
 // decide runs steps 1-4 of the request path. A non-zero status means the
@@ -416,8 +512,13 @@ func (h *Handler) decide(r *http.Request, repl *caddy.Replacer) (decision, int, 
 				d.costs[i] = costs[j]
 			}
 		}
-		sb[i] = store.Bucket{Key: b.Key, Limit: b.Limit.Rate(), Cost: d.costs[i]}
+		lim := b.Limit.Rate()
+		if b.Tier.Adaptive && h.controller != nil {
+			lim = scale(lim, h.controller.FactorFor(h.priority))
+		}
+		sb[i] = store.Bucket{Key: b.Key, Limit: lim, Cost: d.costs[i]}
 	}
+	d.limits = sb
 	res, err := h.store.Decide(r.Context(), sb)
 	if err != nil {
 		d.reason = "store_error"
@@ -448,6 +549,22 @@ func (h *Handler) decide(r *http.Request, repl *caddy.Replacer) (decision, int, 
 		}
 	}
 	return d, 0, nil
+}
+
+// scale returns a limit with its count and burst multiplied by factor
+// (at least 1). GCRA keeps its period, so the refill rate scales too.
+func scale(l rate.Limit, factor float64) rate.Limit {
+	if factor >= 1 {
+		return l
+	}
+	mul := func(n int64) int64 {
+		if n == 0 {
+			return 0
+		}
+		return max(1, int64(float64(n)*factor))
+	}
+	l.Count, l.Burst = mul(l.Count), mul(l.Burst)
+	return l
 }
 
 // resolveKey resolves a tier's key template. A key is missing (empty) when
@@ -496,7 +613,7 @@ func resolveCost(repl *caddy.Replacer, tmpl string, def *int64) (int64, error) {
 func closest(d decision) int {
 	best, bestFrac := -1, 2.0
 	for i, r := range d.Results {
-		frac := float64(r.Remaining) / float64(d.buckets[i].Limit.Rate().Capacity())
+		frac := float64(r.Remaining) / float64(d.limits[i].Limit.Capacity())
 		if frac < bestFrac || (frac == bestFrac && r.Reset > d.Results[best].Reset) {
 			best, bestFrac = i, frac
 		}

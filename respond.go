@@ -9,6 +9,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 
 	"github.com/caddy-cascade/cascade/hierarchy"
+	"github.com/caddy-cascade/cascade/rate"
 )
 
 // Problem types of the problem+json bodies (RFC 9457), documented in the README.
@@ -44,22 +45,17 @@ func (h *Handler) writeHeaders(hdr http.Header, d decision) {
 	}
 	if on(cfg.IETF) {
 		var b strings.Builder
-		seen := make(map[*hierarchy.Limit]bool, len(d.buckets))
-		for _, bk := range d.buckets {
-			if seen[bk.Limit] {
-				continue
-			}
-			seen[bk.Limit] = true
+		for i, bk := range d.buckets {
 			if b.Len() > 0 {
 				b.WriteString(", ")
 			}
-			writePolicy(&b, bk)
+			writePolicy(&b, bk, d.limits[i].Limit)
 		}
 		hdr.Set("RateLimit-Policy", b.String())
 		hdr.Set("RateLimit", `"`+c.Limit.Policy()+`";r=`+strconv.FormatInt(cr.Remaining, 10)+";t="+strconv.FormatInt(t, 10))
 	}
 	if on(cfg.XRateLimit) {
-		hdr.Set("X-RateLimit-Limit", strconv.FormatInt(c.Limit.Rate().Capacity(), 10))
+		hdr.Set("X-RateLimit-Limit", strconv.FormatInt(d.limits[d.closest].Limit.Capacity(), 10))
 		hdr.Set("X-RateLimit-Remaining", strconv.FormatInt(cr.Remaining, 10))
 		hdr.Set("X-RateLimit-Reset", strconv.FormatInt(t, 10))
 	}
@@ -72,10 +68,9 @@ func (h *Handler) writeHeaders(hdr http.Header, d decision) {
 }
 
 // writePolicy writes one RateLimit-Policy item: the policy's name, its
-// quota q, its window w in seconds and, for dimensions other than requests,
-// its quota unit qu.
-func writePolicy(b *strings.Builder, bk hierarchy.Bucket) {
-	l := bk.Limit.Rate()
+// effective quota q (scaled when adaptive), its window w in seconds and, for
+// dimensions other than requests, its quota unit qu.
+func writePolicy(b *strings.Builder, bk hierarchy.Bucket, l rate.Limit) {
 	b.WriteString(`"` + bk.Limit.Policy() + `";q=`)
 	b.WriteString(strconv.FormatInt(l.Capacity(), 10))
 	b.WriteString(";w=")
@@ -102,7 +97,7 @@ func (h *Handler) writeOpenAIHeaders(hdr http.Header, d decision) {
 			continue
 		}
 		r := d.Results[best]
-		hdr.Set("x-ratelimit-limit-"+dim, strconv.FormatInt(d.buckets[best].Limit.Rate().Capacity(), 10))
+		hdr.Set("x-ratelimit-limit-"+dim, strconv.FormatInt(d.limits[best].Limit.Capacity(), 10))
 		hdr.Set("x-ratelimit-remaining-"+dim, strconv.FormatInt(r.Remaining, 10))
 		hdr.Set("x-ratelimit-reset-"+dim, strconv.FormatInt(ceilSeconds(microseconds(r.Reset)), 10)+"s")
 	}
@@ -176,7 +171,7 @@ func (h *Handler) setPlaceholders(repl *caddy.Replacer, d *decision) {
 		case "tier":
 			return c.Tier.Name, true
 		case "limit":
-			return c.Limit.Rate().Capacity(), true
+			return d.limits[d.closest].Limit.Capacity(), true
 		case "remaining":
 			return r.Remaining, true
 		case "reset":

@@ -1,0 +1,211 @@
+package cascade
+
+import (
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+
+	"github.com/caddy-cascade/cascade/adaptive"
+)
+
+func init() {
+	caddy.RegisterModule(App{})
+	httpcaddyfile.RegisterGlobalOption("cascade", parseGlobalOption)
+}
+
+// Interface guards.
+var (
+	_ caddy.App          = (*App)(nil)
+	_ caddy.Provisioner  = (*App)(nil)
+	_ caddy.CleanerUpper = (*App)(nil)
+)
+
+// controllers holds the adaptive controller of this process across config
+// reloads: a reload must not forget that the upstream is drowning.
+var controllers = caddy.NewUsagePool()
+
+// App is the part of Cascade that is one per Caddy process: the adaptive
+// controller that every rate_limit handler with an `adaptive` tier shares.
+// It is configured with the `cascade` global option.
+type App struct {
+	// Adaptive configures the controller: sampling interval, floor, the
+	// warn and critical thresholds of each signal.
+	Adaptive *adaptive.Config `json:"adaptive,omitempty"`
+
+	controller *adaptive.Controller
+	poolKey    string
+}
+
+// CaddyModule returns the Caddy module information.
+func (App) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{ID: "cascade", New: func() caddy.Module { return new(App) }}
+}
+
+type pooledController struct{ *adaptive.Controller }
+
+func (p pooledController) Destruct() error { p.Stop(); return nil }
+
+// Provision gets the process's controller: the running one when the
+// configuration did not change, else a new one that inherits the running
+// one's state (so a reload mid-incident keeps throttling).
+func (a *App) Provision(ctx caddy.Context) error {
+	cfg := adaptive.Config{}
+	if a.Adaptive != nil {
+		cfg = *a.Adaptive
+	}
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	key, _ := json.Marshal(cfg)
+	a.poolKey = "adaptive/" + string(key)
+	// The running controller, if any, to inherit from (looked up first:
+	// the pool is locked while LoadOrNew constructs).
+	var previous *adaptive.Controller
+	controllers.Range(func(_, v any) bool {
+		previous = v.(pooledController).Controller
+		return false
+	})
+	v, _, err := controllers.LoadOrNew(a.poolKey, func() (caddy.Destructor, error) {
+		c, err := adaptive.New(cfg, adaptive.Options{Logger: ctx.Logger(), Inherit: previous})
+		if err != nil {
+			return nil, err
+		}
+		return pooledController{c}, nil
+	})
+	if err != nil {
+		return fmt.Errorf("cascade: adaptive controller: %w", err)
+	}
+	a.controller = v.(pooledController).Controller
+	if reg := ctx.GetMetricsRegistry(); reg != nil {
+		if err := a.controller.Register(reg); err != nil {
+			return fmt.Errorf("cascade: adaptive metrics: %w", err)
+		}
+	}
+	return nil
+}
+
+// Start starts the controller's sampling (a no-op when it already runs).
+func (a *App) Start() error {
+	a.controller.Start()
+	return nil
+}
+
+// Stop does nothing: the controller outlives configs, and stops when the
+// last config using it is cleaned up.
+func (a *App) Stop() error { return nil }
+
+// Cleanup releases this config's hold on the controller.
+func (a *App) Cleanup() error {
+	if a.poolKey != "" {
+		_, err := controllers.Delete(a.poolKey)
+		return err
+	}
+	return nil
+}
+
+// Controller is the process's adaptive controller.
+func (a *App) Controller() *adaptive.Controller { return a.controller }
+
+// parseGlobalOption parses the `cascade` global option:
+//
+//	{
+//	    cascade {
+//	        adaptive {
+//	            interval       <duration>              # sampling, default 1s
+//	            floor          <fraction>              # lowest factor, default 0.1
+//	            cpu            <warn%> <critical%>|off # default 70 85
+//	            memory         <warn%> <critical%>|off # off unless set
+//	            error_rate     <warn%> <critical%>|off # default 1 5
+//	            latency        <warn> <critical>|off   # p99, default 500ms 2s
+//	            latency_window <duration>              # default 30s
+//	            min_requests   <n>                     # default 100
+//	            recovery_delay <duration>              # calm needed before recovering, default 5s
+//	            recovery_time  <duration>              # from floor back to 1, default 60s
+//	        }
+//	    }
+//	}
+func parseGlobalOption(d *caddyfile.Dispenser, _ any) (any, error) {
+	app := &App{Adaptive: &adaptive.Config{}}
+	d.Next()
+	for d.NextBlock(0) {
+		if d.Val() != "adaptive" {
+			return nil, d.Errf("cascade: unknown option %q: expected adaptive", d.Val())
+		}
+		cfg := app.Adaptive
+		for nesting := d.Nesting(); d.NextBlock(nesting); {
+			opt := d.Val()
+			args := d.RemainingArgs()
+			dur := func(i int) (time.Duration, error) {
+				v, err := caddy.ParseDuration(args[i])
+				if err != nil || v <= 0 {
+					return 0, d.Errf("adaptive %s: %q is not a positive duration", opt, args[i])
+				}
+				return v, nil
+			}
+			num := func(i int) (float64, error) {
+				v, err := strconv.ParseFloat(args[i], 64)
+				if err != nil || v < 0 {
+					return 0, d.Errf("adaptive %s: %q is not a non-negative number", opt, args[i])
+				}
+				return v, nil
+			}
+			want := map[string]int{"interval": 1, "floor": 1, "cpu": 2, "memory": 2, "error_rate": 2, "latency": 2,
+				"latency_window": 1, "min_requests": 1, "recovery_delay": 1, "recovery_time": 1}[opt]
+			if want == 0 {
+				return nil, d.Errf("adaptive: unknown option %q: expected interval, floor, cpu, memory, error_rate, latency, latency_window, min_requests, recovery_delay or recovery_time", opt)
+			}
+			if want == 2 && len(args) == 1 && args[0] == "off" {
+				switch opt {
+				case "latency":
+					cfg.Latency.Disabled = true
+				default:
+					map[string]*adaptive.Thresholds{"cpu": &cfg.CPU, "memory": &cfg.Memory, "error_rate": &cfg.ErrorRate}[opt].Disabled = true
+				}
+				continue
+			}
+			if len(args) != want {
+				return nil, d.Errf("adaptive %s takes %d value(s), got %d", opt, want, len(args))
+			}
+			var err error
+			switch opt {
+			case "interval":
+				cfg.Interval, err = dur(0)
+			case "latency_window":
+				cfg.LatencyWindow, err = dur(0)
+			case "recovery_time":
+				cfg.RecoveryTime, err = dur(0)
+			case "recovery_delay":
+				cfg.RecoveryDelay, err = dur(0)
+			case "floor":
+				cfg.Floor, err = num(0)
+			case "min_requests":
+				var n float64
+				n, err = num(0)
+				cfg.MinRequests = int(n)
+			case "latency":
+				if cfg.Latency.Warn, err = dur(0); err == nil {
+					cfg.Latency.Critical, err = dur(1)
+				}
+			default:
+				t := map[string]*adaptive.Thresholds{"cpu": &cfg.CPU, "memory": &cfg.Memory, "error_rate": &cfg.ErrorRate}[opt]
+				if t.Warn, err = num(0); err == nil {
+					t.Critical, err = num(1)
+				}
+			}
+			if err != nil {
+				return nil, err
+			}
+		}
+		if err := cfg.WithDefaults().Validate(); err != nil {
+			return nil, d.Errf("%v", err)
+		}
+	}
+	return httpcaddyfile.App{Name: "cascade", Value: caddyconfig.JSON(app, nil)}, nil
+}

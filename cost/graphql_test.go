@@ -1,0 +1,545 @@
+package cost
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vektah/gqlparser/v2/ast"
+)
+
+func gqlBody(query string, vars map[string]any, opName string) string {
+	m := map[string]any{"query": query}
+	if vars != nil {
+		m["variables"] = vars
+	}
+	if opName != "" {
+		m["operationName"] = opName
+	}
+	b, _ := json.Marshal(m)
+	return string(b)
+}
+
+func gqlPost(body string) *Request {
+	r := httptest.NewRequest(http.MethodPost, "/graphql", strings.NewReader(body))
+	r.Header.Set("Content-Type", "application/json")
+	return &Request{HTTP: r, Body: []byte(body)}
+}
+
+func provisioned(t testing.TB, g *GraphQL) *GraphQL {
+	t.Helper()
+	if err := g.Provision(); err != nil {
+		t.Fatal(err)
+	}
+	return g
+}
+
+// GitHub's documented examples: docs.github.com/graphql/overview/rate-limits-and-query-limits-for-the-graphql-api
+// ("Predicting the point value of a query" and "Calculating nodes in a call").
+const (
+	githubScoreExample = `query {
+  viewer {
+    login
+    repositories(first: 100) {
+      edges {
+        node {
+          id
+          issues(first: 50) {
+            edges {
+              node {
+                id
+                labels(first: 60) {
+                  edges {
+                    node {
+                      id
+                      name
+                    }
+                  }
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}`
+	githubSimpleNodes = `query {
+  viewer {
+    repositories(first: 50) {
+      edges {
+        repository:node {
+          name
+          issues(first: 10) {
+            totalCount
+            edges {
+              node {
+                title
+                bodyHTML
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}`
+	githubComplexNodes = `query {
+  viewer {
+    repositories(first: 50) {
+      edges {
+        repository:node {
+          name
+          pullRequests(first: 20) {
+            edges {
+              pullRequest:node {
+                title
+                comments(first: 10) {
+                  edges {
+                    comment:node {
+                      bodyHTML
+                    }
+                  }
+                }
+              }
+            }
+          }
+          issues(first: 20) {
+            totalCount
+            edges {
+              issue:node {
+                title
+                bodyHTML
+                comments(first: 10) {
+                  edges {
+                    comment:node {
+                      bodyHTML
+                    }
+                  }
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+    followers(first: 10) {
+      edges {
+        follower:node {
+          login
+        }
+      }
+    }
+  }
+}`
+)
+
+func TestGitHubModelReproducesPublishedNumbers(t *testing.T) {
+	g := provisioned(t, &GraphQL{Model: ModelGitHub})
+	tests := []struct {
+		name             string
+		query            string
+		requests, points int64
+		nodes            int64
+	}{
+		// "This query requires 5,101 requests … final score of the query: 51".
+		{"rate limit score", githubScoreExample, 5101, 51, 100 + 100*50 + 100*50*60},
+		// The same query without labels: 1 + 100 requests, 1 point.
+		{"101 requests", strings.Replace(githubScoreExample, "labels(first: 60)", "labels", 1), 101, 1, -1},
+		// Node limit examples: 550 and 22,060 total nodes.
+		{"simple node count", githubSimpleNodes, 1 + 50, 1, 550},
+		{"complex node count", githubComplexNodes, 1 + 50*(1+20+1+20) + 1, 21, 22060},
+		// The minimum point value of a call is 1.
+		{"minimum one point", `{ viewer { login } }`, 0, 1, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := g.Analyze(gqlPost(gqlBody(tt.query, nil, "")))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.Requests != tt.requests || c.Points != tt.points || c.Cost != tt.points {
+				t.Fatalf("requests=%d points=%d cost=%d, want %d %d", c.Requests, c.Points, c.Cost, tt.requests, tt.points)
+			}
+			if tt.nodes >= 0 && c.Nodes != tt.nodes {
+				t.Fatalf("nodes=%d, want %d", c.Nodes, tt.nodes)
+			}
+		})
+	}
+}
+
+func TestGraphQLFieldsModel(t *testing.T) {
+	tests := []struct {
+		name   string
+		query  string
+		vars   map[string]any
+		opName string
+		want   int64
+	}{
+		{"flat fields", `{ a b c }`, nil, "", 3},
+		{"typename is free but a query costs at least 1", `{ __typename }`, nil, "", 1},
+		{"connection multiplies its selection", `{ a(first: 10) { b c } }`, nil, "", 1 + 10*2},
+		{"nested multipliers multiply", `{ a(first: 10) { b(last: 5) { c } } }`, nil, "", 1 + 10*(1+5*1)},
+		{"largest slicing argument wins", `{ a(first: 3, last: 9) { b } }`, nil, "", 1 + 9},
+		{"variable", `query($n: Int) { a(first: $n) { b } }`, map[string]any{"n": 5}, "", 1 + 5},
+		{"missing variable uses the default size", `query($n: Int) { a(first: $n) { b } }`, nil, "", 1 + 1},
+		{"variable default value", `query($n: Int = 7) { a(first: $n) { b } }`, nil, "", 1 + 7},
+		{"request variable beats default", `query($n: Int = 7) { a(first: $n) { b } }`, map[string]any{"n": 2}, "", 1 + 2},
+		{"negative size counts zero", `{ a(first: -5) { b } }`, nil, "", 1},
+		{"named fragments expand at each spread", `query { ...F ...F } fragment F on Query { a(first: 2) { b } }`, nil, "", 2 * (1 + 2)},
+		{"fragment inside a connection is multiplied", `query { a(first: 4) { ...F } } fragment F on A { b c }`, nil, "", 1 + 4*2},
+		{"inline fragments", `{ node { ... on User { name } ... on Org { login } } }`, nil, "", 1 + 2},
+		{"operation name chooses", `query A { a } query B { a b }`, nil, "B", 2},
+		{"mutation", `mutation { createThing(input: {}) { id } }`, nil, "", 2},
+		{"directives are counted conservatively", `{ a @skip(if: true) b @include(if: false) }`, nil, "", 2},
+		{"huge sizes saturate", `{ a(first: 99999999999999999999) { b(first: 99999999999) { c(first: 9999999) { d } } } }`, nil, "", math.MaxInt64},
+	}
+	g := provisioned(t, &GraphQL{})
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			n, err := g.Estimate(gqlPost(gqlBody(tt.query, tt.vars, tt.opName)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n != tt.want {
+				t.Fatalf("cost %d, want %d", n, tt.want)
+			}
+		})
+	}
+}
+
+func TestGraphQLFieldsModelGitHubExample(t *testing.T) {
+	// labels: 1 + 60×(edges 1 + node(1 + id + name)) = 241
+	// issues: 1 + 50×(edges 1 + node(1 + id + 241)) = 12,201
+	// repositories: 1 + 100×(edges 1 + node(1 + id + 12,201)) = 1,220,401
+	// viewer: 1 + login + 1,220,401 = 1,220,403
+	g := provisioned(t, &GraphQL{})
+	n, err := g.Estimate(gqlPost(gqlBody(githubScoreExample, nil, "")))
+	if err != nil || n != 1220403 {
+		t.Fatalf("got %d %v, want 1220403", n, err)
+	}
+}
+
+func TestGraphQLTransports(t *testing.T) {
+	g := provisioned(t, &GraphQL{})
+	get := httptest.NewRequest(http.MethodGet, "/graphql?"+url.Values{
+		"query":         {`query Q($n: Int) { a(first: $n) { b } } query R { x }`},
+		"operationName": {"Q"},
+		"variables":     {`{"n": 3}`},
+	}.Encode(), nil)
+	if n, err := g.Estimate(&Request{HTTP: get}); n != 4 || err != nil {
+		t.Fatalf("GET: %d %v", n, err)
+	}
+
+	raw := httptest.NewRequest(http.MethodPost, "/graphql", nil)
+	raw.Header.Set("Content-Type", "application/graphql; charset=utf-8")
+	if n, err := g.Estimate(&Request{HTTP: raw, Body: []byte(`{ a b }`)}); n != 2 || err != nil {
+		t.Fatalf("application/graphql: %d %v", n, err)
+	}
+
+	batch := `[` + gqlBody(`{ a }`, nil, "") + `,` + gqlBody(`{ a b }`, nil, "") + `]`
+	c, err := g.Analyze(gqlPost(batch))
+	if err != nil || c.Cost != 3 || c.Queries != 2 {
+		t.Fatalf("batch: %+v %v", c, err)
+	}
+
+	// Variables sent as a JSON string, as some clients do.
+	str := `{"query":"query($n: Int) { a(first: $n) { b } }","variables":"{\"n\": 6}"}`
+	if n, err := g.Estimate(gqlPost(str)); n != 7 || err != nil {
+		t.Fatalf("string variables: %d %v", n, err)
+	}
+
+	// A wrong content type must not be a free pass: the body is read as JSON.
+	plain := gqlPost(gqlBody(`{ a b c }`, nil, ""))
+	plain.HTTP.Header.Set("Content-Type", "text/plain")
+	if n, err := g.Estimate(plain); n != 3 || err != nil {
+		t.Fatalf("text/plain: %d %v", n, err)
+	}
+}
+
+func TestGraphQLSchemaDirectives(t *testing.T) {
+	const sdl = `
+directive @cost(weight: Int!) on FIELD_DEFINITION | OBJECT | ARGUMENT_DEFINITION | SCALAR | ENUM
+directive @listSize(assumedSize: Int, slicingArguments: [String!]) on FIELD_DEFINITION
+schema { query: Root }
+type Root {
+  users(limit: Int): [User!]! @listSize(slicingArguments: ["limit"], assumedSize: 50)
+  search(q: String! @cost(weight: 10)): [User!]
+  me: User
+  expensive: Int @cost(weight: "25")
+}
+type User @cost(weight: 2) {
+  name: String
+  friends: [User!]!
+  posts(first: Int): PostConnection
+}
+type PostConnection { edges: [PostEdge] totalCount: Int }
+type PostEdge { node: Post }
+type Post { title: String }
+extend type Root { cheap: Int @cost(weight: 0) }
+`
+	g := provisioned(t, &GraphQL{Schema: sdl})
+	tests := []struct {
+		query string
+		want  int64
+	}{
+		{`{ users(limit: 10) { name } }`, 2 + 10*1},                                         // type weight 2, sized by limit
+		{`{ users { name } }`, 2 + 50*1},                                                    // assumedSize
+		{`{ search(q: "x") { name } }`, 2 + 10 + 1*1},                                       // argument weight; list of default size 1
+		{`{ me { friends { name } } }`, 2 + (2 + 1)},                                        // [User!]! is a list
+		{`{ expensive cheap }`, 25},                                                         // field weights, from an extension too
+		{`{ me { posts(first: 5) { edges { node { title } } totalCount } } }`, 2 + 1 + 5*4}, // connection by first
+		{`{ unknownField { x } }`, 2},                                                       // unknown fields cost the defaults
+	}
+	for _, tt := range tests {
+		n, err := g.Estimate(gqlPost(gqlBody(tt.query, nil, "")))
+		if err != nil || n != tt.want {
+			t.Errorf("%s: got %d %v, want %d", tt.query, n, err, tt.want)
+		}
+	}
+
+	for _, bad := range []string{
+		`type Query { a: Int @cost(weight: -1) }`,
+		`type Query { a: Int @cost }`,
+		`type Query { a: [Int] @listSize(assumedSize: "x") }`,
+		`type Query { a: [Int] @listSize(slicingArguments: [1]) }`,
+		`type Query {`,
+	} {
+		if err := (&GraphQL{Schema: bad}).Provision(); err == nil {
+			t.Errorf("schema %q accepted", bad)
+		}
+	}
+	if _, err := (&GraphQL{Schema: sdl}).Estimate(gqlPost(gqlBody(`{a}`, nil, ""))); err == nil {
+		t.Error("an unprovisioned schema was silently ignored")
+	}
+}
+
+// hostile builds a query that must be refused, and the problem type.
+func TestGraphQLHostileInputs(t *testing.T) {
+	var aliases, directives, deep, chain, batch strings.Builder
+	aliases.WriteString("{")
+	for i := range 1000 {
+		fmt.Fprintf(&aliases, " a%d: viewer { login }", i)
+	}
+	aliases.WriteString("}")
+	directives.WriteString("{ a")
+	for range 500 {
+		directives.WriteString(" @d")
+	}
+	directives.WriteString(" }")
+	deep.WriteString(strings.Repeat("{a", 900) + strings.Repeat("}", 900))
+	chain.WriteString("query { ...F0 }")
+	for i := range 300 {
+		fmt.Fprintf(&chain, " fragment F%d on Q { ...F%d }", i, i+1)
+	}
+	chain.WriteString(" fragment F300 on Q { x }")
+	batch.WriteString("[")
+	for i := range 100000 {
+		if i > 0 {
+			batch.WriteString(",")
+		}
+		batch.WriteString(`{"query":"{a}"}`)
+	}
+	batch.WriteString("]")
+
+	tests := []struct {
+		name string
+		g    GraphQL
+		body string
+		typ  string
+	}{
+		{"alias bomb", GraphQL{}, gqlBody(aliases.String(), nil, ""), TypeGraphQLTooManyAliases},
+		{"directive overloading", GraphQL{}, gqlBody(directives.String(), nil, ""), TypeGraphQLTooManyDirs},
+		{"deep nesting", GraphQL{MaxTokens: 100000}, gqlBody(deep.String(), nil, ""), TypeGraphQLTooDeep},
+		{"deeper than the parser allows", GraphQL{MaxTokens: 1 << 20}, gqlBody(strings.Repeat("{a", 5000)+strings.Repeat("}", 5000), nil, ""), TypeGraphQLTooDeep},
+		{"fragment chain without fields", GraphQL{MaxTokens: 100000}, gqlBody(chain.String(), nil, ""), ""},
+		{"fragment cycle", GraphQL{}, gqlBody(`query { ...A } fragment A on Q { x ...B } fragment B on Q { ...A }`, nil, ""), TypeGraphQLFragmentCycle},
+		{"self-spreading fragment", GraphQL{}, gqlBody(`query { ...A } fragment A on Q { a { ...A } }`, nil, ""), TypeGraphQLFragmentCycle},
+		{"unknown fragment", GraphQL{}, gqlBody(`query { ...Nope }`, nil, ""), TypeGraphQLUnknownFrag},
+		{"token limit", GraphQL{}, gqlBody("{"+strings.Repeat(" a", 20000)+"}", nil, ""), TypeGraphQLTooManyTokens},
+		{"huge batch", GraphQL{MaxBodyBytes: 10 << 20}, batch.String(), TypeGraphQLBatchTooLarge},
+		{"cost cap", GraphQL{MaxCost: 1000}, gqlBody(`{ a(first: 100) { b(first: 100) { c } } }`, nil, ""), TypeGraphQLCostExceeded},
+		{"overflowing cost hits the cap", GraphQL{MaxCost: 1 << 40}, gqlBody(`{ a(first: 9223372036854775807) { b(first: 9223372036854775807) { c } } }`, nil, ""), TypeGraphQLCostExceeded},
+		{"ambiguous operation", GraphQL{}, gqlBody(`query A { a } query B { b }`, nil, ""), TypeGraphQLAmbiguousOp},
+		{"unknown operation", GraphQL{}, gqlBody(`query A { a }`, nil, "B"), TypeGraphQLUnknownOp},
+		{"syntax error", GraphQL{}, gqlBody(`{ a `, nil, ""), TypeGraphQLParse},
+		{"malformed JSON", GraphQL{}, `{"query": "{ a }"`, TypeMalformedJSON},
+		{"missing query (persisted)", GraphQL{}, `{"extensions":{"persistedQuery":{"version":1,"sha256Hash":"abc"}}}`, TypeGraphQLMissingQuery},
+		{"query of the wrong type", GraphQL{}, `{"query": 5}`, TypeGraphQLInvalidRequest},
+		{"empty batch", GraphQL{}, `[]`, TypeGraphQLInvalidRequest},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			g := provisioned(t, &tt.g)
+			start := time.Now()
+			c, err := g.Analyze(gqlPost(tt.body))
+			// Generous: these take microseconds to milliseconds; the bound
+			// only catches exponential or unbounded work.
+			if d := time.Since(start); d > 5*time.Second {
+				t.Errorf("took %v", d)
+			}
+			if tt.typ == "" {
+				if err != nil {
+					t.Fatalf("unexpected error %v", err)
+				}
+				if c.Cost != 1 {
+					t.Fatalf("cost %d", c.Cost)
+				}
+				return
+			}
+			var ie *InputError
+			if !errors.As(err, &ie) || ie.Type != tt.typ || ie.Status != 400 || ie.Detail == "" {
+				t.Fatalf("err = %v, want a 400 %s", err, tt.typ)
+			}
+		})
+	}
+}
+
+// TestGraphQLFragmentFanOutIsLinear: each fragment spreads the previous one
+// twice, so the expanded query has 2^41 fields. Costing must reuse each
+// fragment's cost rather than expand it.
+func TestGraphQLFragmentFanOutIsLinear(t *testing.T) {
+	var q strings.Builder
+	q.WriteString("query { ...F40 } fragment F0 on Q { a b }")
+	for i := 1; i <= 40; i++ {
+		fmt.Fprintf(&q, " fragment F%d on Q { ...F%d ...F%d }", i, i-1, i-1)
+	}
+	g := provisioned(t, &GraphQL{})
+	start := time.Now()
+	n, err := g.Estimate(gqlPost(gqlBody(q.String(), nil, "")))
+	if err != nil || n != 1<<41 {
+		t.Fatalf("got %d %v, want 2^41", n, err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("took %v", d)
+	}
+}
+
+func TestGraphQLOnMalformedDefault(t *testing.T) {
+	g := provisioned(t, &GraphQL{OnMalformed: OnMalformedDefault, DefaultCost: 50})
+	for _, body := range []string{`{"query": "{ a "}`, `not json`, `{"extensions":{}}`, gqlBody(`query A { a }`, nil, "B")} {
+		n, err := g.Estimate(gqlPost(body))
+		if err != nil || n != 50 {
+			t.Errorf("%s: %d %v, want the default cost", body, n, err)
+		}
+	}
+	// One bad element of a batch costs the default; the others their cost.
+	n, err := g.Estimate(gqlPost(`[{"query":"{ a b }"},{"query":"{"}]`))
+	if err != nil || n != 52 {
+		t.Errorf("batch: %d %v", n, err)
+	}
+	// Guards are never forgiven.
+	_, err = g.Estimate(gqlPost(gqlBody(`query { ...A } fragment A on Q { ...A }`, nil, "")))
+	var ie *InputError
+	if !errors.As(err, &ie) || ie.Type != TypeGraphQLFragmentCycle {
+		t.Errorf("cycle with default policy: %v", err)
+	}
+}
+
+func TestGraphQLBodyBounds(t *testing.T) {
+	g := provisioned(t, &GraphQL{})
+	r := gqlPost(`{"query":"{ a`)
+	r.Truncated = true
+	var ie *InputError
+	if _, err := g.Estimate(r); !errors.As(err, &ie) || ie.Status != http.StatusRequestEntityTooLarge {
+		t.Fatalf("truncated: %v", err)
+	}
+	m := gqlPost("--x\r\n")
+	m.HTTP.Header.Set("Content-Type", "multipart/form-data; boundary=x")
+	if _, err := g.Estimate(m); !errors.As(err, &ie) || ie.Status != http.StatusUnsupportedMediaType {
+		t.Fatalf("multipart: %v", err)
+	}
+	if g.BodyLimit() != DefaultGraphQLBodyBytes {
+		t.Fatal("BodyLimit")
+	}
+}
+
+func TestGraphQLValidate(t *testing.T) {
+	for _, g := range []GraphQL{
+		{Model: "ibm"},
+		{MaxDepth: -1},
+		{DefaultListSize: -1},
+		{SlicingArguments: []string{""}},
+		{OnMalformed: OnMalformedDefault},
+	} {
+		if err := g.Provision(); err == nil {
+			t.Errorf("%+v accepted", g)
+		}
+	}
+}
+
+func TestGraphQLDocumentCache(t *testing.T) {
+	g := provisioned(t, &GraphQL{})
+	q := `query($n: Int) { a(first: $n) { b } }`
+	for _, n := range []int{3, 5, 3} {
+		// Same text, different variables: the cached document is reused,
+		// the variables are not.
+		got, err := g.Estimate(gqlPost(gqlBody(q, map[string]any{"n": n}, "")))
+		if err != nil || got != int64(1+n) {
+			t.Fatalf("n=%d: %d %v", n, got, err)
+		}
+	}
+	d1, _ := g.parse(q)
+	d2, _ := g.parse(q)
+	if d1 != d2 {
+		t.Fatal("the second parse did not hit the cache")
+	}
+
+	c := newDocCache(2, 10, 15)
+	docs := map[string]*ast.QueryDocument{}
+	for _, k := range []string{"aaaa", "bbbb", "cccc"} {
+		docs[k] = &ast.QueryDocument{}
+		c.put(k, docs[k])
+	}
+	if c.get("aaaa") != nil || c.get("bbbb") != docs["bbbb"] || c.get("cccc") != docs["cccc"] {
+		t.Fatal("entry bound: the least recently used entry must go")
+	}
+	c.put("dddddddd", &ast.QueryDocument{}) // 4+4+8 > 15 bytes: evicts bbbb
+	if c.get("bbbb") != nil || c.get("cccc") == nil {
+		t.Fatal("byte bound")
+	}
+	c.put("this query is too long", &ast.QueryDocument{})
+	if c.get("this query is too long") != nil {
+		t.Fatal("a query over the size bound was cached")
+	}
+	var nilCache *docCache
+	nilCache.put("x", nil)
+	if nilCache.get("x") != nil {
+		t.Fatal("nil cache hit")
+	}
+}
+
+func TestGraphQLConcurrentEstimates(t *testing.T) {
+	g := provisioned(t, &GraphQL{CacheSize: 4})
+	done := make(chan error)
+	for w := range 8 {
+		go func() {
+			var err error
+			for i := range 200 {
+				n := (w+i)%6 + 1
+				q := fmt.Sprintf(`query($n: Int) { a%d(first: $n) { b } }`, i%7)
+				var got int64
+				got, err = g.Estimate(gqlPost(gqlBody(q, map[string]any{"n": n}, "")))
+				if err == nil && got != int64(1+n) {
+					err = fmt.Errorf("got %d, want %d", got, 1+n)
+				}
+				if err != nil {
+					break
+				}
+			}
+			done <- err
+		}()
+	}
+	for range 8 {
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+}

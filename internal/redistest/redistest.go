@@ -1,0 +1,513 @@
+// Package redistest starts real redis-server processes for tests: a
+// standalone server, a local Redis Cluster, or one server shared by a whole
+// test binary. Cascade's Redis store is tested against the real thing, never
+// a mock, because what matters (Lua numbers, TIME, EVALSHA and NOSCRIPT,
+// hash slots, TTLs) is Redis's behaviour, not ours.
+//
+// redis-server (and redis-cli, for clusters) must be on PATH; CI installs
+// them. A test that needs Redis fails with a clear message when it is
+// missing, unless CASCADE_SKIP_REDIS=1 is set, in which case it is skipped.
+//
+// Every process is bound to 127.0.0.1 on a free port, keeps its files in a
+// temporary directory, persists nothing (--save "" --appendonly no) and is
+// killed when its test ends (Start, StartCluster) or when Cleanup runs
+// (Shared, SharedCluster). On Linux the processes are also killed if the
+// test binary dies, so an interrupted run leaves none behind.
+package redistest
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// SkipEnv is the environment variable that, set to 1, turns every test
+// that needs Redis into a skip.
+const SkipEnv = "CASCADE_SKIP_REDIS"
+
+// startTimeout bounds how long a server may take to answer PING, and a
+// cluster to reach cluster_state:ok.
+const startTimeout = 20 * time.Second
+
+// Server is one redis-server process.
+type Server struct {
+	port  int
+	dir   string
+	extra []string // extra command-line arguments (cluster mode)
+	// sentinelConf is the configuration file of a Sentinel (which must
+	// have one it can rewrite); empty for a plain server.
+	sentinelConf string
+	ownsDir      bool // Close removes dir (shared servers; t.TempDir cleans itself)
+
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done chan struct{} // closed when cmd has exited
+}
+
+// Addr is the server's host:port.
+func (s *Server) Addr() string { return "127.0.0.1:" + strconv.Itoa(s.port) }
+
+// Port is the server's TCP port.
+func (s *Server) Port() int { return s.port }
+
+// Require fails tb (or skips it when CASCADE_SKIP_REDIS=1) unless
+// redis-server is on PATH. Start, StartCluster, Shared and SharedCluster
+// call it; tests that only need to know may call it first.
+func Require(tb testing.TB) {
+	tb.Helper()
+	if os.Getenv(SkipEnv) == "1" {
+		tb.Skipf("%s=1: skipping a test that needs a real redis-server", SkipEnv)
+	}
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		tb.Fatalf("redis-server is not on PATH (%v): install it (Debian: apt-get install redis-server) "+
+			"or set %s=1 to skip the tests that need it", err, SkipEnv)
+	}
+}
+
+// Start starts a standalone redis-server for tb and kills it when tb ends.
+func Start(tb testing.TB) *Server {
+	tb.Helper()
+	Require(tb)
+	s, err := start(tb.TempDir(), false, nil)
+	if err != nil {
+		tb.Fatalf("redistest: %v", err)
+	}
+	tb.Cleanup(s.Close)
+	return s
+}
+
+// start launches a server in dir on a fresh free port, retrying on the rare
+// race where another process takes the port between our probe and Redis's
+// bind. setup, when non-nil, configures the server before its launch; it is
+// given a second free port (a cluster's bus port).
+func start(dir string, ownsDir bool, setup func(s *Server, sparePort int) error) (*Server, error) {
+	var lastErr error
+	for attempt := 0; attempt < 5; attempt++ {
+		ports, err := freePorts(2)
+		if err != nil {
+			return nil, err
+		}
+		s := &Server{port: ports[0], dir: dir, ownsDir: ownsDir}
+		if setup != nil {
+			if err := setup(s, ports[1]); err != nil {
+				return nil, err
+			}
+		}
+		if lastErr = s.launch(); lastErr == nil {
+			return s, nil
+		}
+	}
+	return nil, lastErr
+}
+
+// launch runs redis-server on s.port and waits until it answers PING.
+func (s *Server) launch() error {
+	var args []string
+	if s.sentinelConf != "" {
+		args = []string{s.sentinelConf, "--sentinel"}
+	}
+	args = append(args,
+		"--port", strconv.Itoa(s.port),
+		"--bind", "127.0.0.1",
+		"--dir", s.dir,
+		"--logfile", filepath.Join(s.dir, "redis.log"),
+		"--daemonize", "no",
+		"--protected-mode", "no",
+	)
+	if s.sentinelConf == "" {
+		args = append(args, "--save", "", "--appendonly", "no")
+	}
+	args = append(args, s.extra...)
+	cmd := exec.Command("redis-server", args...)
+	cmd.SysProcAttr = sysProcAttr()
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("starting redis-server: %w", err)
+	}
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
+	s.mu.Lock()
+	s.cmd, s.done = cmd, done
+	s.mu.Unlock()
+
+	deadline := time.Now().Add(startTimeout)
+	for {
+		select {
+		case <-done:
+			return fmt.Errorf("redis-server on port %d exited during start-up: %s", s.port, s.logTail())
+		default:
+		}
+		if reply, err := Do(s.Addr(), "PING"); err == nil && reply == "PONG" {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			s.kill()
+			return fmt.Errorf("redis-server on port %d did not answer PING within %v: %s", s.port, startTimeout, s.logTail())
+		}
+		time.Sleep(10 * time.Millisecond) // polling for start-up, not timing behaviour
+	}
+}
+
+// logTail is the end of the server's log, for error messages.
+func (s *Server) logTail() string {
+	b, err := os.ReadFile(filepath.Join(s.dir, "redis.log"))
+	if err != nil {
+		return "(no log)"
+	}
+	if len(b) > 2000 {
+		b = b[len(b)-2000:]
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// Kill kills the server (SIGKILL) and waits for it to exit, as a crash
+// would: clients see refused connections until Restart.
+func (s *Server) Kill() { s.kill() }
+
+func (s *Server) kill() {
+	s.mu.Lock()
+	cmd, done := s.cmd, s.done
+	s.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	cmd.Process.Kill()
+	<-done
+}
+
+// Restart starts the server again on the same port, empty (nothing is
+// persisted): state and loaded scripts are gone, as after a real restart.
+// It kills the server first if it is running.
+func (s *Server) Restart(tb testing.TB) {
+	tb.Helper()
+	s.kill()
+	if err := s.launch(); err != nil {
+		tb.Fatalf("redistest: restart: %v", err)
+	}
+}
+
+// Pause stops the server process (SIGSTOP) without closing its sockets:
+// connections succeed and commands hang, the way an overloaded or
+// partitioned Redis looks to a client. Resume undoes it; Close and Kill
+// work on a paused server.
+func (s *Server) Pause() { s.signal(sigStop) }
+
+// Resume continues a paused server (SIGCONT).
+func (s *Server) Resume() { s.signal(sigCont) }
+
+func (s *Server) signal(sig os.Signal) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd != nil {
+		s.cmd.Process.Signal(sig)
+	}
+}
+
+// Close kills the server and removes its files if it owns them.
+func (s *Server) Close() {
+	s.kill()
+	if s.ownsDir {
+		os.RemoveAll(s.dir)
+	}
+}
+
+// Do sends one command to addr over a fresh connection and returns its
+// reply as a string: the text of a simple or bulk string, the digits of an
+// integer, the elements of an array joined by newlines. An error reply is
+// returned as an error. It is a deliberately tiny RESP client, for start-up
+// checks and for tests that must not depend on the client under test.
+func Do(addr string, args ...string) (string, error) {
+	conn, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		return "", err
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(5 * time.Second))
+	var req strings.Builder
+	fmt.Fprintf(&req, "*%d\r\n", len(args))
+	for _, a := range args {
+		fmt.Fprintf(&req, "$%d\r\n%s\r\n", len(a), a)
+	}
+	if _, err := conn.Write([]byte(req.String())); err != nil {
+		return "", err
+	}
+	return readReply(bufio.NewReader(conn))
+}
+
+func readReply(r *bufio.Reader) (string, error) {
+	line, err := r.ReadString('\n')
+	if err != nil {
+		return "", err
+	}
+	line = strings.TrimRight(line, "\r\n")
+	if line == "" {
+		return "", errors.New("empty reply line")
+	}
+	switch line[0] {
+	case '+', ':':
+		return line[1:], nil
+	case '-':
+		return "", errors.New(line[1:])
+	case '$':
+		n, err := strconv.Atoi(line[1:])
+		if err != nil || n < 0 {
+			return "", err // a nil bulk string is ""
+		}
+		buf := make([]byte, n+2)
+		if _, err := io.ReadFull(r, buf); err != nil {
+			return "", err
+		}
+		return string(buf[:n]), nil
+	case '*':
+		n, err := strconv.Atoi(line[1:])
+		if err != nil {
+			return "", err
+		}
+		parts := make([]string, 0, max(n, 0))
+		for i := 0; i < n; i++ {
+			p, err := readReply(r)
+			if err != nil {
+				return "", err
+			}
+			parts = append(parts, p)
+		}
+		return strings.Join(parts, "\n"), nil
+	}
+	return "", fmt.Errorf("unexpected reply %q", line)
+}
+
+// freePorts finds n distinct free loopback ports by binding them all at
+// once, then releasing them.
+func freePorts(n int) ([]int, error) {
+	ports := make([]int, 0, n)
+	for i := 0; i < n; i++ {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("finding a free port: %w", err)
+		}
+		defer l.Close()
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
+}
+
+// StartSentinel starts a Redis Sentinel for tb that monitors master under
+// the name masterName (quorum 1), and kills it when tb ends. A client given
+// the Sentinel's Addr and masterName reaches master through it.
+func StartSentinel(tb testing.TB, masterName string, master *Server) *Server {
+	tb.Helper()
+	Require(tb)
+	dir := tb.TempDir()
+	s, err := start(dir, false, func(s *Server, _ int) error {
+		s.sentinelConf = filepath.Join(dir, "sentinel.conf")
+		conf := fmt.Sprintf("sentinel monitor %s 127.0.0.1 %d 1\nsentinel down-after-milliseconds %s 5000\n",
+			masterName, master.Port(), masterName)
+		return os.WriteFile(s.sentinelConf, []byte(conf), 0o644)
+	})
+	if err != nil {
+		tb.Fatalf("redistest: sentinel: %v", err)
+	}
+	tb.Cleanup(s.Close)
+	if reply, err := Do(s.Addr(), "SENTINEL", "GET-MASTER-ADDR-BY-NAME", masterName); err != nil || !strings.HasSuffix(reply, strconv.Itoa(master.Port())) {
+		tb.Fatalf("redistest: sentinel does not know master %s: %q %v", masterName, reply, err)
+	}
+	return s
+}
+
+// Cluster is a local Redis Cluster of masters only (no replicas).
+type Cluster struct {
+	// Masters are the cluster's nodes, in the order given to
+	// redis-cli --cluster create.
+	Masters []*Server
+
+	dir     string
+	ownsDir bool
+}
+
+// Addrs are the masters' addresses: the seed list for a cluster client.
+func (c *Cluster) Addrs() []string {
+	addrs := make([]string, len(c.Masters))
+	for i, m := range c.Masters {
+		addrs[i] = m.Addr()
+	}
+	return addrs
+}
+
+// Close kills every node (and removes their files if the cluster owns them).
+func (c *Cluster) Close() {
+	for _, m := range c.Masters {
+		m.Close()
+	}
+	if c.ownsDir {
+		os.RemoveAll(c.dir)
+	}
+}
+
+// StartCluster starts a Redis Cluster of masters nodes (at least 3, as
+// redis-cli requires) for tb, waits until every node reports
+// cluster_state:ok with all 16384 slots assigned, and kills it when tb ends.
+func StartCluster(tb testing.TB, masters int) *Cluster {
+	tb.Helper()
+	Require(tb)
+	c, err := startCluster(tb.TempDir(), false, masters)
+	if err != nil {
+		tb.Fatalf("redistest: %v", err)
+	}
+	tb.Cleanup(c.Close)
+	return c
+}
+
+func startCluster(dir string, ownsDir bool, masters int) (*Cluster, error) {
+	if masters < 3 {
+		return nil, fmt.Errorf("a Redis Cluster needs at least 3 masters, got %d", masters)
+	}
+	if _, err := exec.LookPath("redis-cli"); err != nil {
+		return nil, fmt.Errorf("redis-cli is not on PATH (%v); it is needed to create a cluster", err)
+	}
+	c := &Cluster{dir: dir, ownsDir: ownsDir}
+	for i := 0; i < masters; i++ {
+		nodeDir := filepath.Join(dir, fmt.Sprintf("node%d", i))
+		if err := os.MkdirAll(nodeDir, 0o755); err != nil {
+			c.Close()
+			return nil, err
+		}
+		s, err := start(nodeDir, false, func(s *Server, busPort int) error {
+			s.extra = []string{
+				"--cluster-enabled", "yes",
+				"--cluster-config-file", filepath.Join(nodeDir, "nodes.conf"),
+				"--cluster-node-timeout", "5000",
+				"--cluster-port", strconv.Itoa(busPort),
+			}
+			return nil
+		})
+		if err != nil {
+			c.Close()
+			return nil, err
+		}
+		c.Masters = append(c.Masters, s)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
+	defer cancel()
+	args := append([]string{"--cluster", "create"}, c.Addrs()...)
+	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
+	if out, err := exec.CommandContext(ctx, "redis-cli", args...).CombinedOutput(); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("redis-cli --cluster create: %v\n%s", err, out)
+	}
+	if err := c.waitOK(ctx); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// waitOK waits until every node sees a healthy cluster that knows every
+// node: only then do all nodes agree on who serves which slot.
+func (c *Cluster) waitOK(ctx context.Context) error {
+	want := []string{
+		"cluster_state:ok",
+		"cluster_slots_assigned:16384",
+		fmt.Sprintf("cluster_known_nodes:%d", len(c.Masters)),
+	}
+	for _, m := range c.Masters {
+		for {
+			info, err := Do(m.Addr(), "CLUSTER", "INFO")
+			if err == nil && containsAll(info, want) {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("cluster node %s not ready (want %v): %v %s", m.Addr(), want, err, info)
+			case <-time.After(20 * time.Millisecond): // polling for start-up
+			}
+		}
+	}
+	return nil
+}
+
+func containsAll(s string, subs []string) bool {
+	for _, sub := range subs {
+		if !strings.Contains(s, sub) {
+			return false
+		}
+	}
+	return true
+}
+
+// The shared server and cluster live as long as the test binary: starting
+// processes costs time, and most tests only need keys of their own. This is
+// the package's only mutable state, and it exists for tests.
+var shared struct {
+	mu         sync.Mutex
+	server     *Server
+	serverErr  error
+	cluster    *Cluster
+	clusterErr error
+}
+
+// Shared returns a standalone server shared by every test of the binary,
+// starting it on first use. Tests that share it must use keys of their own
+// (a unique key prefix) and must not flush, kill or pause it. Call Cleanup
+// from TestMain to stop it; on Linux it also dies with the test binary.
+func Shared(tb testing.TB) *Server {
+	tb.Helper()
+	Require(tb)
+	shared.mu.Lock()
+	defer shared.mu.Unlock()
+	if shared.server == nil && shared.serverErr == nil {
+		dir, err := os.MkdirTemp("", "redistest-")
+		if err == nil {
+			shared.server, err = start(dir, true, nil)
+		}
+		shared.serverErr = err
+	}
+	if shared.serverErr != nil {
+		tb.Fatalf("redistest: shared server: %v", shared.serverErr)
+	}
+	return shared.server
+}
+
+// SharedCluster is Shared for a 3-master cluster.
+func SharedCluster(tb testing.TB) *Cluster {
+	tb.Helper()
+	Require(tb)
+	shared.mu.Lock()
+	defer shared.mu.Unlock()
+	if shared.cluster == nil && shared.clusterErr == nil {
+		dir, err := os.MkdirTemp("", "redistest-cluster-")
+		if err == nil {
+			shared.cluster, err = startCluster(dir, true, 3)
+		}
+		shared.clusterErr = err
+	}
+	if shared.clusterErr != nil {
+		tb.Fatalf("redistest: shared cluster: %v", shared.clusterErr)
+	}
+	return shared.cluster
+}
+
+// Cleanup stops the shared server and cluster, if they were started. Call
+// it from TestMain after m.Run.
+func Cleanup() {
+	shared.mu.Lock()
+	defer shared.mu.Unlock()
+	if shared.server != nil {
+		shared.server.Close()
+		shared.server = nil
+	}
+	if shared.cluster != nil {
+		shared.cluster.Close()
+		shared.cluster = nil
+	}
+	shared.serverErr, shared.clusterErr = nil, nil
+}

@@ -1,0 +1,11 @@
+//go:build unix
+
+package redistest
+
+import "syscall"
+
+// The signals behind Pause and Resume.
+const (
+	sigStop = syscall.SIGSTOP
+	sigCont = syscall.SIGCONT
+)

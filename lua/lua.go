@@ -1,0 +1,91 @@
+// Package lua holds Cascade's Redis scripts, embedded in the binary. It has
+// nothing else: the Redis store (package store) decides what to send, and
+// package rate holds the arithmetic the scripts mirror.
+//
+// # Why scripts
+//
+// A decision must read every bucket on a request's path, check them all and
+// charge them all or none, atomically with respect to every other Caddy
+// instance. A Lua script runs atomically inside Redis, so one EVALSHA is one
+// decision: one round trip whatever the number of tiers and limits.
+//
+// # Mirroring package rate
+//
+// rate.lua holds the arithmetic of rate/rate.go (GCRA in level form, the
+// two-counter sliding window, the calendar quota), function for function and
+// operation for operation. Lua numbers are IEEE-754 doubles like Go's
+// float64, so the same operations in the same order give bit-identical
+// results: the memory store and the Redis store reach the same decisions,
+// remaining counts and retry times. TestScriptsMirrorRate checks that on
+// random states against rate.Limit.Apply and rate.Limit.Adjust.
+//
+// # Time
+//
+// A script reads the time from Redis TIME (µs = sec·1e6 + usec), so the
+// clocks of Caddy instances never matter — unless ARGV[1] is non-zero: then
+// it is the time, in µs since the epoch. The Go store sends a non-zero value
+// only when it was given a test clock; that is how the conformance suite
+// drives time.
+//
+// # Calling convention
+//
+// Both scripts take the bucket keys in KEYS (all in one Cluster slot; key i
+// counts from 1, as in Lua) and:
+//
+//	ARGV[1]        test clock in µs (decimal), or 0 for Redis TIME
+//	ARGV[2i]       key i's algorithm: "gcra", "sliding" or "calendar"
+//	               (anything else is gcra, as in rate.Limit.Apply)
+//	ARGV[2i+1]     key i's numbers, as little-endian float64s:
+//	                 count     Limit.Count
+//	                 period    Limit.Period in µs (0 for calendar)
+//	                 capacity  Limit.Capacity()
+//	                 cost      Bucket.Cost (Adjust: the signed delta)
+//	               and for calendar only, four more: the bounds, in µs, of the
+//	               previous, current and next calendar windows around the Go
+//	               clock (Limit.Window); the script uses the one holding its
+//	               own time, so clock skew at a boundary never matters
+//
+// The numbers are packed because parsing decimal strings in Lua (tonumber)
+// costs more Redis time than the arithmetic; integers below 2^53 are exact
+// either way.
+//
+// Decide replies with six integers per key, in order: allowed (0/1),
+// impossible (0/1), remaining, before, retry (µs), reset (µs) — the fields
+// of rate.Result. It writes only when every key admits. Adjust replies with
+// the number of keys adjusted.
+//
+// # Storage
+//
+// A bucket's state is one 32-byte string of little-endian float64s: A, B, T
+// (rate.State, exact) and E, the time until which the key's expiry is known
+// to keep it. Every key has an expiry of at least rate.Limit.TTL: a write
+// sets one an eighth longer than needed (SET … PX), and later writes whose
+// TTL fits before E keep it (SET … KEEPTTL), which saves Redis a good part
+// of a write's cost. A state with no TTL (a full bucket) is deleted.
+package lua
+
+import (
+	_ "embed"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// rateSource is the shared arithmetic, prepended to each script.
+//
+//go:embed rate.lua
+var rateSource string
+
+//go:embed decide.lua
+var decideSource string
+
+//go:embed adjust.lua
+var adjustSource string
+
+// Decide is the all-or-nothing decision script (see the package doc for its
+// keys, arguments and reply). Run it with Script.Run, which sends EVALSHA and
+// falls back on EVAL when Redis answers NOSCRIPT.
+var Decide = redis.NewScript(rateSource + decideSource)
+
+// Adjust is the correction script: each key's delta is a refund (negative)
+// or a debt (positive), applied atomically as rate.Limit.Adjust does.
+var Adjust = redis.NewScript(rateSource + adjustSource)

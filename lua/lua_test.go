@@ -1,0 +1,375 @@
+package lua_test
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/caddy-cascade/cascade/internal/redistest"
+	"github.com/caddy-cascade/cascade/lua"
+	"github.com/caddy-cascade/cascade/rate"
+)
+
+func TestMain(m *testing.M) {
+	defer redistest.Cleanup()
+	m.Run()
+}
+
+func client(t *testing.T) *redis.Client {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: redistest.Shared(t).Addr(), MaxRetries: -1})
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// TestScriptsLoad checks that both scripts compile in Redis (SCRIPT LOAD
+// compiles) and that go-redis's digest is Redis's, so EVALSHA finds what
+// SCRIPT LOAD stored.
+func TestScriptsLoad(t *testing.T) {
+	c := client(t)
+	for _, tt := range []struct {
+		name   string
+		script *redis.Script
+	}{{"Decide", lua.Decide}, {"Adjust", lua.Adjust}} {
+		want := tt.script.Hash()
+		sha, err := tt.script.Load(context.Background(), c).Result()
+		if err != nil {
+			t.Fatalf("%s: SCRIPT LOAD: %v", tt.name, err)
+		}
+		if sha != want {
+			t.Fatalf("%s: Redis digest %s, go-redis digest %s", tt.name, sha, want)
+		}
+	}
+}
+
+// args lays out ARGV as the package doc says: the clock, then the
+// algorithm and the packed numbers: count, period, capacity, cost and, for
+// calendars, the previous, current and next windows around wall. It is
+// written here independently of the store's encoder, so the two check each
+// other against the doc.
+func args(now, wall int64, l rate.Limit, cost int64) []any {
+	nums := []int64{l.Count, l.Period.Microseconds(), l.Capacity(), cost}
+	if l.Algorithm == rate.Calendar {
+		s, e := l.Window(wall)
+		p, _ := l.Window(s - 1)
+		_, n := l.Window(e)
+		nums = append(nums, p, s, e, n)
+	}
+	var spec []byte
+	for _, n := range nums {
+		spec = binary.LittleEndian.AppendUint64(spec, math.Float64bits(float64(n)))
+	}
+	return []any{now, string(l.Algorithm), spec}
+}
+
+// encodeState is a stored state with an expiry hint E of e.
+func encodeState(s rate.State, e float64) string {
+	var b []byte
+	for _, f := range []float64{s.A, s.B, float64(s.T), e} {
+		b = binary.LittleEndian.AppendUint64(b, math.Float64bits(f))
+	}
+	return string(b)
+}
+
+// decodeState reads a stored state and its expiry hint.
+func decodeState(t *testing.T, v string) (rate.State, float64) {
+	t.Helper()
+	if len(v) != 32 {
+		t.Fatalf("stored state %q is not 32 bytes", v)
+	}
+	f := make([]float64, 4)
+	for i := range f {
+		f[i] = math.Float64frombits(binary.LittleEndian.Uint64([]byte(v[8*i:])))
+	}
+	if f[2] != math.Trunc(f[2]) {
+		t.Fatalf("stored T %v is not a whole µs", f[2])
+	}
+	return rate.State{A: f[0], B: f[1], T: int64(f[2])}, f[3]
+}
+
+// sameState compares states bit for bit (+0 and -0 are the same state).
+func sameState(a, b rate.State) bool {
+	return a.T == b.T && a.A == b.A && a.B == b.B
+}
+
+// testCase is one random bucket: a limit, a stored state, a time and a cost.
+type testCase struct {
+	limit rate.Limit
+	state rate.State
+	fresh bool  // no key at all (the zero state)
+	now   int64 // Redis's time (injected)
+	wall  int64 // the Go clock the calendar windows come from
+	cost  int64
+}
+
+func (c testCase) String() string {
+	return fmt.Sprintf("limit=%+v state=%+v fresh=%v now=%d wall=%d cost=%d", c.limit, c.state, c.fresh, c.now, c.wall, c.cost)
+}
+
+var zones = func() []*time.Location {
+	out := []*time.Location{nil, time.UTC, time.FixedZone("UTC-5", -5*3600)}
+	for _, name := range []string{"Europe/Paris", "America/New_York", "Asia/Kolkata"} {
+		if loc, err := time.LoadLocation(name); err == nil {
+			out = append(out, loc)
+		}
+	}
+	return out
+}()
+
+func randomCase(r *rand.Rand) testCase {
+	periods := []time.Duration{time.Microsecond, 7 * time.Microsecond, time.Second, 15 * time.Second,
+		time.Minute, 30 * time.Minute, time.Hour, 24 * time.Hour,
+		time.Duration(1+r.Int64N(1e13)) * time.Nanosecond}
+	base := time.Date(2026, 3, 18, 10, 30, 0, 0, time.UTC).UnixMicro()
+	c := testCase{now: base + r.Int64N(400*24*3600*1e6)}
+	c.wall = c.now
+	switch r.IntN(4) {
+	case 0, 1: // gcra (and the empty algorithm name, which means gcra)
+		alg := rate.GCRA
+		if r.IntN(10) == 0 {
+			alg = ""
+		}
+		l := rate.Limit{Algorithm: alg, Count: 1 + r.Int64N(1000), Period: periods[r.IntN(len(periods))]}
+		if r.IntN(2) == 0 {
+			l.Burst = 1 + r.Int64N(2*l.Count)
+		}
+		capacity := float64(l.Capacity())
+		switch r.IntN(3) {
+		case 0:
+			c.state.A = float64(r.Int64N(int64(capacity) + 3))
+		case 1:
+			c.state.A = r.Float64() * capacity * 1.5
+		default:
+			c.state.A = capacity + float64(r.Int64N(3*int64(capacity)+1)) // debt
+		}
+		c.state.T = c.now - r.Int64N(2*l.Period.Microseconds()+1)
+		if r.IntN(10) == 0 {
+			c.state.T = c.now + r.Int64N(1000) // a state from the future (clock skew)
+		}
+		c.limit, c.cost = l, r.Int64N(l.Capacity()+3)
+	case 2: // sliding
+		l := rate.Limit{Algorithm: rate.Sliding, Count: 1 + r.Int64N(200), Period: periods[r.IntN(len(periods))]}
+		p := l.Period.Microseconds()
+		start := c.now - c.now%p
+		c.state = rate.State{A: float64(r.Int64N(l.Count + 5)), B: float64(r.Int64N(l.Count + 5))}
+		switch r.IntN(4) {
+		case 0:
+			c.state.T = start
+		case 1:
+			c.state.T = start - p
+		case 2:
+			c.state.T = start - p*(2+r.Int64N(5))
+		default:
+			c.now = start + r.Int64N(3) // at a window's very start
+			c.wall, c.state.T = c.now, start-p
+		}
+		if r.IntN(5) == 0 {
+			c.state.B += 0.5 // fractional counts appear after adjustments in tests
+		}
+		c.limit, c.cost = l, r.Int64N(l.Count+3)
+	default: // calendar
+		units := []rate.Unit{rate.Hour, rate.Day, rate.Week, rate.Month}
+		l := rate.Limit{Algorithm: rate.Calendar, Count: 1 + r.Int64N(100000), Unit: units[r.IntN(len(units))], Location: zones[r.IntN(len(zones))]}
+		start, end := l.Window(c.now)
+		if r.IntN(3) == 0 {
+			// Near a boundary, with Go's clock up to 5 s away from Redis's:
+			// the script must still use the window holding its own time.
+			c.now = end - 5_000_000 + r.Int64N(10_000_000)
+			c.wall = c.now - 5_000_000 + r.Int64N(10_000_001)
+			start, _ = l.Window(c.now)
+		}
+		c.state.A = float64(r.Int64N(l.Count + 5))
+		switch r.IntN(3) {
+		case 0:
+			c.state.T = start
+		case 1:
+			c.state.T, _ = l.Window(start - 1)
+		default:
+			c.state.T = start - 12345
+		}
+		c.limit, c.cost = l, r.Int64N(l.Count+3)
+	}
+	if r.IntN(8) == 0 {
+		c.state, c.fresh = rate.State{}, true
+	}
+	return c
+}
+
+// TestScriptsMirrorRate runs random buckets through lua.Decide and
+// lua.Adjust on a real Redis and through rate.Limit.Apply and Adjust in Go,
+// and requires identical results, bit-identical stored state, and a PTTL
+// that is Limit.TTL rounded up to whole milliseconds.
+func TestScriptsMirrorRate(t *testing.T) {
+	c := client(t)
+	ctx := context.Background()
+	r := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 42))
+	seed := r.Uint64()
+	r = rand.New(rand.NewPCG(seed, 7))
+	t.Logf("seed %d", seed)
+	key := fmt.Sprintf("{lua-test-%d}:k", seed)
+	n := 4000
+	if testing.Short() {
+		n = 500
+	}
+	outcomes := map[string]int{}
+	for i := 0; i < n; i++ {
+		tc := randomCase(r)
+		adjust := i%3 == 2
+		if adjust {
+			tc.cost -= tc.limit.Capacity() / 2 // refunds as well as debts
+		}
+		// The key as a previous write left it: its expiry hint E and a
+		// matching TTL, or (half the time) no hint, so that a write must
+		// set an expiry.
+		var e0 float64
+		var px0 int64 // ms
+		switch {
+		case tc.fresh:
+			c.Del(ctx, key)
+		case r.IntN(2) == 0:
+			c.Set(ctx, key, encodeState(tc.state, 0), 0)
+		default:
+			px0 = 1 + r.Int64N(10_000_000)
+			e0 = float64(tc.now + (px0-1)*1000)
+			c.Set(ctx, key, encodeState(tc.state, e0), time.Duration(px0)*time.Millisecond)
+		}
+
+		var want rate.State
+		store := true
+		if adjust {
+			if err := lua.Adjust.Run(ctx, c, []string{key}, args(tc.now, tc.wall, tc.limit, tc.cost)...).Err(); err != nil {
+				t.Fatalf("case %d (%v): Adjust: %v", i, tc, err)
+			}
+			want = tc.limit.Adjust(tc.state, tc.now, tc.cost)
+		} else {
+			got, err := lua.Decide.Run(ctx, c, []string{key}, args(tc.now, tc.wall, tc.limit, tc.cost)...).Int64Slice()
+			if err != nil {
+				t.Fatalf("case %d (%v): Decide: %v", i, tc, err)
+			}
+			next, res := tc.limit.Apply(tc.state, tc.now, tc.cost)
+			wantReply := []int64{b2i(res.Allowed), b2i(res.Impossible), res.Remaining, res.Before, res.RetryAfter, res.Reset}
+			if fmt.Sprint(got) != fmt.Sprint(wantReply) {
+				t.Fatalf("case %d (%v):\nscript replied %v\nrate.Apply     %v", i, tc, got, wantReply)
+			}
+			want, store = next, res.Allowed
+		}
+		outcomes[fmt.Sprintf("%s adjust=%v stored=%v", algName(tc.limit), adjust, store)]++
+
+		v, err := c.Get(ctx, key).Result()
+		ttl := tc.limit.TTL(want, tc.now)
+		switch {
+		case !store: // a denial writes nothing
+			if tc.fresh && !errors.Is(err, redis.Nil) || !tc.fresh && v != encodeState(tc.state, e0) {
+				t.Fatalf("case %d (%v): a denied decision changed the state to %q (%v)", i, tc, v, err)
+			}
+			continue
+		case ttl <= 0: // a full bucket needs no key
+			if !errors.Is(err, redis.Nil) {
+				t.Fatalf("case %d (%v): want no key for a full bucket, have %q (%v)", i, tc, v, err)
+			}
+			continue
+		}
+		// The expiry: kept when the one set before lasts long enough,
+		// else set an eighth longer than needed.
+		wantE, wantPX := e0, px0
+		if float64(tc.now+ttl) > e0 {
+			wantPX = int64(math.Ceil((float64(ttl) + float64(ttl)/8) / 1000))
+			wantE = float64(tc.now + (wantPX-1)*1000)
+		}
+		if errors.Is(err, redis.Nil) && wantPX <= 100 {
+			continue // a TTL of a few ms may run out in real time before GET
+		}
+		if err != nil {
+			t.Fatalf("case %d (%v): GET: %v", i, tc, err)
+		}
+		got, e := decodeState(t, v)
+		if !sameState(got, want) {
+			t.Fatalf("case %d (%v):\nscript stored %+v\nrate wants    %+v", i, tc, got, want)
+		}
+		if e != wantE {
+			t.Fatalf("case %d (%v): expiry hint %v, want %v", i, tc, e, wantE)
+		}
+		pttl, err := c.PTTL(ctx, key).Result()
+		if err != nil {
+			t.Fatalf("case %d (%v): PTTL: %v", i, tc, err)
+		}
+		// PTTL counts down in real time: allow a second of it, and a short
+		// TTL to have run out. It must cover Limit.TTL.
+		ms := pttl.Milliseconds()
+		if ms > wantPX || ms < wantPX-1000 || ms <= 0 && wantPX > 100 || ms*1000 < ttl-1_000_000 {
+			t.Fatalf("case %d (%v): PTTL %d ms, want %d ms, covering a TTL of %d µs", i, tc, ms, wantPX, ttl)
+		}
+	}
+	t.Logf("outcomes: %v", outcomes)
+}
+
+func algName(l rate.Limit) string {
+	if l.Algorithm == "" {
+		return "(gcra)"
+	}
+	return string(l.Algorithm)
+}
+
+// TestDecideAllOrNothing checks, at the script level, that one denying key
+// leaves every other key untouched, and that the clock argument replaces
+// TIME only when non-zero.
+func TestDecideAllOrNothing(t *testing.T) {
+	c := client(t)
+	ctx := context.Background()
+	now := time.Date(2026, 3, 18, 10, 30, 0, 0, time.UTC).UnixMicro()
+	keys := []string{"{lua-aon}:org", "{lua-aon}:user"}
+	c.Del(ctx, keys...)
+	org := rate.Limit{Algorithm: rate.GCRA, Count: 10, Period: time.Minute}
+	user := rate.Limit{Algorithm: rate.GCRA, Count: 1, Period: time.Hour}
+	argv := append(args(now, now, org, 1), args(now, now, user, 1)[1:]...)
+
+	tests := []struct {
+		name     string
+		want     []int64
+		orgLevel float64
+	}{
+		{"both admit", []int64{1, 0, 9, 10, 0, 6000000, 1, 0, 0, 1, 0, 3600000000}, 1},
+		{"user denies, org untouched", []int64{1, 0, 8, 9, 0, 12000000, 0, 0, 0, 0, 3600000001, 3600000000}, 1},
+	}
+	for _, tt := range tests {
+		got, err := lua.Decide.Run(ctx, c, keys, argv...).Int64Slice()
+		if err != nil {
+			t.Fatalf("%s: %v", tt.name, err)
+		}
+		if fmt.Sprint(got) != fmt.Sprint(tt.want) {
+			t.Fatalf("%s: reply %v, want %v", tt.name, got, tt.want)
+		}
+		if st, _ := decodeState(t, c.Get(ctx, keys[0]).Val()); st.A != tt.orgLevel || st.T != now {
+			t.Fatalf("%s: org state %+v, want level %v at %d", tt.name, st, tt.orgLevel, now)
+		}
+	}
+
+	// With 0 for the clock, the script reads TIME: the stored T is Redis's now.
+	c.Del(ctx, keys...)
+	argv[0] = 0
+	if err := lua.Decide.Run(ctx, c, keys, argv...).Err(); err != nil {
+		t.Fatal(err)
+	}
+	tm, err := c.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, _ := decodeState(t, c.Get(ctx, keys[0]).Val())
+	if d := tm.UnixMicro() - st.T; d < 0 || d > int64(5*time.Second/time.Microsecond) {
+		t.Fatalf("state written at %d, Redis TIME is %d: the script did not use TIME", st.T, tm.UnixMicro())
+	}
+}
+
+func b2i(b bool) int64 {
+	if b {
+		return 1
+	}
+	return 0
+}

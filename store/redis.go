@@ -1,0 +1,551 @@
+package store
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+
+	"github.com/caddy-cascade/cascade/lua"
+	"github.com/caddy-cascade/cascade/rate"
+)
+
+// DefaultRedisTimeout bounds one Redis decision when RedisOptions.Timeout is
+// zero. A healthy Redis answers a decision in well under a millisecond, even
+// under load; an unreachable one costs each request at most this long
+// before the handler applies its failure policy.
+const DefaultRedisTimeout = 250 * time.Millisecond
+
+// redisStartTimeout bounds NewRedis's script loading when ctx has no
+// earlier deadline: provisioning may dial every master afresh, TLS
+// included, so it gets more room than one decision.
+const redisStartTimeout = 5 * time.Second
+
+// RedisOptions configure a Redis store. The connection fields are those of
+// go-redis's UniversalOptions, which picks the client:
+//
+//   - MasterName set: a Sentinel-backed failover client (Addrs are the sentinels);
+//   - several Addrs, or Cluster: a Redis Cluster client (Addrs are seed nodes);
+//   - otherwise: a client of the single server Addrs[0].
+type RedisOptions struct {
+	// Addrs are host:port addresses. Empty means 127.0.0.1:6379.
+	Addrs []string
+	// MasterName is the Sentinel master set's name; set it to use Sentinel.
+	MasterName string
+	// Cluster forces a Cluster client even with a single seed address
+	// (e.g. a managed cluster's configuration endpoint).
+	Cluster bool
+
+	// Username and Password authenticate to Redis (ACL user, or only a
+	// password for requirepass).
+	Username string
+	Password string
+	// SentinelUsername and SentinelPassword authenticate to the sentinels.
+	SentinelUsername string
+	SentinelPassword string
+	// DB is the database number; it must be 0 on a Cluster.
+	DB int
+	// TLS enables TLS with this configuration when non-nil.
+	TLS *tls.Config
+
+	// DialTimeout, ReadTimeout and WriteTimeout bound single network
+	// operations (go-redis defaults when zero). Timeout bounds a whole
+	// decision, and it is the one that matters to requests.
+	DialTimeout  time.Duration
+	ReadTimeout  time.Duration
+	WriteTimeout time.Duration
+	// PoolSize is the number of connections per node (go-redis default,
+	// 10 per CPU, when zero).
+	PoolSize int
+
+	// KeyPrefix is prepended to every bucket key, to share a Redis with
+	// other applications or to separate environments. It must not contain
+	// '{' or '}': the bucket key's own hash tag must choose the Cluster slot.
+	KeyPrefix string
+	// Timeout bounds each Decide and Adjust, including waiting for a
+	// pooled connection, dialing and the reply: a request never hangs on
+	// Redis. Zero means DefaultRedisTimeout.
+	Timeout time.Duration
+	// LazyLoad skips contacting Redis in NewRedis. The scripts are then
+	// loaded by the first decisions (EVALSHA answers NOSCRIPT, the store
+	// sends the script once), so a Caddy whose Redis is down at start-up
+	// can still start and apply its failure policy until Redis is back.
+	LazyLoad bool
+	// Logger receives what cannot be returned: a refund that failed after
+	// a partial denial on a Cluster. Nil discards it.
+	Logger *zap.Logger
+
+	// Clock, for tests only, replaces Redis TIME with an injected clock
+	// (see package lua). Production leaves it nil so that every Caddy
+	// instance reads the same clock: Redis's.
+	Clock Clock
+}
+
+// Redis is the store shared by many Caddy instances. Each decision is ONE
+// EVALSHA of lua.Decide on a standalone or Sentinel-managed Redis, whatever
+// the number of buckets, so it is atomic across instances; time comes from
+// Redis TIME inside the script.
+//
+// On a Redis Cluster, a script can only touch keys of one hash slot. Keys
+// built by package hierarchy give a tenant's whole subtree one hash tag, so
+// most decisions still take one script. When a path spans slots (a global
+// ceiling above the tenants), Decide runs one script per slot in parallel,
+// each all-or-nothing, and if any slot denies it refunds the slots that
+// admitted (lua.Adjust with the negated costs). That never over-admits; for
+// the moment between charge and refund, other requests may see those
+// buckets fuller than they are, so it may briefly under-admit.
+//
+// Every error wraps ErrUnavailable.
+type Redis struct {
+	client  redis.UniversalClient
+	cluster *redis.ClusterClient // the same client, when it is a cluster client
+	prefix  string
+	timeout time.Duration
+	clock   Clock // nil: Redis TIME
+	logger  *zap.Logger
+}
+
+// NewRedis connects to Redis and, unless opts.LazyLoad, loads the scripts
+// (SCRIPT LOAD on every master of a Cluster). It fails on invalid options,
+// and with an error wrapping ErrUnavailable when Redis cannot be reached
+// within ctx (and at most five seconds).
+func NewRedis(ctx context.Context, opts RedisOptions) (*Redis, error) {
+	if strings.ContainsAny(opts.KeyPrefix, "{}") {
+		return nil, fmt.Errorf("redis store: key prefix %q must not contain '{' or '}': the bucket key's hash tag must choose the cluster slot", opts.KeyPrefix)
+	}
+	if opts.Timeout < 0 {
+		return nil, fmt.Errorf("redis store: timeout must not be negative, got %v", opts.Timeout)
+	}
+	if opts.Timeout == 0 {
+		opts.Timeout = DefaultRedisTimeout
+	}
+	addrs := opts.Addrs
+	if len(addrs) == 0 {
+		addrs = []string{"127.0.0.1:6379"}
+	}
+	isCluster := opts.MasterName == "" && (opts.Cluster || len(addrs) > 1)
+	if isCluster && opts.DB != 0 {
+		return nil, fmt.Errorf("redis store: a Redis Cluster has only database 0, got db %d", opts.DB)
+	}
+	if opts.MasterName != "" && opts.Cluster {
+		return nil, errors.New("redis store: master_name (Sentinel) and cluster are exclusive")
+	}
+
+	uo := &redis.UniversalOptions{
+		Addrs:            addrs,
+		MasterName:       opts.MasterName,
+		IsClusterMode:    opts.Cluster,
+		ClientName:       "cascade",
+		Username:         opts.Username,
+		Password:         opts.Password,
+		SentinelUsername: opts.SentinelUsername,
+		SentinelPassword: opts.SentinelPassword,
+		DB:               opts.DB,
+		TLSConfig:        opts.TLS,
+		DialTimeout:      opts.DialTimeout,
+		ReadTimeout:      opts.ReadTimeout,
+		WriteTimeout:     opts.WriteTimeout,
+		PoolSize:         opts.PoolSize,
+		// Let the per-decision deadline reach the socket: without this,
+		// go-redis would wait out ReadTimeout whatever the context says.
+		ContextTimeoutEnabled: true,
+		// Never resend a script on its own: a reply lost after the script
+		// ran would charge the request twice, and a resent refund would
+		// refund twice. A failed decision goes to the failure policy;
+		// dead pooled connections are already weeded out by go-redis's
+		// health check before use.
+		MaxRetries: -1,
+	}
+	var client redis.UniversalClient
+	if isCluster {
+		co := uo.Cluster()
+		// Route each script by its first key, as Redis Cluster wants. The
+		// newer policy router would first fetch COMMAND info from a node
+		// with a fixed five-second timeout of its own, which a decision's
+		// deadline cannot shorten: a hung node would hang requests.
+		co.DisableRoutingPolicies = true
+		client = redis.NewClusterClient(co)
+	} else {
+		client = redis.NewUniversalClient(uo)
+	}
+	r := &Redis{
+		client:  client,
+		prefix:  opts.KeyPrefix,
+		timeout: opts.Timeout,
+		clock:   opts.Clock,
+		logger:  opts.Logger,
+	}
+	r.cluster, _ = client.(*redis.ClusterClient)
+	if !opts.LazyLoad {
+		if err := r.load(ctx); err != nil {
+			client.Close()
+			return nil, err
+		}
+	}
+	return r, nil
+}
+
+// load puts both scripts in the script cache of every master, so that
+// decisions find them with EVALSHA.
+func (r *Redis) load(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, max(r.timeout, redisStartTimeout))
+	defer cancel()
+	loadInto := func(ctx context.Context, c redis.Scripter) error {
+		for _, s := range []*redis.Script{lua.Decide, lua.Adjust} {
+			if err := s.Load(ctx, c).Err(); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	var err error
+	if r.cluster != nil {
+		err = r.cluster.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+			if err := loadInto(ctx, c); err != nil {
+				return fmt.Errorf("%s: %w", c.Options().Addr, err)
+			}
+			return nil
+		})
+	} else {
+		err = loadInto(ctx, r.client)
+	}
+	if err != nil {
+		return fmt.Errorf("redis store: loading scripts: %w: %w", ErrUnavailable, err)
+	}
+	return nil
+}
+
+// Client is the underlying go-redis client, for health checks and
+// administration. Decisions must go through Decide and Adjust.
+func (r *Redis) Client() redis.UniversalClient { return r.client }
+
+// Ping checks that Redis answers (every master, on a Cluster) within the
+// store's Timeout.
+func (r *Redis) Ping(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, r.timeout)
+	defer cancel()
+	var err error
+	if r.cluster != nil {
+		err = r.cluster.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+			return c.Ping(ctx).Err()
+		})
+	} else {
+		err = r.client.Ping(ctx).Err()
+	}
+	if err != nil {
+		return fmt.Errorf("redis store: ping: %w: %w", ErrUnavailable, err)
+	}
+	return nil
+}
+
+// Close closes the client and its connections.
+func (r *Redis) Close() error { return r.client.Close() }
+
+// Decide implements Store.
+func (r *Redis) Decide(ctx context.Context, buckets []Bucket) (Decision, error) {
+	if len(buckets) == 0 {
+		return Combine([]rate.Result{}), nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, r.timeout)
+	defer cancel()
+	now, wall := r.now()
+	if r.cluster != nil {
+		if groups := slotGroups(r.prefix, buckets); groups != nil {
+			return r.decideSlots(ctx, buckets, groups, now, wall)
+		}
+	}
+	results := make([]rate.Result, len(buckets))
+	if err := r.decide(ctx, buckets, now, wall, results); err != nil {
+		return Decision{}, fmt.Errorf("redis store: decide: %w: %w", ErrUnavailable, err)
+	}
+	return Combine(results), nil
+}
+
+// Adjust implements Store. On a Cluster, buckets of different slots are
+// adjusted by one script per slot, each atomic on its own.
+func (r *Redis) Adjust(ctx context.Context, buckets []Bucket) error {
+	if len(buckets) == 0 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, r.timeout)
+	defer cancel()
+	now, wall := r.now()
+	var groups [][]int
+	if r.cluster != nil {
+		groups = slotGroups(r.prefix, buckets)
+	}
+	var err error
+	if groups != nil {
+		err = r.adjustSlots(ctx, buckets, groups, false, now, wall)
+	} else {
+		err = r.adjust(ctx, buckets, now, wall)
+	}
+	if err != nil {
+		return fmt.Errorf("redis store: adjust: %w: %w", ErrUnavailable, err)
+	}
+	return nil
+}
+
+// now returns the time to send to the scripts (the injected test clock, or
+// 0 for Redis TIME) and the local time from which calendar windows are
+// computed (the same injected clock, or the wall clock).
+func (r *Redis) now() (now, wall int64) {
+	if r.clock != nil {
+		now = r.clock()
+		return now, now
+	}
+	return 0, WallClock()
+}
+
+// decide runs lua.Decide once over buckets, which must share one slot on
+// a Cluster, and fills results.
+func (r *Redis) decide(ctx context.Context, buckets []Bucket, now, wall int64, results []rate.Result) error {
+	keys, args := r.encode(buckets, now, wall, false)
+	reply, err := lua.Decide.Run(ctx, r.client, keys, args...).Int64Slice()
+	if err != nil {
+		return err
+	}
+	if len(reply) != 6*len(buckets) {
+		return fmt.Errorf("decide script returned %d values for %d buckets", len(reply), len(buckets))
+	}
+	for i := range buckets {
+		v := reply[6*i : 6*i+6]
+		results[i] = rate.Result{
+			Allowed:    v[0] == 1,
+			Impossible: v[1] == 1,
+			Remaining:  v[2],
+			Before:     v[3],
+			RetryAfter: v[4],
+			Reset:      v[5],
+		}
+	}
+	return nil
+}
+
+// adjust runs lua.Adjust once over buckets, which must share one slot on a
+// Cluster.
+func (r *Redis) adjust(ctx context.Context, buckets []Bucket, now, wall int64) error {
+	keys, args := r.encode(buckets, now, wall, false)
+	return lua.Adjust.Run(ctx, r.client, keys, args...).Err()
+}
+
+// encode lays out KEYS and ARGV as package lua documents: the clock, then
+// per bucket its algorithm and its numbers packed as little-endian
+// float64s. refund sends -Cost: it gives back what a decision charged.
+func (r *Redis) encode(buckets []Bucket, now, wall int64, refund bool) ([]string, []any) {
+	keys := make([]string, len(buckets))
+	args := make([]any, 1, 1+2*len(buckets))
+	args[0] = now
+	for i, b := range buckets {
+		keys[i] = r.prefix + b.Key
+		l := b.Limit
+		cost := b.Cost
+		if refund {
+			cost = -cost
+		}
+		spec := make([]byte, 0, 8*8)
+		spec = appendFloat(spec, l.Count)
+		spec = appendFloat(spec, l.Period.Microseconds())
+		spec = appendFloat(spec, l.Capacity())
+		spec = appendFloat(spec, cost)
+		if l.Algorithm == rate.Calendar {
+			// The previous, current and next windows around our clock: the
+			// script picks the one holding Redis's time, so a skew between
+			// the clocks at a boundary never resets a quota early or late.
+			start, end := l.Window(wall)
+			prev, _ := l.Window(start - 1)
+			_, next := l.Window(end)
+			spec = appendFloat(spec, prev)
+			spec = appendFloat(spec, start)
+			spec = appendFloat(spec, end)
+			spec = appendFloat(spec, next)
+		}
+		args = append(args, string(l.Algorithm), spec)
+	}
+	return keys, args
+}
+
+// appendFloat appends n as a little-endian float64, exact below 2^53.
+func appendFloat(dst []byte, n int64) []byte {
+	return binary.LittleEndian.AppendUint64(dst, math.Float64bits(float64(n)))
+}
+
+// decideSlots decides a path whose buckets live in several Cluster slots:
+// one script per slot, in parallel; if any slot denies (or fails), the
+// slots that admitted are refunded, so the request is charged nowhere.
+func (r *Redis) decideSlots(ctx context.Context, buckets []Bucket, groups [][]int, now, wall int64) (Decision, error) {
+	results := make([]rate.Result, len(buckets))
+	errs := make([]error, len(groups))
+	var wg sync.WaitGroup
+	for g, idx := range groups {
+		run := func() {
+			part := pick(buckets, idx)
+			res := make([]rate.Result, len(part))
+			if errs[g] = r.decide(ctx, part, now, wall, res); errs[g] == nil {
+				for i, j := range idx {
+					results[j] = res[i]
+				}
+			}
+		}
+		if g == len(groups)-1 {
+			run() // the last slot on this goroutine
+			continue
+		}
+		wg.Add(1)
+		go func() { defer wg.Done(); run() }()
+	}
+	wg.Wait()
+
+	allowed := true
+	var charged []int // groups whose script admitted, and so charged
+	for g, idx := range groups {
+		if errs[g] != nil {
+			allowed = false
+			continue
+		}
+		groupAllowed := true
+		for _, j := range idx {
+			groupAllowed = groupAllowed && results[j].Allowed
+		}
+		if groupAllowed {
+			charged = append(charged, g)
+		} else {
+			allowed = false
+		}
+	}
+	if !allowed && len(charged) > 0 {
+		r.refund(ctx, buckets, groups, charged, now, wall)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return Decision{}, fmt.Errorf("redis store: decide across %d slots: %w: %w", len(groups), ErrUnavailable, err)
+	}
+	return Combine(results), nil
+}
+
+// refund gives back what the charged slot groups took for a request that
+// another slot denied. It runs even if the request's context is done (a
+// charge must not stay behind because a client went away), bounded by its
+// own Timeout. A failed refund cannot change the decision, a denial: it
+// only leaves capacity taken until it drains, so it is logged, not returned.
+func (r *Redis) refund(ctx context.Context, buckets []Bucket, groups [][]int, charged []int, now, wall int64) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.timeout)
+	defer cancel()
+	sel := make([][]int, len(charged))
+	for i, g := range charged {
+		sel[i] = groups[g]
+	}
+	if err := r.adjustSlots(ctx, buckets, sel, true, now, wall); err != nil && r.logger != nil {
+		r.logger.Warn("refund after a partial denial failed; the admitted slots stay charged until they drain",
+			zap.Error(err))
+	}
+}
+
+// adjustSlots runs lua.Adjust once per slot group, in parallel. refund
+// negates every cost: it gives back what a decision charged.
+func (r *Redis) adjustSlots(ctx context.Context, buckets []Bucket, groups [][]int, refund bool, now, wall int64) error {
+	errs := make([]error, len(groups))
+	var wg sync.WaitGroup
+	for g, idx := range groups {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			keys, args := r.encode(pick(buckets, idx), now, wall, refund)
+			errs[g] = lua.Adjust.Run(ctx, r.client, keys, args...).Err()
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// pick returns the buckets at the given indexes.
+func pick(buckets []Bucket, idx []int) []Bucket {
+	out := make([]Bucket, len(idx))
+	for i, j := range idx {
+		out[i] = buckets[j]
+	}
+	return out
+}
+
+// slotGroups groups bucket indexes by the Cluster slot of their keys,
+// keeping each group in path order. It returns nil when every bucket
+// shares one slot, the common case, which needs no grouping (and no
+// allocation).
+func slotGroups(prefix string, buckets []Bucket) [][]int {
+	first := RedisKeySlot(prefix + buckets[0].Key)
+	same := true
+	for _, b := range buckets[1:] {
+		if RedisKeySlot(prefix+b.Key) != first {
+			same = false
+			break
+		}
+	}
+	if same {
+		return nil
+	}
+	var slots []int
+	var groups [][]int
+	for i, b := range buckets {
+		s := RedisKeySlot(prefix + b.Key)
+		g := 0
+		for g < len(slots) && slots[g] != s {
+			g++
+		}
+		if g == len(slots) {
+			slots = append(slots, s)
+			groups = append(groups, nil)
+		}
+		groups[g] = append(groups[g], i)
+	}
+	return groups
+}
+
+// RedisKeySlot is the Redis Cluster hash slot of key, computed as Redis
+// does: CRC16 (XMODEM) of the key's hash tag — the part between the first
+// '{' and the next '}', when that part is not empty — or else of the whole
+// key, modulo 16384. Package hierarchy's tests can use it to check that a
+// tenant's keys share a slot.
+func RedisKeySlot(key string) int {
+	if open := strings.IndexByte(key, '{'); open >= 0 {
+		if n := strings.IndexByte(key[open+1:], '}'); n > 0 {
+			key = key[open+1 : open+1+n]
+		}
+	}
+	return int(crc16(key) & 16383)
+}
+
+// crc16 is CRC-16/XMODEM (polynomial 0x1021, initial value 0), the
+// checksum Redis Cluster hashes keys with.
+func crc16(s string) uint16 {
+	var crc uint16
+	for i := 0; i < len(s); i++ {
+		crc = crc<<8 ^ crc16Table[byte(crc>>8)^s[i]]
+	}
+	return crc
+}
+
+// crc16Table is the byte-at-a-time table of CRC-16/XMODEM.
+var crc16Table = func() (t [256]uint16) {
+	for i := range t {
+		crc := uint16(i) << 8
+		for range 8 {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+		t[i] = crc
+	}
+	return t
+}()
+
+// Redis is a Store.
+var _ Store = (*Redis)(nil)

@@ -1,0 +1,649 @@
+package store_test
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/caddy-cascade/cascade/internal/redistest"
+	"github.com/caddy-cascade/cascade/rate"
+	"github.com/caddy-cascade/cascade/store"
+	"github.com/caddy-cascade/cascade/store/storetest"
+)
+
+// TestMain stops the Redis processes shared by this package's tests.
+func TestMain(m *testing.M) {
+	defer redistest.Cleanup()
+	m.Run()
+}
+
+// testTimeout bounds decisions in tests that are not about timeouts: long
+// enough for 200 concurrent clients under -race on a busy 2-core machine.
+const testTimeout = 10 * time.Second
+
+// prefix gives a test its own keys on a shared server: the test's name
+// (braces removed, as KeyPrefix requires) and a random part, so -count=N
+// runs never see each other's state.
+func prefix(t testing.TB) string {
+	name := strings.NewReplacer("{", "", "}", "", " ", "_").Replace(t.Name())
+	return fmt.Sprintf("%s:%x:", name, rand.Uint32())
+}
+
+// newRedis opens a store for t and closes it when t ends.
+func newRedis(t testing.TB, opts store.RedisOptions) *store.Redis {
+	t.Helper()
+	if opts.Timeout == 0 {
+		opts.Timeout = testTimeout
+	}
+	r, err := store.NewRedis(context.Background(), opts)
+	if err != nil {
+		t.Fatalf("NewRedis: %v", err)
+	}
+	t.Cleanup(func() { r.Close() })
+	return r
+}
+
+func gcra(count int64, period time.Duration) rate.Limit {
+	return rate.Limit{Algorithm: rate.GCRA, Count: count, Period: period}
+}
+
+func TestRedisConformance(t *testing.T) {
+	addr := redistest.Shared(t).Addr()
+	storetest.Run(t, func(t *testing.T, clock store.Clock) store.Store {
+		return newRedis(t, store.RedisOptions{Addrs: []string{addr}, KeyPrefix: prefix(t), Clock: clock})
+	})
+}
+
+// TestRedisClusterConformance runs the suite on a 3-master Redis Cluster
+// twice: as the hierarchy lays keys out (one hash tag per path, so one
+// script per decision), and with every bucket given a hash tag of its own,
+// so that paths span slots and masters and every decision goes through the
+// per-slot path, with refunds whenever a slot denies. Both must give the
+// memory store's decisions.
+func TestRedisClusterConformance(t *testing.T) {
+	addrs := redistest.SharedCluster(t).Addrs()
+	open := func(t *testing.T, clock store.Clock) *store.Redis {
+		return newRedis(t, store.RedisOptions{Addrs: addrs, KeyPrefix: prefix(t), Clock: clock})
+	}
+	t.Run("one slot per path", func(t *testing.T) {
+		storetest.Run(t, func(t *testing.T, clock store.Clock) store.Store { return open(t, clock) })
+	})
+	t.Run("one slot per bucket", func(t *testing.T) {
+		storetest.Run(t, func(t *testing.T, clock store.Clock) store.Store {
+			return &slotPerBucket{Redis: open(t, clock)}
+		})
+	})
+}
+
+// slotPerBucket gives each bucket a hash tag of its own ("{conf|g2}|user"
+// becomes "{conf|g2|user}"), so a path's buckets land in different slots.
+//
+// It also serialises decisions. Across slots, a request denied by one slot
+// holds its charge in the others until the refund lands, and a concurrent
+// request may be denied by that charge: the documented, brief
+// under-admission of the per-slot path, which the suite's exact concurrent
+// bursts do not allow for. TestRedisClusterConcurrentRefunds covers
+// concurrency across slots instead.
+type slotPerBucket struct {
+	*store.Redis
+	mu sync.Mutex
+}
+
+func retag(buckets []store.Bucket) []store.Bucket {
+	out := make([]store.Bucket, len(buckets))
+	for i, b := range buckets {
+		b.Key = "{" + strings.NewReplacer("{", "", "}", "").Replace(b.Key) + "}"
+		out[i] = b
+	}
+	return out
+}
+
+func (s *slotPerBucket) Decide(ctx context.Context, buckets []store.Bucket) (store.Decision, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.Redis.Decide(ctx, retag(buckets))
+}
+
+func (s *slotPerBucket) Adjust(ctx context.Context, buckets []store.Bucket) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.Redis.Adjust(ctx, retag(buckets))
+}
+
+// TestRedisClusterConcurrentRefunds: 200 concurrent requests on a path of
+// three tiers in three slots never over-admit, and once they are done every
+// refund has landed: each bucket holds exactly the admitted requests' cost.
+func TestRedisClusterConcurrentRefunds(t *testing.T) {
+	clock := storetest.NewClock(time.Date(2026, 3, 18, 10, 30, 0, 0, time.UTC))
+	p := prefix(t)
+	s := newRedis(t, store.RedisOptions{Addrs: redistest.SharedCluster(t).Addrs(), KeyPrefix: p, Clock: clock.Now})
+	path := retag([]store.Bucket{
+		{Key: "{r}|org", Limit: gcra(1000, time.Hour), Cost: 7},
+		{Key: "{r}|team", Limit: gcra(500, time.Hour), Cost: 7},
+		{Key: "{r}|user", Limit: gcra(100, time.Hour), Cost: 7},
+	})
+	slots := map[int]bool{}
+	for _, b := range path {
+		slots[store.RedisKeySlot(p+b.Key)] = true
+	}
+	if len(slots) != 3 {
+		t.Fatalf("the path spans %d slots, want 3", len(slots))
+	}
+	admitted := burst(t, []*store.Redis{s}, 200, path)
+	if admitted < 1 || admitted > 14 {
+		t.Fatalf("admitted %d, want between 1 and floor(100/7) = 14", admitted)
+	}
+	for _, b := range path {
+		if got := storedLevel(t, s, p+b.Key); got != float64(7*admitted) {
+			t.Errorf("%s: level %v, want %d: a charge was not refunded", b.Key, got, 7*admitted)
+		}
+	}
+	t.Logf("%d of 200 admitted across slots (floor(C/k) = 14)", admitted)
+}
+
+// storedLevel reads a GCRA bucket's level (rate.State.A) from Redis: the
+// first of the little-endian float64s package lua stores.
+func storedLevel(t *testing.T, s *store.Redis, key string) float64 {
+	t.Helper()
+	v, err := s.Client().Get(context.Background(), key).Bytes()
+	if err != nil || len(v) != 32 {
+		t.Fatalf("state of %s: %q (%v), want 32 bytes", key, v, err)
+	}
+	return math.Float64frombits(binary.LittleEndian.Uint64(v))
+}
+
+// burst runs n concurrent decisions of path, spread over stores, and
+// returns how many were admitted.
+func burst(t *testing.T, stores []*store.Redis, n int, path []store.Bucket) int {
+	t.Helper()
+	var admitted atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	start := make(chan struct{})
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			d, err := stores[i%len(stores)].Decide(context.Background(), path)
+			if err != nil {
+				errs <- err
+				return
+			}
+			if d.Allowed {
+				admitted.Add(1)
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatalf("Decide: %v", err)
+	}
+	return int(admitted.Load())
+}
+
+// TestRedisClusterRefund: a global ceiling in one slot admits, a tenant's
+// limit in another slot denies; the global charge must be refunded, so
+// that nothing is consumed anywhere.
+func TestRedisClusterRefund(t *testing.T) {
+	cluster := redistest.SharedCluster(t)
+	clock := storetest.NewClock(time.Date(2026, 3, 18, 10, 30, 0, 0, time.UTC))
+	p := prefix(t)
+	s := newRedis(t, store.RedisOptions{Addrs: cluster.Addrs(), KeyPrefix: p, Clock: clock.Now})
+	global := store.Bucket{Key: "{global}|all", Limit: gcra(100, time.Hour), Cost: 1}
+	tenant := store.Bucket{Key: "{tenant-a}|user", Limit: gcra(2, time.Hour), Cost: 1}
+	if store.RedisKeySlot(p+global.Key) == store.RedisKeySlot(p+tenant.Key) {
+		t.Fatal("the test's keys share a slot; pick other hash tags")
+	}
+	ctx := context.Background()
+	path := []store.Bucket{global, tenant}
+
+	steps := []struct {
+		name      string
+		path      []store.Bucket
+		allowed   bool
+		remaining []int64
+	}{
+		{"both admit", path, true, []int64{99, 1}},
+		{"both admit again", path, true, []int64{98, 0}},
+		{"tenant denies: global refunded", path, false, []int64{98, 0}},
+		{"and again", path, false, []int64{98, 0}},
+		{"global alone sees no charge from the denials", []store.Bucket{global}, true, []int64{97}},
+	}
+	for _, st := range steps {
+		d, err := s.Decide(ctx, st.path)
+		if err != nil {
+			t.Fatalf("%s: %v", st.name, err)
+		}
+		if d.Allowed != st.allowed {
+			t.Fatalf("%s: allowed = %v, want %v", st.name, d.Allowed, st.allowed)
+		}
+		for i, want := range st.remaining {
+			if got := d.Results[i].Remaining; got != want {
+				t.Fatalf("%s: bucket %d remaining %d, want %d", st.name, i, got, want)
+			}
+		}
+	}
+	// The refund is exact: the global bucket's stored level is 3 (three
+	// admissions), not 5.
+	if got := storedLevel(t, s, p+global.Key); got != 3 {
+		t.Fatalf("global level %v, want 3", got)
+	}
+}
+
+// TestRedisKeySlot holds RedisKeySlot to Redis's own CLUSTER KEYSLOT.
+func TestRedisKeySlot(t *testing.T) {
+	tests := []struct {
+		key  string
+		want int // -1: ask Redis only
+	}{
+		{"123456789", 0x31C3}, // the CRC-16/XMODEM check value
+		{"foo", 12182},
+		{"{user1000}.following", -1},
+		{"{user1000}.followers", -1},
+		{"foo{}{bar}", -1},    // empty tag: the whole key
+		{"foo{{bar}}zap", -1}, // tag "{bar"
+		{"foo{bar}{zap}", -1}, // first tag only
+		{"{", -1},
+		{"}{", -1},
+		{"cascade:{acme|org%7Bx}|team|eng", -1},
+		{"", -1},
+	}
+	r := rand.New(rand.NewPCG(1, 2))
+	for i := 0; i < 200; i++ {
+		b := make([]byte, r.IntN(24))
+		for j := range b {
+			b[j] = "ab{}|:%\x00\xff"[r.IntN(9)]
+		}
+		tests = append(tests, struct {
+			key  string
+			want int
+		}{string(b), -1})
+	}
+	node := redistest.SharedCluster(t).Masters[0].Addr()
+	for _, tt := range tests {
+		got := store.RedisKeySlot(tt.key)
+		reply, err := redistest.Do(node, "CLUSTER", "KEYSLOT", tt.key)
+		if err != nil {
+			t.Fatalf("CLUSTER KEYSLOT %q: %v", tt.key, err)
+		}
+		redisSlot, _ := strconv.Atoi(reply)
+		if got != redisSlot || tt.want >= 0 && got != tt.want {
+			t.Errorf("RedisKeySlot(%q) = %d; Redis says %d, want %d", tt.key, got, redisSlot, tt.want)
+		}
+	}
+}
+
+// TestRedisExactBurst: 200 concurrent clients against capacity C with cost
+// k admit exactly floor(C/k), on Redis's own clock (no injected time: the
+// refill of 100/h is too slow to add a unit during the burst), through one
+// store or through three stores with their own clients and pools, as three
+// Caddy instances would.
+func TestRedisExactBurst(t *testing.T) {
+	standalone := func(t *testing.T) []string { return []string{redistest.Shared(t).Addr()} }
+	cluster := func(t *testing.T) []string { return redistest.SharedCluster(t).Addrs() }
+	oneBucket := []store.Bucket{{Key: "{x}|k", Limit: gcra(100, time.Hour), Cost: 3}}
+	threeTiers := []store.Bucket{
+		{Key: "{x}|org", Limit: gcra(1000, time.Hour), Cost: 7},
+		{Key: "{x}|team", Limit: gcra(500, time.Hour), Cost: 7},
+		{Key: "{x}|user", Limit: gcra(100, time.Hour), Cost: 7},
+	}
+	// Across slots a request is charged slot by slot and refunded on a
+	// denial. Only the user's slot can deny here (the global ceiling holds
+	// all 200 at once), so admissions are still exactly the user's floor(C/k).
+	crossSlot := []store.Bucket{
+		{Key: "{global}|all", Limit: gcra(10000, time.Hour), Cost: 7},
+		{Key: "{x}|user", Limit: gcra(100, time.Hour), Cost: 7},
+	}
+	tests := []struct {
+		name   string
+		addrs  func(t *testing.T) []string
+		stores int
+		path   []store.Bucket
+		want   int
+	}{
+		{"one store, one bucket", standalone, 1, oneBucket, 33},
+		{"three stores, one bucket", standalone, 3, oneBucket, 33},
+		{"three stores, three tiers", standalone, 3, threeTiers, 14},
+		{"cluster, three stores, three tiers", cluster, 3, threeTiers, 14},
+		{"cluster, three stores, global ceiling in another slot", cluster, 3, crossSlot, 14},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := prefix(t)
+			addrs := tt.addrs(t)
+			stores := make([]*store.Redis, tt.stores)
+			for i := range stores {
+				stores[i] = newRedis(t, store.RedisOptions{Addrs: addrs, KeyPrefix: p})
+			}
+			if got := burst(t, stores, 200, tt.path); got != tt.want {
+				t.Fatalf("admitted %d of 200, want exactly %d", got, tt.want)
+			}
+		})
+	}
+}
+
+// TestRedisEveryKeyHasTTL decides and adjusts buckets of every algorithm on
+// Redis's clock, then requires a positive PTTL on every key left behind.
+func TestRedisEveryKeyHasTTL(t *testing.T) {
+	p := prefix(t)
+	s := newRedis(t, store.RedisOptions{Addrs: []string{redistest.Shared(t).Addr()}, KeyPrefix: p})
+	ctx := context.Background()
+	paris, _ := time.LoadLocation("Europe/Paris")
+	path := []store.Bucket{
+		{Key: "{ttl}|gcra", Limit: gcra(10, time.Minute), Cost: 1},
+		{Key: "{ttl}|burst", Limit: rate.Limit{Algorithm: rate.GCRA, Count: 30, Period: time.Minute, Burst: 15}, Cost: 1},
+		{Key: "{ttl}|sliding", Limit: rate.Limit{Algorithm: rate.Sliding, Count: 100, Period: 30 * time.Minute}, Cost: 1},
+		{Key: "{ttl}|day", Limit: rate.Limit{Algorithm: rate.Calendar, Count: 1000, Unit: rate.Day}, Cost: 1},
+		{Key: "{ttl}|month", Limit: rate.Limit{Algorithm: rate.Calendar, Count: 100000, Unit: rate.Month, Location: paris}, Cost: 1},
+	}
+	for i := 0; i < 12; i++ { // past the 10/min limit: denials too
+		if _, err := s.Decide(ctx, path); err != nil {
+			t.Fatal(err)
+		}
+	}
+	debt := []store.Bucket{{Key: "{ttl}|debt", Limit: gcra(100, time.Hour), Cost: 500}}
+	if err := s.Adjust(ctx, debt); err != nil {
+		t.Fatal(err)
+	}
+	// A refund down to a full bucket leaves no key at all.
+	refunded := []store.Bucket{{Key: "{ttl}|refunded", Limit: gcra(100, time.Hour), Cost: 5}}
+	if _, err := s.Decide(ctx, refunded); err != nil {
+		t.Fatal(err)
+	}
+	refunded[0].Cost = -50
+	if err := s.Adjust(ctx, refunded); err != nil {
+		t.Fatal(err)
+	}
+
+	keys, err := s.Client().Keys(ctx, p+"*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(keys) != len(path)+1 {
+		t.Fatalf("found keys %v, want the %d decided and the debt", keys, len(path)+1)
+	}
+	for _, k := range keys {
+		pttl, err := s.Client().PTTL(ctx, k).Result()
+		if err != nil || pttl <= 0 {
+			t.Errorf("key %q: PTTL %v (%v), want a positive TTL", k, pttl, err)
+		}
+	}
+}
+
+// TestRedisUnavailable: whatever is wrong with Redis, Decide, Adjust and
+// Ping return an error wrapping store.ErrUnavailable within the store's
+// Timeout, and never hang.
+func TestRedisUnavailable(t *testing.T) {
+	const timeout = 200 * time.Millisecond
+	const margin = 400 * time.Millisecond // scheduling on a busy machine
+	bucket := []store.Bucket{{Key: "{dead}|k", Limit: gcra(10, time.Minute), Cost: 1}}
+
+	check := func(t *testing.T, s *store.Redis) {
+		t.Helper()
+		calls := []struct {
+			name string
+			call func(ctx context.Context) error
+		}{
+			{"Decide", func(ctx context.Context) error { _, err := s.Decide(ctx, bucket); return err }},
+			{"Adjust", func(ctx context.Context) error { return s.Adjust(ctx, bucket) }},
+			{"Ping", s.Ping},
+		}
+		for _, c := range calls {
+			began := time.Now()
+			err := c.call(context.Background())
+			elapsed := time.Since(began)
+			if !errors.Is(err, store.ErrUnavailable) {
+				t.Errorf("%s: error %v, want one wrapping store.ErrUnavailable", c.name, err)
+			}
+			if elapsed > timeout+margin {
+				t.Errorf("%s took %v, want at most the %v timeout (+%v)", c.name, elapsed, timeout, margin)
+			}
+		}
+	}
+
+	t.Run("closed port", func(t *testing.T) {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := l.Addr().String()
+		l.Close()
+		began := time.Now()
+		_, err = store.NewRedis(context.Background(), store.RedisOptions{Addrs: []string{addr}, Timeout: timeout})
+		if !errors.Is(err, store.ErrUnavailable) {
+			t.Fatalf("NewRedis on a closed port: %v, want an error wrapping store.ErrUnavailable", err)
+		}
+		t.Logf("NewRedis failed after %v: %v", time.Since(began), err)
+		check(t, newRedis(t, store.RedisOptions{Addrs: []string{addr}, Timeout: timeout, LazyLoad: true}))
+	})
+
+	t.Run("killed server, then restarted", func(t *testing.T) {
+		srv := redistest.Start(t)
+		s := newRedis(t, store.RedisOptions{Addrs: []string{srv.Addr()}, Timeout: timeout})
+		if _, err := s.Decide(context.Background(), bucket); err != nil {
+			t.Fatal(err)
+		}
+		srv.Kill()
+		check(t, s)
+		srv.Restart(t)
+		// A restarted Redis has lost the scripts: EVALSHA answers
+		// NOSCRIPT and the store sends the script again.
+		d, err := s.Decide(context.Background(), bucket)
+		if err != nil || !d.Allowed {
+			t.Fatalf("after restart: %+v, %v", d, err)
+		}
+	})
+
+	t.Run("hanging server", func(t *testing.T) {
+		srv := redistest.Start(t)
+		s := newRedis(t, store.RedisOptions{Addrs: []string{srv.Addr()}, Timeout: timeout})
+		if _, err := s.Decide(context.Background(), bucket); err != nil {
+			t.Fatal(err)
+		}
+		srv.Pause() // connections open, nothing answers
+		defer srv.Resume()
+		check(t, s)
+	})
+
+	t.Run("cluster with a hanging master", func(t *testing.T) {
+		c := redistest.StartCluster(t, 3)
+		s := newRedis(t, store.RedisOptions{Addrs: c.Addrs(), Timeout: timeout})
+		for _, m := range c.Masters {
+			m.Pause()
+			defer m.Resume()
+		}
+		check(t, s)
+	})
+
+	t.Run("caller's context already done", func(t *testing.T) {
+		s := newRedis(t, store.RedisOptions{Addrs: []string{redistest.Shared(t).Addr()}, KeyPrefix: prefix(t)})
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		if _, err := s.Decide(ctx, bucket); !errors.Is(err, store.ErrUnavailable) {
+			t.Fatalf("Decide with a cancelled context: %v, want store.ErrUnavailable", err)
+		}
+	})
+}
+
+// TestRedisOneEvalshaPerDecision counts the commands Redis executed: one
+// EVALSHA per decision whatever the number of tiers, and a SCRIPT FLUSH
+// between decisions is survived by one EVAL that reloads the script.
+func TestRedisOneEvalshaPerDecision(t *testing.T) {
+	srv := redistest.Start(t)
+	s := newRedis(t, store.RedisOptions{Addrs: []string{srv.Addr()}})
+	ctx := context.Background()
+	path := make([]store.Bucket, 5)
+	for i := range path {
+		path[i] = store.Bucket{Key: fmt.Sprintf("{one}|tier%d", i), Limit: gcra(1000, time.Hour), Cost: 1}
+	}
+	decide := func(n int, wantRemaining int64) {
+		t.Helper()
+		for i := 0; i < n; i++ {
+			d, err := s.Decide(ctx, path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !d.Allowed || d.Results[4].Remaining != wantRemaining {
+				t.Fatalf("decision: allowed %v remaining %d, want %d", d.Allowed, d.Results[4].Remaining, wantRemaining)
+			}
+			wantRemaining--
+		}
+	}
+	resetStats(t, srv.Addr())
+	decide(10, 999)
+	st := commandStats(t, srv.Addr())
+	if st["evalsha"].calls != 10 || st["eval"].calls != 0 {
+		t.Fatalf("10 decisions ran %d EVALSHA and %d EVAL, want 10 and 0", st["evalsha"].calls, st["eval"].calls)
+	}
+
+	if _, err := redistest.Do(srv.Addr(), "SCRIPT", "FLUSH"); err != nil {
+		t.Fatal(err)
+	}
+	resetStats(t, srv.Addr())
+	decide(10, 989) // the state survived, only the script cache was flushed
+	st = commandStats(t, srv.Addr())
+	if st["evalsha"].calls != 10 || st["eval"].calls != 1 {
+		t.Fatalf("after SCRIPT FLUSH, 10 decisions ran %d EVALSHA and %d EVAL, want 10 (one NOSCRIPT) and 1",
+			st["evalsha"].calls, st["eval"].calls)
+	}
+}
+
+// TestRedisServerTime reports the Redis server time of a 5-tier decision
+// (INFO commandstats, usec_per_call of EVALSHA) against the 12 µs target.
+// usec_per_call is wall time inside Redis, so a busy shared machine inflates
+// it: the best of three rounds is taken, and only a gross regression (three
+// times the target) fails. BenchmarkRedisDecide reports it for the record.
+func TestRedisServerTime(t *testing.T) {
+	if testing.Short() {
+		t.Skip("measures performance")
+	}
+	srv := redistest.Start(t)
+	s := newRedis(t, store.RedisOptions{Addrs: []string{srv.Addr()}})
+	path := tiers(5)
+	best := 1e9
+	for round := 0; round < 3; round++ {
+		resetStats(t, srv.Addr())
+		for i := 0; i < 2000; i++ {
+			if _, err := s.Decide(context.Background(), path); err != nil {
+				t.Fatal(err)
+			}
+		}
+		best = min(best, commandStats(t, srv.Addr())["evalsha"].usecPerCall)
+	}
+	t.Logf("5-tier decision: %.2f µs of Redis server time per EVALSHA (target ≤ 12)", best)
+	if best > 36 {
+		t.Errorf("5-tier decision takes %.2f µs of Redis time, three times the 12 µs target", best)
+	}
+}
+
+// tiers is a path of n GCRA buckets under one hash tag, each of 1,000,000
+// per hour: a benchmark's few hundred thousand decisions all admit and so
+// write every key (the slow path), while the buckets fill as real ones do,
+// so that their TTLs are those of busy buckets (minutes, not microseconds).
+func tiers(n int) []store.Bucket {
+	path := make([]store.Bucket, n)
+	for i := range path {
+		path[i] = store.Bucket{Key: fmt.Sprintf("{bench%d}|tier%d", n, i), Limit: gcra(1_000_000, time.Hour), Cost: 1}
+	}
+	return path
+}
+
+func TestRedisOptionsRejected(t *testing.T) {
+	tests := []struct {
+		name string
+		opts store.RedisOptions
+		want string
+	}{
+		{"prefix with a brace", store.RedisOptions{KeyPrefix: "app{1}:"}, "must not contain"},
+		{"negative timeout", store.RedisOptions{Timeout: -time.Second}, "must not be negative"},
+		{"db on a cluster", store.RedisOptions{Addrs: []string{"a:1", "b:2"}, DB: 2}, "only database 0"},
+		{"sentinel and cluster", store.RedisOptions{MasterName: "m", Cluster: true}, "exclusive"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := store.NewRedis(context.Background(), tt.opts)
+			if err == nil || !strings.Contains(err.Error(), tt.want) || errors.Is(err, store.ErrUnavailable) {
+				t.Fatalf("NewRedis: %v, want a configuration error containing %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestRedisEmptyPath(t *testing.T) {
+	s := newRedis(t, store.RedisOptions{Addrs: []string{redistest.Shared(t).Addr()}, LazyLoad: true})
+	d, err := s.Decide(context.Background(), nil)
+	if err != nil || !d.Allowed || len(d.Results) != 0 {
+		t.Fatalf("empty path: %+v, %v; want allowed with no results", d, err)
+	}
+	if err := s.Adjust(context.Background(), nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestRedisSentinel(t *testing.T) {
+	master := redistest.Start(t)
+	sentinel := redistest.StartSentinel(t, "cascade-master", master)
+	clock := storetest.NewClock(time.Date(2026, 3, 18, 10, 30, 0, 0, time.UTC))
+	s := newRedis(t, store.RedisOptions{Addrs: []string{sentinel.Addr()}, MasterName: "cascade-master", Clock: clock.Now})
+	if _, ok := s.Client().(*redis.Client); !ok {
+		t.Fatalf("client is %T, want a Sentinel-backed *redis.Client", s.Client())
+	}
+	storetest.ExactBurst(t, s, 50, store.Bucket{Key: "{sentinel}|k", Limit: gcra(10, time.Minute), Cost: 1}, 10)
+}
+
+// cmdStat is one line of INFO commandstats.
+type cmdStat struct {
+	calls       int64
+	usecPerCall float64
+}
+
+func resetStats(t testing.TB, addr string) {
+	t.Helper()
+	if _, err := redistest.Do(addr, "CONFIG", "RESETSTAT"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// commandStats reads INFO commandstats: "cmdstat_evalsha:calls=3,usec=30,
+// usec_per_call=10.00,rejected_calls=0,failed_calls=0" for each command.
+func commandStats(t testing.TB, addr string) map[string]cmdStat {
+	t.Helper()
+	info, err := redistest.Do(addr, "INFO", "commandstats")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stats := map[string]cmdStat{}
+	for _, line := range strings.Split(info, "\n") {
+		name, fields, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || !strings.HasPrefix(name, "cmdstat_") {
+			continue
+		}
+		var st cmdStat
+		for _, f := range strings.Split(fields, ",") {
+			k, v, _ := strings.Cut(f, "=")
+			switch k {
+			case "calls":
+				st.calls, _ = strconv.ParseInt(v, 10, 64)
+			case "usec_per_call":
+				st.usecPerCall, _ = strconv.ParseFloat(v, 64)
+			}
+		}
+		stats[strings.TrimPrefix(name, "cmdstat_")] = st
+	}
+	return stats
+}
