@@ -1,6 +1,7 @@
 package cascade
 
 import (
+	"github.com/dustin/go-humanize"
 	"strconv"
 	"strings"
 
@@ -9,6 +10,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
+	"github.com/caddy-cascade/cascade/cost"
 	"github.com/caddy-cascade/cascade/hierarchy"
 )
 
@@ -50,7 +52,33 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	        events <max_events>
 //	        window <duration>
 //	    }
-//	    cost <dimension> <number|placeholder> [default <n>]   # e.g. cost tokens {header.X-Tokens} default 1
+//	    cost <dimension> <number|placeholder> [default <n>] [{ reconcile { ... } }]
+//	    cost <dimension> body_size
+//	    cost <dimension> llm {
+//	        provider           auto|openai|anthropic
+//	        chars_per_token    <n>                  # default 4
+//	        default_max_tokens <n>                  # when the request sets none, default 4096
+//	        image_tokens       <n>                  # per image/audio/file part, default 1000
+//	        max_body_bytes     <size>               # default 1MiB; larger bodies get 413
+//	        on_malformed       reject|default       # 400 (default) or default_cost
+//	        default_cost       <n>
+//	        reconcile {                             # correct the charge from the response's usage
+//	            provider auto|openai|anthropic|graphql
+//	            format   auto|json|sse
+//	            header   <response header>          # the actual cost in a header instead
+//	            actual   total|input|output|weighted [<input weight> <output weight>]
+//	        }
+//	    }
+//	    cost <dimension> graphql {
+//	        model fields|github                    # each field 1 × list sizes, or GitHub's points
+//	        default_list_size <n>
+//	        slicing_arguments <arg...>              # default first last
+//	        max_body_bytes <size>  max_tokens <n>  max_depth <n>  max_aliases <n>
+//	        max_directives <n>  max_batch <n>  max_cost <n>
+//	        schema <file.graphql>                   # @cost / @listSize directives
+//	        on_malformed reject|default  default_cost <n>
+//	        reconcile { ... }
+//	    }
 //	    store memory {
 //	        name     <name>
 //	        max_keys <n>
@@ -100,19 +128,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "zone":
 			err = h.parseZone(d)
 		case "cost":
-			args := d.RemainingArgs()
-			if len(args) != 2 && (len(args) != 4 || args[2] != "default") {
-				return d.Errf("usage: cost <dimension> <number or placeholder> [default <n>], e.g. cost tokens {header.X-Tokens} default 1")
-			}
-			c := &Cost{Dimension: args[0], Value: args[1]}
-			if len(args) == 4 {
-				n, perr := strconv.ParseInt(args[3], 10, 64)
-				if perr != nil || n < 0 {
-					return d.Errf("cost %s: default %q must be a non-negative whole number", args[0], args[3])
-				}
-				c.Default = &n
-			}
-			h.Costs = append(h.Costs, c)
+			err = h.parseCost(d)
 		case "store":
 			err = h.parseStore(d)
 		case "on_store_error":
@@ -172,6 +188,167 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		}
 	}
 	return nil
+}
+
+// parseCost parses one cost line and its optional block.
+func (h *Handler) parseCost(d *caddyfile.Dispenser) error {
+	args := d.RemainingArgs()
+	if len(args) < 2 {
+		return d.Errf("usage: cost <dimension> <number|placeholder|llm|graphql|body_size>, e.g. cost tokens {header.X-Tokens} default 1")
+	}
+	c := &Cost{Dimension: args[0]}
+	switch args[1] {
+	case "llm":
+		c.LLM = &cost.LLM{}
+	case "graphql":
+		c.GraphQL = &cost.GraphQL{}
+	case "body_size":
+		c.BodySize = true
+	default:
+		c.Value = args[1]
+	}
+	rest := args[2:]
+	if len(rest) == 2 && rest[0] == "default" && c.Value != "" {
+		n, err := strconv.ParseInt(rest[1], 10, 64)
+		if err != nil || n < 0 {
+			return d.Errf("cost %s: default %q must be a non-negative whole number", c.Dimension, rest[1])
+		}
+		c.Default = &n
+		rest = nil
+	}
+	if len(rest) > 0 {
+		return d.Errf("cost %s: unexpected %q", c.Dimension, strings.Join(rest, " "))
+	}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		opt := d.Val()
+		if opt == "reconcile" {
+			r, err := parseReconcile(d)
+			if err != nil {
+				return err
+			}
+			c.Reconcile = r
+			continue
+		}
+		var err error
+		switch {
+		case c.LLM != nil:
+			err = parseLLMOption(d, c.LLM)
+		case c.GraphQL != nil:
+			err = parseGraphQLOption(d, c.GraphQL)
+		default:
+			err = d.Errf("cost %s: unknown option %q: only reconcile", c.Dimension, opt)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	h.Costs = append(h.Costs, c)
+	return nil
+}
+
+func parseLLMOption(d *caddyfile.Dispenser, l *cost.LLM) error {
+	var err error
+	switch opt := d.Val(); opt {
+	case "provider":
+		l.Provider, err = oneOf(d, "auto", "openai", "anthropic")
+	case "chars_per_token":
+		var f float64
+		if f, err = floatArg(d); err == nil {
+			l.CharsPerToken = f
+		}
+	case "default_max_tokens":
+		l.DefaultMaxTokens, err = int64Arg(d)
+	case "image_tokens":
+		l.ImageTokens, err = int64Arg(d)
+	case "max_body_bytes":
+		l.MaxBodyBytes, err = sizeArg(d)
+	case "on_malformed":
+		l.OnMalformed, err = oneOf(d, "reject", "default")
+	case "default_cost":
+		l.DefaultCost, err = int64Arg(d)
+	default:
+		return d.Errf("cost llm: unknown option %q: expected provider, chars_per_token, default_max_tokens, image_tokens, max_body_bytes, on_malformed, default_cost or reconcile", opt)
+	}
+	return err
+}
+
+func parseGraphQLOption(d *caddyfile.Dispenser, g *cost.GraphQL) error {
+	var err error
+	intOpt := map[string]*int{"max_tokens": &g.MaxTokens, "max_depth": &g.MaxDepth, "max_aliases": &g.MaxAliases,
+		"max_directives": &g.MaxDirectives, "max_batch": &g.MaxBatch}
+	switch opt := d.Val(); opt {
+	case "model":
+		g.Model, err = oneOf(d, "fields", "github")
+	case "default_list_size":
+		g.DefaultListSize, err = int64Arg(d)
+	case "slicing_arguments":
+		g.SlicingArguments = d.RemainingArgs()
+		if len(g.SlicingArguments) == 0 {
+			return d.Errf("slicing_arguments needs argument names, e.g. first last")
+		}
+	case "max_body_bytes":
+		g.MaxBodyBytes, err = sizeArg(d)
+	case "max_cost":
+		g.MaxCost, err = int64Arg(d)
+	case "schema":
+		var file string
+		if err = strArg(d, &file); err == nil {
+			g.Schema = "@" + file
+		}
+	case "on_malformed":
+		g.OnMalformed, err = oneOf(d, "reject", "default")
+	case "default_cost":
+		g.DefaultCost, err = int64Arg(d)
+	default:
+		p, ok := intOpt[opt]
+		if !ok {
+			return d.Errf("cost graphql: unknown option %q: expected model, default_list_size, slicing_arguments, max_body_bytes, max_tokens, max_depth, max_aliases, max_directives, max_batch, max_cost, schema, on_malformed, default_cost or reconcile", opt)
+		}
+		*p, err = intArg(d)
+	}
+	return err
+}
+
+func parseReconcile(d *caddyfile.Dispenser) (*Reconcile, error) {
+	r := &Reconcile{}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		var err error
+		switch opt := d.Val(); opt {
+		case "provider":
+			r.Provider, err = oneOf(d, "auto", "openai", "anthropic", "graphql")
+		case "format":
+			r.Format, err = oneOf(d, "auto", "json", "sse")
+		case "header":
+			err = strArg(d, &r.Header)
+		case "actual":
+			args := d.RemainingArgs()
+			if len(args) == 0 {
+				return nil, d.Errf("actual needs total, input, output or weighted <input weight> <output weight>")
+			}
+			r.Actual.Mode = args[0]
+			switch {
+			case args[0] == "weighted" && len(args) == 3:
+				in, err1 := strconv.ParseFloat(args[1], 64)
+				out, err2 := strconv.ParseFloat(args[2], 64)
+				if err1 != nil || err2 != nil {
+					return nil, d.Errf("actual weighted: weights must be numbers")
+				}
+				r.Actual.InputWeight, r.Actual.OutputWeight = in, out
+			case len(args) == 1 && args[0] != "weighted":
+			default:
+				return nil, d.Errf("usage: actual total|input|output|weighted <input weight> <output weight>")
+			}
+			if err := r.Actual.Validate(); err != nil {
+				return nil, d.Errf("actual: %v", err)
+			}
+		default:
+			return nil, d.Errf("reconcile: unknown option %q: expected provider, format, header or actual", opt)
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	return r, nil
 }
 
 func (h *Handler) parseTree(d *caddyfile.Dispenser) error {
@@ -576,6 +753,36 @@ func intArg(d *caddyfile.Dispenser) (int, error) {
 		return 0, d.Errf("%s %q: use a non-negative whole number", opt, d.Val())
 	}
 	return n, nil
+}
+
+func int64Arg(d *caddyfile.Dispenser) (int64, error) {
+	n, err := intArg(d)
+	return int64(n), err
+}
+
+func floatArg(d *caddyfile.Dispenser) (float64, error) {
+	opt := d.Val()
+	if !d.NextArg() {
+		return 0, d.Errf("%s needs a number", opt)
+	}
+	f, err := strconv.ParseFloat(d.Val(), 64)
+	if err != nil || f <= 0 {
+		return 0, d.Errf("%s %q: use a positive number", opt, d.Val())
+	}
+	return f, nil
+}
+
+// sizeArg reads a byte size such as 1MB or 512KiB.
+func sizeArg(d *caddyfile.Dispenser) (int64, error) {
+	opt := d.Val()
+	if !d.NextArg() {
+		return 0, d.Errf("%s needs a size such as 1MiB", opt)
+	}
+	n, err := humanize.ParseBytes(d.Val())
+	if err != nil || n == 0 {
+		return 0, d.Errf("%s %q: use a size such as 1MiB or 65536", opt, d.Val())
+	}
+	return int64(n), nil
 }
 
 func strArg(d *caddyfile.Dispenser, dst *string) error {

@@ -214,3 +214,62 @@ func FuzzCaddyfile(f *testing.F) {
 		}
 	})
 }
+
+func TestUnmarshalCaddyfileCosts(t *testing.T) {
+	h, err := parse(t, `rate_limit {
+		cost tokens llm {
+			provider openai
+			chars_per_token 3.5
+			default_max_tokens 1024
+			image_tokens 800
+			max_body_bytes 2MiB
+			on_malformed default
+			default_cost 2000
+			reconcile {
+				provider openai
+				format sse
+				actual weighted 1 3
+			}
+		}
+		cost points graphql {
+			model github
+			default_list_size 10
+			max_depth 12
+			max_aliases 20
+			max_cost 5000
+			schema schema.graphql
+			reconcile {
+				header X-Query-Cost
+			}
+		}
+		cost bytes body_size
+		cost credits {header.X-Credits} default 1
+	}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ := json.Marshal(h.Costs)
+	for _, want := range []string{
+		`"llm":{"provider":"openai","chars_per_token":3.5,"default_max_tokens":1024,"image_tokens":800,"max_body_bytes":2097152,"on_malformed":"default","default_cost":2000}`,
+		`"reconcile":{"format":"sse","provider":"openai","actual":{"mode":"weighted","input_weight":1,"output_weight":3}}`,
+		`"graphql":{"model":"github","default_list_size":10,"max_depth":12,"max_aliases":20,"max_cost":5000,"schema":"@schema.graphql"}`,
+		`"reconcile":{"header":"X-Query-Cost"}`,
+		`{"dimension":"bytes","body_size":true}`,
+		`{"dimension":"credits","value":"{header.X-Credits}","default":1}`,
+	} {
+		if !strings.Contains(string(got), want) {
+			t.Errorf("JSON lacks %s\n%s", want, got)
+		}
+	}
+	for _, bad := range []struct{ in, want string }{
+		{"rate_limit {\n cost tokens llm {\n  provider gemini\n }\n}", `provider "gemini"`},
+		{"rate_limit {\n cost tokens llm {\n  max_depth 3\n }\n}", `unknown option "max_depth"`},
+		{"rate_limit {\n cost tokens llm {\n  reconcile {\n   actual weighted 1\n  }\n }\n}", "usage: actual"},
+		{"rate_limit {\n cost pts graphql {\n  max_body_bytes lots\n }\n}", `max_body_bytes "lots"`},
+		{"rate_limit {\n cost tokens\n}", "usage: cost"},
+	} {
+		if _, err := parse(t, bad.in); err == nil || !strings.Contains(err.Error(), bad.want) {
+			t.Errorf("%q: error %v, want %q", bad.in, err, bad.want)
+		}
+	}
+}

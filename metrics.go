@@ -13,9 +13,13 @@ type metrics struct {
 	decisions *prometheus.CounterVec
 	denied    *prometheus.CounterVec
 	duration  prometheus.Histogram
+
+	reconciled      prometheus.Counter
+	reconcileErrors prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	var err0 error
 	m := &metrics{
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "cascade", Name: "decisions_total",
@@ -31,8 +35,22 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Buckets: []float64{.00001, .00005, .0001, .00025, .0005, .001, .0025, .005, .01, .05},
 		}),
 	}
+	m.reconciled = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: "cascade", Name: "reconciled_total",
+		Help: "Charges corrected from the upstream's reported usage.",
+	})
+	m.reconcileErrors = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: "cascade", Name: "reconcile_errors_total",
+		Help: "Corrections from reported usage that the store failed to apply.",
+	})
 	if reg == nil {
 		return m, nil
+	}
+	if m.reconciled, err0 = register(reg, m.reconciled); err0 != nil {
+		return nil, err0
+	}
+	if m.reconcileErrors, err0 = register(reg, m.reconcileErrors); err0 != nil {
+		return nil, err0
 	}
 	var err error
 	if m.decisions, err = register(reg, m.decisions); err != nil {

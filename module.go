@@ -19,6 +19,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -26,6 +27,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddy-cascade/cascade/adaptive"
+	"github.com/caddy-cascade/cascade/cost"
 	"github.com/caddy-cascade/cascade/hierarchy"
 	"github.com/caddy-cascade/cascade/rate"
 	"github.com/caddy-cascade/cascade/store"
@@ -112,6 +114,8 @@ type Handler struct {
 
 	trees      []*Tree
 	costs      map[string]*Cost
+	peek       int64          // body bytes the estimators read
+	adjusting  *sync.WaitGroup // reconciliations under way
 	controller *adaptive.Controller // nil unless a tier is adaptive
 	priority   adaptive.Priority
 	store      store.Store
@@ -154,19 +158,6 @@ type HeadersConfig struct {
 }
 
 func on(b *bool) bool { return b == nil || *b }
-
-// Cost is the cost of a request in one dimension.
-type Cost struct {
-	// Dimension counted, e.g. "tokens".
-	Dimension string `json:"dimension"`
-	// Value is a number or a placeholder template that resolves to one,
-	// e.g. "{http.request.header.X-Tokens}". Only for trusted callers: the
-	// client chooses its own cost.
-	Value string `json:"value,omitempty"`
-	// Default is the cost when Value resolves to nothing (the header is
-	// absent). Without it such a request is refused with 400.
-	Default *int64 `json:"default,omitempty"`
-}
 
 // CaddyModule returns the Caddy module information.
 func (Handler) CaddyModule() caddy.ModuleInfo {
@@ -225,25 +216,16 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	h.costs = map[string]*Cost{}
 	for _, c := range h.Costs {
-		if c.Dimension == "" || c.Dimension == hierarchy.Requests {
-			return fmt.Errorf("rate_limit: cost needs a dimension other than %q", hierarchy.Requests)
+		if err := c.provision(); err != nil {
+			return fmt.Errorf("rate_limit: %w", err)
 		}
 		if h.costs[c.Dimension] != nil {
 			return fmt.Errorf("rate_limit: cost %s configured twice", c.Dimension)
 		}
-		if strings.TrimSpace(c.Value) == "" {
-			return fmt.Errorf("rate_limit: cost %s: no value: give a number or a placeholder", c.Dimension)
-		}
-		if !strings.ContainsRune(c.Value, '{') {
-			if n, err := strconv.ParseInt(c.Value, 10, 64); err != nil || n < 0 {
-				return fmt.Errorf("rate_limit: cost %s: %q is neither a placeholder nor a non-negative integer", c.Dimension, c.Value)
-			}
-		}
-		if c.Default != nil && *c.Default < 0 {
-			return fmt.Errorf("rate_limit: cost %s: default %d must not be negative", c.Dimension, *c.Default)
-		}
 		h.costs[c.Dimension] = c
 	}
+	h.peek = bodyLimit(h.Costs)
+	h.adjusting = new(sync.WaitGroup)
 	for _, t := range h.trees {
 		for _, dim := range t.Dimensions() {
 			if dim != hierarchy.Requests && h.costs[dim] == nil {
@@ -340,6 +322,9 @@ func (h *Handler) Validate() error {
 // Cleanup releases this config's hold on the store; the store itself lives
 // on while a newer config uses it, so limits survive reloads.
 func (h *Handler) Cleanup() error {
+	if h.adjusting != nil {
+		h.adjusting.Wait()
+	}
 	if h.poolKey != "" {
 		_, err := stores.Delete(h.poolKey)
 		return err
@@ -349,10 +334,12 @@ func (h *Handler) Cleanup() error {
 
 // decision is what ServeHTTP learned about one request.
 type decision struct {
-	buckets []hierarchy.Bucket
-	costs   []int64
+	buckets   []hierarchy.Bucket
+	costs     []int64 // per bucket
+	estimates []int64 // per configured cost
 	store.Decision
-	limits  []store.Bucket // the effective limits decided (scaled by the adaptive factor)
+	limits   []store.Bucket   // the effective limits decided (scaled by the adaptive factor)
+	inputErr *cost.InputError // why the request's cost could not be estimated
 	reason  string         // ok | limited | impossible | missing_key | store_error | bad_cost
 	blocked string         // tree/tier of the first denying bucket
 	closest int            // index of the bucket closest to exhaustion, -1 if none
@@ -388,12 +375,23 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			"the rate limit store could not decide this request; try again shortly", d)
 	}
 	if status != 0 { // a client error before any decision (missing key, bad cost)
+		if ie := d.inputErr; ie != nil {
+			return h.problem(w, status, ie.Type, ie.Title, ie.Detail, d)
+		}
 		return h.problem(w, status, d.reason, http.StatusText(status), err.Error(), d)
 	}
 
 	mode := h.Mode
 	if mode != "shadow" {
 		h.writeHeaders(w.Header(), d)
+	}
+	if d.Allowed && d.buckets != nil && len(h.Costs) > 0 {
+		t := h.tap(w)
+		if len(t.taps) > 0 {
+			err := h.pass(t.w, r, next)
+			h.reconcile(t, &d)
+			return err
+		}
 	}
 	if d.Allowed || d.buckets == nil {
 		return h.pass(w, r, next)
@@ -494,15 +492,14 @@ func (h *Handler) decide(r *http.Request, repl *caddy.Replacer) (decision, int, 
 		return d, 0, nil
 	}
 
-	costs := make([]int64, len(h.Costs))
-	for i, c := range h.Costs {
-		n, err := resolveCost(repl, c.Value, c.Default)
-		if err != nil {
-			d.reason, d.buckets = "bad_cost", nil
-			return d, http.StatusBadRequest, fmt.Errorf("cost %s: %v", c.Dimension, err)
-		}
-		costs[i] = n
+	costs, err := h.estimate(r, repl)
+	if err != nil {
+		var ie *cost.InputError
+		errors.As(err, &ie)
+		d.reason, d.buckets, d.inputErr = "bad_cost", nil, ie
+		return d, ie.Status, err
 	}
+	d.estimates = costs
 	sb := make([]store.Bucket, len(d.buckets))
 	d.costs = make([]int64, len(d.buckets))
 	for i, b := range d.buckets {
@@ -519,7 +516,8 @@ func (h *Handler) decide(r *http.Request, repl *caddy.Replacer) (decision, int, 
 		sb[i] = store.Bucket{Key: b.Key, Limit: lim, Cost: d.costs[i]}
 	}
 	d.limits = sb
-	res, err := h.store.Decide(r.Context(), sb)
+	ctx := r.Context()
+	res, err := h.store.Decide(ctx, sb)
 	if err != nil {
 		d.reason = "store_error"
 		return d, 0, err

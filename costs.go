@@ -1,0 +1,235 @@
+package cascade
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
+
+	"github.com/caddy-cascade/cascade/cost"
+	"github.com/caddy-cascade/cascade/hierarchy"
+	"github.com/caddy-cascade/cascade/store"
+)
+
+// Cost is what a request costs in one dimension: a number, a placeholder,
+// or an estimator that reads the request (LLM tokens, GraphQL points, body
+// bytes). Set exactly one of Value, LLM, GraphQL and BodySize.
+type Cost struct {
+	// Dimension counted, e.g. "tokens".
+	Dimension string `json:"dimension"`
+	// Value is a number or a placeholder template that resolves to one,
+	// e.g. "{http.request.header.X-Tokens}". Only for trusted callers: the
+	// client chooses its own cost.
+	Value string `json:"value,omitempty"`
+	// Default is the cost when Value resolves to nothing (the header is
+	// absent). Without it such a request is refused with 400.
+	Default *int64 `json:"default,omitempty"`
+	// LLM estimates tokens from an OpenAI or Anthropic request body:
+	// input characters / 4 plus the maximum output tokens.
+	LLM *cost.LLM `json:"llm,omitempty"`
+	// GraphQL estimates the complexity of a GraphQL query.
+	GraphQL *cost.GraphQL `json:"graphql,omitempty"`
+	// BodySize charges the request body's size in bytes.
+	BodySize bool `json:"body_size,omitempty"`
+	// Reconcile corrects the charge once the upstream has answered, from
+	// the usage it reports: every bucket of this dimension on the request's
+	// path is adjusted by actual − estimate (a refund, or a debt that later
+	// requests pay).
+	Reconcile *Reconcile `json:"reconcile,omitempty"`
+
+	estimator cost.Estimator // nil for Value
+}
+
+// Reconcile says where the upstream reports its usage and how to count it.
+type Reconcile struct {
+	cost.TapConfig
+	// Actual turns the reported usage into a cost: "total" (default),
+	// "input", "output" or "weighted" input and output.
+	Actual cost.Actual `json:"actual,omitzero"`
+}
+
+// provision checks a cost and prepares its estimator.
+func (c *Cost) provision() error {
+	if c.Dimension == "" || c.Dimension == hierarchy.Requests {
+		return fmt.Errorf("cost needs a dimension other than %q", hierarchy.Requests)
+	}
+	set := 0
+	for _, b := range []bool{c.Value != "", c.LLM != nil, c.GraphQL != nil, c.BodySize} {
+		if b {
+			set++
+		}
+	}
+	if set != 1 {
+		return fmt.Errorf("cost %s: give exactly one of a number or placeholder, llm, graphql or body_size", c.Dimension)
+	}
+	if c.Default != nil && *c.Default < 0 {
+		return fmt.Errorf("cost %s: default %d must not be negative", c.Dimension, *c.Default)
+	}
+	switch {
+	case c.Value != "":
+		if !strings.ContainsRune(c.Value, '{') {
+			if n, err := strconv.ParseInt(c.Value, 10, 64); err != nil || n < 0 {
+				return fmt.Errorf("cost %s: %q is neither a placeholder nor a non-negative integer", c.Dimension, c.Value)
+			}
+		}
+	case c.LLM != nil:
+		if err := c.LLM.Provision(); err != nil {
+			return fmt.Errorf("cost %s: llm: %w", c.Dimension, err)
+		}
+		c.estimator = c.LLM
+	case c.GraphQL != nil:
+		if strings.HasPrefix(c.GraphQL.Schema, "@") { // schema from a file: "@schema.graphql"
+			sdl, err := os.ReadFile(strings.TrimPrefix(c.GraphQL.Schema, "@"))
+			if err != nil {
+				return fmt.Errorf("cost %s: graphql schema: %w", c.Dimension, err)
+			}
+			c.GraphQL.Schema = string(sdl)
+		}
+		if err := c.GraphQL.Provision(); err != nil {
+			return fmt.Errorf("cost %s: graphql: %w", c.Dimension, err)
+		}
+		c.estimator = c.GraphQL
+	case c.BodySize:
+		c.estimator = cost.BodySize{}
+	}
+	if c.Reconcile != nil {
+		if err := c.Reconcile.TapConfig.Provision(); err != nil {
+			return fmt.Errorf("cost %s: reconcile: %w", c.Dimension, err)
+		}
+		if err := c.Reconcile.Actual.Provision(); err != nil {
+			return fmt.Errorf("cost %s: reconcile: %w", c.Dimension, err)
+		}
+	}
+	return nil
+}
+
+// bodyLimit is how many body bytes the handler peeks for its estimators:
+// the largest any of them wants, 0 when none reads bodies.
+func bodyLimit(costs []*Cost) int64 {
+	var max int64
+	for _, c := range costs {
+		if l := cost.BodyLimit(c.estimator, 1<<20); l > max {
+			max = l
+		}
+	}
+	return max
+}
+
+// estimate returns each cost of the request, in h.Costs order. A client
+// error (malformed body, missing header…) comes back as *cost.InputError.
+func (h *Handler) estimate(r *http.Request, repl *caddy.Replacer) ([]int64, error) {
+	out := make([]int64, len(h.Costs))
+	if len(h.Costs) == 0 {
+		return out, nil
+	}
+	req := &cost.Request{HTTP: r}
+	if h.peek > 0 {
+		body, truncated, err := cost.PeekBody(r, h.peek)
+		if err != nil {
+			var mbe *http.MaxBytesError
+			if errors.As(err, &mbe) {
+				return nil, &cost.InputError{Status: http.StatusRequestEntityTooLarge, Type: cost.TypeBodyTooLarge,
+					Title: "Request body too large", Detail: err.Error(), Err: err}
+			}
+			return nil, &cost.InputError{Status: http.StatusBadRequest, Type: cost.TypeBodyRead,
+				Title: "Could not read the request body", Detail: err.Error(), Err: err}
+		}
+		req.Body, req.Truncated = body, truncated
+	}
+	for i, c := range h.Costs {
+		var n int64
+		var err error
+		switch {
+		case c.estimator == nil:
+			n, err = resolveCost(repl, c.Value, c.Default)
+			if err != nil {
+				err = &cost.InputError{Status: http.StatusBadRequest, Type: "bad-cost", Title: "Bad Request",
+					Detail: fmt.Sprintf("cost %s: %v", c.Dimension, err)}
+			}
+		case c.LLM != nil && c.Reconcile != nil:
+			// Count the estimate as the usage will be counted (input only,
+			// output only, weighted…), so that actual − estimate is fair.
+			var u cost.Usage
+			if u, err = c.LLM.EstimateUsage(req); err == nil {
+				n = c.Reconcile.Actual.Cost(u)
+			}
+		default:
+			n, err = c.estimator.Estimate(req)
+		}
+		if err != nil {
+			var ie *cost.InputError
+			if !errors.As(err, &ie) {
+				ie = &cost.InputError{Status: http.StatusBadRequest, Type: "bad-cost", Title: "Bad Request", Detail: err.Error(), Err: err}
+			}
+			return nil, ie
+		}
+		out[i] = n
+	}
+	return out, nil
+}
+
+// tapped is a response writer that reads usage reports on the way through,
+// one tap per reconciling cost.
+type tapped struct {
+	w    http.ResponseWriter
+	taps []*cost.Tap
+	idx  []int // the cost each tap reconciles
+}
+
+// tap wraps w for every cost that reconciles.
+func (h *Handler) tap(w http.ResponseWriter) tapped {
+	t := tapped{w: w}
+	for i, c := range h.Costs {
+		if c.Reconcile != nil {
+			tp := cost.NewTap(t.w, c.Reconcile.TapConfig)
+			t.w, t.taps, t.idx = tp, append(t.taps, tp), append(t.idx, i)
+		}
+	}
+	return t
+}
+
+// reconcile adjusts every bucket on the path by actual − estimate for each
+// cost whose usage the upstream reported, in one store call, off the
+// request's critical path. No report (a stream cut short) leaves the
+// estimate standing.
+func (h *Handler) reconcile(t tapped, d *decision) {
+	var adjust []store.Bucket
+	for k, tp := range t.taps {
+		c := h.Costs[t.idx[k]]
+		u := tp.Usage()
+		if !u.Found {
+			continue
+		}
+		delta := c.Reconcile.Actual.Cost(u) - d.estimates[t.idx[k]]
+		if delta == 0 {
+			continue
+		}
+		for i, b := range d.buckets {
+			if b.Limit.Dimension == c.Dimension {
+				adjust = append(adjust, store.Bucket{Key: b.Key, Limit: d.limits[i].Limit, Cost: delta})
+			}
+		}
+	}
+	if len(adjust) == 0 {
+		return
+	}
+	h.adjusting.Add(1)
+	go func() {
+		defer h.adjusting.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := h.store.Adjust(ctx, adjust); err != nil {
+			h.logger.Error("reconciling cost with the upstream's usage failed", zap.Error(err))
+			h.metrics.reconcileErrors.Inc()
+			return
+		}
+		h.metrics.reconciled.Inc()
+	}()
+}
