@@ -12,6 +12,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 
 	"github.com/caddy-cascade/cascade/adaptive"
+	"github.com/caddy-cascade/cascade/store"
 )
 
 func init() {
@@ -38,8 +39,14 @@ type App struct {
 	// warn and critical thresholds of each signal.
 	Adaptive *adaptive.Config `json:"adaptive,omitempty"`
 
+	// Share publishes this process's adaptive factor through Redis and
+	// applies the lowest fresh factor of every instance sharing it, so
+	// instances that share limits converge on one factor.
+	Share *RedisStoreConfig `json:"share,omitempty"`
+
 	controller *adaptive.Controller
 	poolKey    string
+	shareKey   string // the shared Redis client's place in the stores pool
 }
 
 // CaddyModule returns the Caddy module information.
@@ -63,7 +70,23 @@ func (a *App) Provision(ctx caddy.Context) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
-	key, _ := json.Marshal(cfg)
+	var publisher adaptive.Publisher
+	if a.Share != nil {
+		s, key, err := (&StoreConfig{Redis: a.Share}).open(ctx, 0)
+		if err != nil {
+			return fmt.Errorf("cascade: adaptive share: %w", err)
+		}
+		a.shareKey = key
+		prefix := a.Share.KeyPrefix
+		if prefix == "" {
+			prefix = "cascade:"
+		}
+		publisher = newRedisPublisher(s.(*store.Redis).Client(), prefix, cfg.SharedMaxAge)
+	}
+	key, _ := json.Marshal(struct {
+		adaptive.Config
+		Share *RedisStoreConfig
+	}{cfg, a.Share})
 	a.poolKey = "adaptive/" + string(key)
 	// The running controller, if any, to inherit from (looked up first:
 	// the pool is locked while LoadOrNew constructs).
@@ -73,7 +96,7 @@ func (a *App) Provision(ctx caddy.Context) error {
 		return false
 	})
 	v, _, err := controllers.LoadOrNew(a.poolKey, func() (caddy.Destructor, error) {
-		c, err := adaptive.New(cfg, adaptive.Options{Logger: ctx.Logger(), Inherit: previous})
+		c, err := adaptive.New(cfg, adaptive.Options{Logger: ctx.Logger(), Inherit: previous, Publisher: publisher})
 		if err != nil {
 			return nil, err
 		}
@@ -103,11 +126,16 @@ func (a *App) Stop() error { return nil }
 
 // Cleanup releases this config's hold on the controller.
 func (a *App) Cleanup() error {
+	var err error
 	if a.poolKey != "" {
-		_, err := controllers.Delete(a.poolKey)
-		return err
+		_, err = controllers.Delete(a.poolKey)
 	}
-	return nil
+	if a.shareKey != "" {
+		if _, err2 := stores.Delete(a.shareKey); err == nil {
+			err = err2
+		}
+	}
+	return err
 }
 
 // Controller is the process's adaptive controller.
@@ -128,6 +156,10 @@ func (a *App) Controller() *adaptive.Controller { return a.controller }
 //	            min_requests   <n>                     # default 100
 //	            recovery_delay <duration>              # calm needed before recovering, default 5s
 //	            recovery_time  <duration>              # from floor back to 1, default 60s
+//	            share {                                # converge on one factor with the
+//	                address <host:port...>             # instances sharing this Redis
+//	                ...                                # (the options of store redis)
+//	            }
 //	        }
 //	    }
 //	}
@@ -141,6 +173,13 @@ func parseGlobalOption(d *caddyfile.Dispenser, _ any) (any, error) {
 		cfg := app.Adaptive
 		for nesting := d.Nesting(); d.NextBlock(nesting); {
 			opt := d.Val()
+			if opt == "share" {
+				app.Share = &RedisStoreConfig{}
+				if err := parseRedis(d, app.Share); err != nil {
+					return nil, err
+				}
+				continue
+			}
 			args := d.RemainingArgs()
 			dur := func(i int) (time.Duration, error) {
 				v, err := caddy.ParseDuration(args[i])

@@ -114,8 +114,8 @@ type Handler struct {
 
 	trees      []*Tree
 	costs      map[string]*Cost
-	peek       int64          // body bytes the estimators read
-	adjusting  *sync.WaitGroup // reconciliations under way
+	peek       int64                // body bytes the estimators read
+	adjusting  *sync.WaitGroup      // reconciliations under way
 	controller *adaptive.Controller // nil unless a tier is adaptive
 	priority   adaptive.Priority
 	store      store.Store
@@ -340,10 +340,10 @@ type decision struct {
 	store.Decision
 	limits   []store.Bucket   // the effective limits decided (scaled by the adaptive factor)
 	inputErr *cost.InputError // why the request's cost could not be estimated
-	reason  string         // ok | limited | impossible | missing_key | store_error | bad_cost
-	blocked string         // tree/tier of the first denying bucket
-	closest int            // index of the bucket closest to exhaustion, -1 if none
-	retry   time.Duration
+	reason   string           // ok | limited | impossible | missing_key | store_error | bad_cost
+	blocked  string           // tree/tier of the first denying bucket
+	closest  int              // index of the bucket closest to exhaustion, -1 if none
+	retry    time.Duration
 }
 
 // ServeHTTP implements caddyhttp.MiddlewareHandler.

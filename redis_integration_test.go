@@ -1,6 +1,7 @@
 package cascade
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"os"
@@ -10,7 +11,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/caddy-cascade/cascade/internal/redistest"
+	"github.com/caddy-cascade/cascade/lua"
 )
 
 // TestDeadRedis: when Redis dies, requests get the declared policy within
@@ -137,4 +141,78 @@ func waitUp(t *testing.T, url string) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	t.Fatalf("%s did not come up", url)
+}
+
+// TestAdaptiveFactorSharedThroughRedis: another instance publishing a low
+// factor lowers this instance's effective limits; when it stops, they
+// come back.
+func TestAdaptiveFactorSharedThroughRedis(t *testing.T) {
+	srv := redistest.Shared(t)
+	prefix := fmt.Sprintf("share%d:", testSeq.Add(1))
+	port := freePort(t)
+	startCaddy(t, fmt.Sprintf(`
+http://127.0.0.1:%d {
+	rate_limit {
+		tree t {
+			tier all fixed {
+				limit 1000/s
+				adaptive
+			}
+		}
+		store memory {
+			name share%d
+		}
+	}
+	respond "ok"
+}
+`, port, testSeq.Add(1)), fmt.Sprintf(`cascade {
+		adaptive {
+			interval 50ms
+			cpu off
+			latency off
+			error_rate off
+			share {
+				address %s
+				key_prefix %s
+			}
+		}
+	}`, srv.Addr(), prefix))
+	url := fmt.Sprintf("http://127.0.0.1:%d/", port)
+	quota := func() string { return do(t, "GET", url).header.Get("RateLimit-Policy") }
+	if q := quota(); q != `"all";q=1000;w=1` {
+		t.Fatalf("healthy: %s", q)
+	}
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	defer c.Close()
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() { // a stressed peer instance, publishing every 20ms
+		defer close(done)
+		for {
+			if err := lua.Factor.Run(context.Background(), c, []string{prefix + "adaptive-factor"}, "peer", "0.5", 150000).Err(); err != nil && err != redis.Nil {
+				t.Error(err)
+				return
+			}
+			select {
+			case <-stop:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}()
+	eventually(t, 5*time.Second, func() bool { return quota() == `"all";q=500;w=1` }, "the peer's factor 0.5 to apply")
+	close(stop)
+	<-done
+	eventually(t, 5*time.Second, func() bool { return quota() == `"all";q=1000;w=1` }, "the limit to recover when the peer stopped")
+}
+
+func eventually(t *testing.T, within time.Duration, cond func() bool, what string) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }

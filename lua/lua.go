@@ -89,3 +89,11 @@ var Decide = redis.NewScript(rateSource + decideSource)
 // Adjust is the correction script: each key's delta is a refund (negative)
 // or a debt (positive), applied atomically as rate.Limit.Adjust does.
 var Adjust = redis.NewScript(rateSource + adjustSource)
+
+//go:embed factor.lua
+var factorSource string
+
+// Factor publishes one instance's adaptive factor and returns the minimum
+// fresh factor of all instances (see factor.lua for its arguments), so
+// that Caddy instances sharing a Redis converge on one factor.
+var Factor = redis.NewScript(factorSource)

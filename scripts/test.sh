@@ -35,7 +35,7 @@ grep -rl --include='*_test.go' '^func Fuzz' . | sort | while read -r file; do
 	dir=$(dirname "$file")
 	for target in $(grep -o '^func Fuzz[A-Za-z0-9_]*' "$file" | cut -d' ' -f2); do
 		echo "-- $dir $target"
-		go test -run '^$' -fuzz "^${target}\$" -fuzztime "${FUZZTIME:-10s}" "$dir" >/tmp/cascade-fuzz.log 2>&1 || {
+		go test -run "^$" -fuzz "^${target}\$" -fuzztime "${FUZZTIME:-10s}" -fuzzminimizetime=200x "$dir" >/tmp/cascade-fuzz.log 2>&1 || {
 			cat /tmp/cascade-fuzz.log
 			exit 1
 		}
