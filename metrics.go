@@ -11,6 +11,7 @@ import (
 // metrics registry (served by Caddy's admin /metrics endpoint).
 type metrics struct {
 	decisions *prometheus.CounterVec
+	ok        prometheus.Counter // decisions{result="ok"}, looked up once
 	denied    *prometheus.CounterVec
 	duration  prometheus.Histogram
 
@@ -19,11 +20,10 @@ type metrics struct {
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
-	var err0 error
 	m := &metrics{
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "cascade", Name: "decisions_total",
-			Help: "Rate limit decisions by result: ok, limited, impossible, missing_key, bad_cost, store_error.",
+			Help: "Rate limit decisions by result: ok, limited, impossible, missing_key, bad_cost, store_error, reduced_capacity.",
 		}, []string{"result"}),
 		denied: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "cascade", Name: "denied_total",
@@ -34,34 +34,34 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help:    "Time to decide one request, store round trip included.",
 			Buckets: []float64{.00001, .00005, .0001, .00025, .0005, .001, .0025, .005, .01, .05},
 		}),
+		reconciled: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "cascade", Name: "reconciled_total",
+			Help: "Charges corrected from the upstream's reported usage.",
+		}),
+		reconcileErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "cascade", Name: "reconcile_errors_total",
+			Help: "Corrections from reported usage that the store failed to apply.",
+		}),
 	}
-	m.reconciled = prometheus.NewCounter(prometheus.CounterOpts{
-		Namespace: "cascade", Name: "reconciled_total",
-		Help: "Charges corrected from the upstream's reported usage.",
-	})
-	m.reconcileErrors = prometheus.NewCounter(prometheus.CounterOpts{
-		Namespace: "cascade", Name: "reconcile_errors_total",
-		Help: "Corrections from reported usage that the store failed to apply.",
-	})
-	if reg == nil {
-		return m, nil
+	if reg != nil {
+		var err error
+		if m.decisions, err = register(reg, m.decisions); err != nil {
+			return nil, err
+		}
+		if m.denied, err = register(reg, m.denied); err != nil {
+			return nil, err
+		}
+		if m.duration, err = register(reg, m.duration); err != nil {
+			return nil, err
+		}
+		if m.reconciled, err = register(reg, m.reconciled); err != nil {
+			return nil, err
+		}
+		if m.reconcileErrors, err = register(reg, m.reconcileErrors); err != nil {
+			return nil, err
+		}
 	}
-	if m.reconciled, err0 = register(reg, m.reconciled); err0 != nil {
-		return nil, err0
-	}
-	if m.reconcileErrors, err0 = register(reg, m.reconcileErrors); err0 != nil {
-		return nil, err0
-	}
-	var err error
-	if m.decisions, err = register(reg, m.decisions); err != nil {
-		return nil, err
-	}
-	if m.denied, err = register(reg, m.denied); err != nil {
-		return nil, err
-	}
-	if m.duration, err = register(reg, m.duration); err != nil {
-		return nil, err
-	}
+	m.ok = m.decisions.WithLabelValues("ok")
 	return m, nil
 }
 
@@ -81,7 +81,11 @@ func register[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error)
 }
 
 func (m *metrics) observe(d decision, took time.Duration) {
-	m.decisions.WithLabelValues(d.reason).Inc()
+	if d.reason == "ok" {
+		m.ok.Inc()
+	} else {
+		m.decisions.WithLabelValues(d.reason).Inc()
+	}
 	if d.blocked != "" {
 		m.denied.WithLabelValues(d.blocked).Inc()
 	}

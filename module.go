@@ -114,9 +114,11 @@ type Handler struct {
 
 	trees      []*Tree
 	costs      map[string]*Cost
-	peek       int64                // body bytes the estimators read
-	adjusting  *sync.WaitGroup      // reconciliations under way
-	controller *adaptive.Controller // nil unless a tier is adaptive
+	peek       int64                       // body bytes the estimators read
+	maxBuckets int                         // the most buckets one request can have
+	policies   map[*hierarchy.Limit]string // each limit's RateLimit-Policy item, unscaled
+	adjusting  *sync.WaitGroup             // reconciliations under way
+	controller *adaptive.Controller        // nil unless a tier is adaptive
 	priority   adaptive.Priority
 	store      store.Store
 	poolKey    string
@@ -131,7 +133,8 @@ type Tree struct {
 	MatcherSetsRaw caddyhttp.RawMatcherSets `json:"match,omitempty" caddy:"namespace=http.matchers"`
 
 	matchers caddyhttp.MatcherSets
-	dynamic  []bool // per tier: does the key have placeholders?
+	dynamic  []bool   // per tier: does the key have placeholders?
+	header   []string // per tier: the header name when the key is just {http.request.header.NAME}
 }
 
 // Zone is an mholt/caddy-ratelimit zone: at most MaxEvents requests per
@@ -201,8 +204,19 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			return fmt.Errorf("rate_limit: %w", err)
 		}
 		t.dynamic = make([]bool, len(t.Tiers))
+		t.header = make([]string, len(t.Tiers))
 		for i, tier := range t.Tiers {
 			t.dynamic[i] = strings.ContainsRune(tier.Key, '{')
+			if name, ok := strings.CutPrefix(tier.Key, "{http.request.header."); ok && strings.HasSuffix(name, "}") &&
+				!strings.ContainsAny(name[:len(name)-1], "{}:") {
+				t.header[i] = http.CanonicalHeaderKey(name[:len(name)-1])
+			}
+			h.maxBuckets += len(tier.Limits)
+			for _, o := range tier.Values {
+				if len(o.Limits) > len(tier.Limits) {
+					h.maxBuckets += len(o.Limits) - len(tier.Limits)
+				}
+			}
 		}
 		if t.MatcherSetsRaw != nil {
 			mods, err := ctx.LoadModule(t, "MatcherSetsRaw")
@@ -214,6 +228,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			}
 		}
 	}
+	h.policies = policyItems(h.trees)
 	h.costs = map[string]*Cost{}
 	for _, c := range h.Costs {
 		if err := c.provision(); err != nil {
@@ -383,7 +398,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 
 	mode := h.Mode
 	if mode != "shadow" {
-		h.writeHeaders(w.Header(), d)
+		h.writeHeaders(w.Header(), &d)
 	}
 	if d.Allowed && d.buckets != nil && len(h.Costs) > 0 {
 		t := h.tap(w)
@@ -468,7 +483,7 @@ func (w *statusWriter) Write(b []byte) (int, error) {
 // request is refused before any decision (a client error), with err saying why.
 func (h *Handler) decide(r *http.Request, repl *caddy.Replacer) (decision, int, error) {
 	d := decision{closest: -1}
-	var plan hierarchy.Plan
+	plan := hierarchy.Plan{Buckets: make([]hierarchy.Bucket, 0, h.maxBuckets)}
 	var valueBuf [8]string
 	for _, t := range h.trees {
 		if t.matchers != nil && !t.matchers.AnyMatch(r) {
@@ -476,6 +491,10 @@ func (h *Handler) decide(r *http.Request, repl *caddy.Replacer) (decision, int, 
 		}
 		values := valueBuf[:0]
 		for i, tier := range t.Tiers {
+			if t.header[i] != "" { // the common case, without the replacer's parsing
+				values = append(values, headerValue(r.Header[t.header[i]]))
+				continue
+			}
 			values = append(values, resolveKey(repl, tier.Key, t.dynamic[i]))
 		}
 		t.Resolve(values, &plan)
@@ -563,6 +582,18 @@ func scale(l rate.Limit, factor float64) rate.Limit {
 	}
 	l.Count, l.Burst = mul(l.Count), mul(l.Burst)
 	return l
+}
+
+// headerValue is what {http.request.header.NAME} resolves to: the values
+// joined with commas.
+func headerValue(vals []string) string {
+	switch len(vals) {
+	case 0:
+		return ""
+	case 1:
+		return vals[0]
+	}
+	return strings.Join(vals, ",")
 }
 
 // resolveKey resolves a tier's key template. A key is missing (empty) when

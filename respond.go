@@ -29,7 +29,7 @@ const (
 // exhaustion, or on a denial the policy that denied. t is the wait (in
 // whole seconds, rounded up) until that policy's bucket is full again, or
 // on a denial until this request could be admitted.
-func (h *Handler) writeHeaders(hdr http.Header, d decision) {
+func (h *Handler) writeHeaders(hdr http.Header, d *decision) {
 	if d.buckets == nil || d.closest < 0 {
 		return
 	}
@@ -43,46 +43,108 @@ func (h *Handler) writeHeaders(hdr http.Header, d decision) {
 	if !d.Allowed {
 		t = ceilSeconds(d.retry)
 	}
+	// Every value is written into one buffer and cut from one string, and
+	// the header slices share one array: a handful of allocations per
+	// response instead of two per header.
+	var b strings.Builder
+	b.Grow(64*len(d.buckets) + 128)
+	var cuts [7]int
+	var names [6]string
+	n := 0
+	cut := func(name string) {
+		names[n] = name
+		n++
+		cuts[n] = b.Len()
+	}
 	if on(cfg.IETF) {
-		var b strings.Builder
 		for i, bk := range d.buckets {
-			if b.Len() > 0 {
+			if i > 0 {
 				b.WriteString(", ")
 			}
-			writePolicy(&b, bk, d.limits[i].Limit)
+			if item, ok := h.policies[bk.Limit]; ok && d.limits[i].Limit == bk.Limit.Rate() {
+				b.WriteString(item) // unscaled: formatted once, at provision
+			} else {
+				writePolicy(&b, bk.Limit, d.limits[i].Limit)
+			}
 		}
-		hdr.Set("RateLimit-Policy", b.String())
-		hdr.Set("RateLimit", `"`+c.Limit.Policy()+`";r=`+strconv.FormatInt(cr.Remaining, 10)+";t="+strconv.FormatInt(t, 10))
+		cut("Ratelimit-Policy") // canonical keys, set directly
+		b.WriteString(`"`)
+		b.WriteString(c.Limit.Policy())
+		b.WriteString(`";r=`)
+		writeInt(&b, cr.Remaining)
+		b.WriteString(";t=")
+		writeInt(&b, t)
+		cut("Ratelimit")
 	}
 	if on(cfg.XRateLimit) {
-		hdr.Set("X-RateLimit-Limit", strconv.FormatInt(d.limits[d.closest].Limit.Capacity(), 10))
-		hdr.Set("X-RateLimit-Remaining", strconv.FormatInt(cr.Remaining, 10))
-		hdr.Set("X-RateLimit-Reset", strconv.FormatInt(t, 10))
+		writeInt(&b, d.limits[d.closest].Limit.Capacity())
+		cut("X-Ratelimit-Limit")
+		writeInt(&b, cr.Remaining)
+		cut("X-Ratelimit-Remaining")
+		writeInt(&b, t)
+		cut("X-Ratelimit-Reset")
 	}
 	if !d.Allowed && !d.Impossible && on(cfg.RetryAfter) {
-		hdr.Set("Retry-After", strconv.FormatInt(ceilSeconds(d.retry), 10))
+		writeInt(&b, ceilSeconds(d.retry))
+		cut("Retry-After")
+	}
+	all := b.String()
+	vals := make([]string, n)
+	for i := 0; i < n; i++ {
+		vals[i] = all[cuts[i]:cuts[i+1]]
+		hdr[names[i]] = vals[i : i+1 : i+1]
 	}
 	if cfg.OpenAI {
 		h.writeOpenAIHeaders(hdr, d)
 	}
 }
 
+func writeInt(b *strings.Builder, n int64) {
+	var buf [20]byte
+	b.Write(strconv.AppendInt(buf[:0], n, 10))
+}
+
 // writePolicy writes one RateLimit-Policy item: the policy's name, its
 // effective quota q (scaled when adaptive), its window w in seconds and, for
 // dimensions other than requests, its quota unit qu.
-func writePolicy(b *strings.Builder, bk hierarchy.Bucket, l rate.Limit) {
-	b.WriteString(`"` + bk.Limit.Policy() + `";q=`)
+func writePolicy(b *strings.Builder, hl *hierarchy.Limit, l rate.Limit) {
+	b.WriteString(`"`)
+	b.WriteString(hl.Policy())
+	b.WriteString(`";q=`)
 	b.WriteString(strconv.FormatInt(l.Capacity(), 10))
 	b.WriteString(";w=")
 	b.WriteString(strconv.FormatInt(l.WindowSeconds(), 10))
-	if bk.Limit.Dimension != hierarchy.Requests {
-		b.WriteString(`;qu="` + bk.Limit.Dimension + `"`)
+	if hl.Dimension != hierarchy.Requests {
+		b.WriteString(`;qu="`)
+		b.WriteString(hl.Dimension)
+		b.WriteString(`"`)
 	}
+}
+
+// policyItems formats every limit's RateLimit-Policy item once.
+func policyItems(trees []*Tree) map[*hierarchy.Limit]string {
+	items := map[*hierarchy.Limit]string{}
+	add := func(ls []*hierarchy.Limit) {
+		for _, l := range ls {
+			var b strings.Builder
+			writePolicy(&b, l, l.Rate())
+			items[l] = b.String()
+		}
+	}
+	for _, t := range trees {
+		for _, tier := range t.Tiers {
+			add(tier.Limits)
+			for _, o := range tier.Values {
+				add(o.Limits)
+			}
+		}
+	}
+	return items
 }
 
 // writeOpenAIHeaders writes x-ratelimit-{limit,remaining,reset}-{requests,tokens}
 // from the tightest bucket of each of those two dimensions.
-func (h *Handler) writeOpenAIHeaders(hdr http.Header, d decision) {
+func (h *Handler) writeOpenAIHeaders(hdr http.Header, d *decision) {
 	for _, dim := range []string{"requests", "tokens"} {
 		best := -1
 		for i, bk := range d.buckets {

@@ -31,8 +31,12 @@ type Plan struct {
 // in one Redis Cluster slot. Tiers above it, whose keys are constants
 // (global ceilings), are tagged by their own value and so live elsewhere.
 func (t *Tree) Resolve(values []string, plan *Plan) {
-	var path strings.Builder
-	tag := ""
+	// All the keys of this tree are written into one buffer and cut from
+	// one string: one allocation per tree instead of one per bucket.
+	first := len(plan.Buckets)
+	var buf []byte
+	path := make([]byte, 0, 128)
+	tag, tenantStart := -1, 0 // the tenant's segment in path: the hash tag
 	for i, tier := range t.Tiers {
 		v := values[i]
 		if v == "" {
@@ -44,20 +48,25 @@ func (t *Tree) Resolve(values []string, plan *Plan) {
 				return
 			}
 		}
-		ev := Escape(v)
-		if path.Len() > 0 {
-			path.WriteByte('/')
+		if len(path) > 0 {
+			path = append(path, '/')
 		}
-		path.WriteString(tier.Name)
-		path.WriteByte('=')
-		path.WriteString(ev)
-
-		thisTag := tag
-		if tag == "" {
-			thisTag = tier.Name + "=" + ev
+		segment := len(path)
+		path = append(path, tier.Name...)
+		path = append(path, '=')
+		path = append(path, Escape(v)...)
+		// The tag is this tier's own segment until a tier with a
+		// placeholder (the tenant) fixes it for every tier below.
+		tagStart, tagEnd := segment, len(path)
+		if tag < 0 {
 			if isDynamic(tier.Key) {
-				tag = thisTag
+				tag = len(path)
 			}
+		} else {
+			tagStart, tagEnd = tenantStart, tag
+		}
+		if tag == len(path) {
+			tenantStart = segment
 		}
 		limits := tier.Limits
 		if o, ok := tier.Values[v]; ok {
@@ -67,14 +76,29 @@ func (t *Tree) Resolve(values []string, plan *Plan) {
 			limits = o.Limits
 		}
 		for _, l := range limits {
-			plan.Buckets = append(plan.Buckets, Bucket{
-				Tree:  t,
-				Tier:  tier,
-				Value: v,
-				Limit: l,
-				Key:   "{" + t.Name + "|" + thisTag + "}" + path.String() + "#" + l.id,
-			})
+			if buf == nil {
+				buf = make([]byte, 0, 4*(2*len(t.Name)+2*len(path)+len(l.id)+8))
+			}
+			buf = append(buf, '{')
+			buf = append(buf, t.Name...)
+			buf = append(buf, '|')
+			buf = append(buf, path[tagStart:tagEnd]...)
+			buf = append(buf, '}')
+			buf = append(buf, path...)
+			buf = append(buf, '#')
+			buf = append(buf, l.id...)
+			plan.Buckets = append(plan.Buckets, Bucket{Tree: t, Tier: tier, Value: v, Limit: l})
 		}
+	}
+	// Every key starts with its hash tag's "{", and escaped values never
+	// hold one: the next "{" starts the next key.
+	keys := string(buf)
+	for i := first; i < len(plan.Buckets); i++ {
+		end := strings.IndexByte(keys[1:], '{') + 1
+		if end == 0 {
+			end = len(keys)
+		}
+		plan.Buckets[i].Key, keys = keys[:end], keys[end:]
 	}
 }
 

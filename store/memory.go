@@ -91,8 +91,9 @@ func NewMemory(opts MemoryOptions) *Memory {
 
 // Decide implements Store.
 func (m *Memory) Decide(_ context.Context, buckets []Bucket) (Decision, error) {
-	var lockBuf [16]uint8
-	locked := m.lock(buckets, lockBuf[:0])
+	var shardBuf, lockBuf [16]uint8
+	shards := m.shardsOf(buckets, shardBuf[:0])
+	locked := m.lock(shards, lockBuf[:0])
 	defer m.unlock(locked)
 
 	now := m.clock()
@@ -101,7 +102,7 @@ func (m *Memory) Decide(_ context.Context, buckets []Bucket) (Decision, error) {
 	next := nextBuf[:0]
 	allowed := true
 	for i, b := range buckets {
-		s := m.stateOf(b.Key, now)
+		s := m.stateOf(shards[i], b.Key, now)
 		n, r := b.Limit.Apply(s, now, b.Cost)
 		results[i] = r
 		next = append(next, n)
@@ -109,7 +110,7 @@ func (m *Memory) Decide(_ context.Context, buckets []Bucket) (Decision, error) {
 	}
 	if allowed {
 		for i, b := range buckets {
-			m.store(b, next[i], now)
+			m.store(shards[i], b, next[i], now)
 		}
 	}
 	return Combine(results), nil
@@ -117,14 +118,23 @@ func (m *Memory) Decide(_ context.Context, buckets []Bucket) (Decision, error) {
 
 // Adjust implements Store.
 func (m *Memory) Adjust(_ context.Context, buckets []Bucket) error {
-	var lockBuf [16]uint8
-	locked := m.lock(buckets, lockBuf[:0])
+	var shardBuf, lockBuf [16]uint8
+	shards := m.shardsOf(buckets, shardBuf[:0])
+	locked := m.lock(shards, lockBuf[:0])
 	defer m.unlock(locked)
 	now := m.clock()
-	for _, b := range buckets {
-		m.store(b, b.Limit.Adjust(m.stateOf(b.Key, now), now, b.Cost), now)
+	for i, b := range buckets {
+		m.store(shards[i], b, b.Limit.Adjust(m.stateOf(shards[i], b.Key, now), now, b.Cost), now)
 	}
 	return nil
+}
+
+// shardsOf returns the shard of each bucket.
+func (m *Memory) shardsOf(buckets []Bucket, buf []uint8) []uint8 {
+	for _, b := range buckets {
+		buf = append(buf, m.shardOf(b.Key))
+	}
+	return buf
 }
 
 // Close stops the sweeper. The state is dropped with the store.
@@ -182,11 +192,9 @@ func (m *Memory) shardOf(key string) uint8 {
 	return uint8(maphash.String(m.seed, key) % memoryShards)
 }
 
-// lock takes the shard locks of every bucket in ascending shard order.
-func (m *Memory) lock(buckets []Bucket, buf []uint8) []uint8 {
-	for _, b := range buckets {
-		buf = append(buf, m.shardOf(b.Key))
-	}
+// lock takes the given shards' locks in ascending order, each once.
+func (m *Memory) lock(shards []uint8, buf []uint8) []uint8 {
+	buf = append(buf, shards...)
 	for i := 1; i < len(buf); i++ { // insertion sort: paths are short, and it does not allocate
 		for j := i; j > 0 && buf[j] < buf[j-1]; j-- {
 			buf[j], buf[j-1] = buf[j-1], buf[j]
@@ -212,16 +220,16 @@ func (m *Memory) unlock(shards []uint8) {
 
 // stateOf returns the live state of key; expired state reads as fresh.
 // The caller holds the key's shard lock.
-func (m *Memory) stateOf(key string, now int64) rate.State {
-	if e, ok := m.shards[m.shardOf(key)].entries[key]; ok && e.expires > now {
+func (m *Memory) stateOf(shard uint8, key string, now int64) rate.State {
+	if e, ok := m.shards[shard].entries[key]; ok && e.expires > now {
 		return e.state
 	}
 	return rate.State{}
 }
 
 // store writes a bucket's new state. The caller holds the key's shard lock.
-func (m *Memory) store(b Bucket, s rate.State, now int64) {
-	sh := &m.shards[m.shardOf(b.Key)]
+func (m *Memory) store(shard uint8, b Bucket, s rate.State, now int64) {
+	sh := &m.shards[shard]
 	expires := now + b.Limit.TTL(s, now)
 	if e, ok := sh.entries[b.Key]; ok {
 		e.state, e.expires = s, expires
