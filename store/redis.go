@@ -111,6 +111,7 @@ type Redis struct {
 	timeout time.Duration
 	clock   Clock // nil: Redis TIME
 	logger  *zap.Logger
+	batch   *batcher // decisions pipelined together (not on a Cluster)
 }
 
 // NewRedis connects to Redis and, unless opts.LazyLoad, loads the scripts
@@ -184,9 +185,12 @@ func NewRedis(ctx context.Context, opts RedisOptions) (*Redis, error) {
 		logger:  opts.Logger,
 	}
 	r.cluster, _ = client.(*redis.ClusterClient)
+	if r.cluster == nil {
+		r.batch = newBatcher(client, lua.Decide, opts.Timeout)
+	}
 	if !opts.LazyLoad {
 		if err := r.load(ctx); err != nil {
-			client.Close()
+			r.Close()
 			return nil, err
 		}
 	}
@@ -247,7 +251,12 @@ func (r *Redis) Ping(ctx context.Context) error {
 }
 
 // Close closes the client and its connections.
-func (r *Redis) Close() error { return r.client.Close() }
+func (r *Redis) Close() error {
+	if r.batch != nil {
+		r.batch.close()
+	}
+	return r.client.Close()
+}
 
 // Decide implements Store.
 func (r *Redis) Decide(ctx context.Context, buckets []Bucket) (Decision, error) {
@@ -309,7 +318,13 @@ func (r *Redis) now() (now, wall int64) {
 // a Cluster, and fills results.
 func (r *Redis) decide(ctx context.Context, buckets []Bucket, now, wall int64, results []rate.Result) error {
 	keys, args := r.encode(buckets, now, wall, false)
-	reply, err := lua.Decide.Run(ctx, r.client, keys, args...).Int64Slice()
+	var reply []int64
+	var err error
+	if r.batch != nil {
+		reply, err = r.batch.do(ctx, keys, args)
+	} else {
+		reply, err = lua.Decide.Run(ctx, r.client, keys, args...).Int64Slice()
+	}
 	if err != nil {
 		return err
 	}
