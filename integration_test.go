@@ -382,6 +382,18 @@ func TestModesAndHeaderSwitches(t *testing.T) {
 			t.Fatalf("shadow request %d: %d %v", i, r.status, r.header)
 		}
 	}
+	// shadow mode never refuses, not even a request without its key
+	url = site(t, `
+	tree t {
+		tier user {header.X-User} {
+			limit 1/h
+		}
+	}
+	mode shadow
+`+memoryStore().block(t))
+	if r := do(t, "GET", url); r.status != 200 {
+		t.Fatalf("shadow mode refused a request without a key: %d", r.status)
+	}
 	url = site(t, `
 	tree t {
 		tier k fixed {

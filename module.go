@@ -390,6 +390,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			"the rate limit store could not decide this request; try again shortly", d)
 	}
 	if status != 0 { // a client error before any decision (missing key, bad cost)
+		if h.Mode == "shadow" || h.Mode == "warn" { // never change what clients get
+			h.logger.Debug("rate limit not decided", zap.String("reason", d.reason), zap.Error(err))
+			return h.pass(w, r, next)
+		}
 		if ie := d.inputErr; ie != nil {
 			return h.problem(w, status, ie.Type, ie.Title, ie.Detail, d)
 		}
