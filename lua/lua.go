@@ -59,7 +59,7 @@
 // A bucket's state is one 32-byte string of little-endian float64s: A, B, T
 // (rate.State, exact) and E, the time until which the key's expiry is known
 // to keep it. Every key has an expiry of at least rate.Limit.TTL: a write
-// sets one an eighth longer than needed (SET … PX), and later writes whose
+// sets one an eighth (at least a second) longer than needed (SET … PX), and later writes whose
 // TTL fits before E keep it (SET … KEEPTTL), which saves Redis a good part
 // of a write's cost. A state with no TTL (a full bucket) is deleted.
 package lua

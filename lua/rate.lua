@@ -169,7 +169,9 @@ end
 -- bucket, which needs no key at all.
 --
 -- Setting an expiry is a good part of a write's cost, so put sets one with
--- room to spare (an eighth more than needed, in whole ms) and remembers in
+-- room to spare (an eighth more than needed, and at least a second more, in
+-- whole ms: a busy bucket then takes the cheap path for its next requests)
+-- and remembers in
 -- the value, as E, until when that expiry is sure to keep the key (a
 -- millisecond early, as Redis counts expiry from its own millisecond
 -- clock). A later write whose TTL ends before E keeps the expiry as it is
@@ -181,7 +183,9 @@ local function put(key, a, b, t, e, now, ttl)
   elseif now + ttl <= e then
     redis.call('SET', key, struct.pack('<dddd', a, b, t, e), 'KEEPTTL')
   else
-    local ms = math.ceil((ttl + ttl / 8) / 1000)
+    local margin = ttl / 8
+    if margin < 1000000 then margin = 1000000 end
+    local ms = math.ceil((ttl + margin) / 1000)
     redis.call('SET', key, struct.pack('<dddd', a, b, t, now + (ms - 1) * 1000), 'PX', ms)
   end
 end
