@@ -80,7 +80,7 @@ func register[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error)
 	return c, nil
 }
 
-func (m *metrics) observe(d decision, took time.Duration) {
+func (m *metrics) observe(d *decision, took time.Duration) {
 	if d.reason == "ok" {
 		m.ok.Inc()
 	} else {

@@ -115,7 +115,6 @@ type Handler struct {
 	trees      []*Tree
 	costs      map[string]*Cost
 	peek       int64                       // body bytes the estimators read
-	maxBuckets int                         // the most buckets one request can have
 	policies   map[*hierarchy.Limit]string // each limit's RateLimit-Policy item, unscaled
 	adjusting  *sync.WaitGroup             // reconciliations under way
 	controller *adaptive.Controller        // nil unless a tier is adaptive
@@ -210,12 +209,6 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			if name, ok := strings.CutPrefix(tier.Key, "{http.request.header."); ok && strings.HasSuffix(name, "}") &&
 				!strings.ContainsAny(name[:len(name)-1], "{}:") {
 				t.header[i] = http.CanonicalHeaderKey(name[:len(name)-1])
-			}
-			h.maxBuckets += len(tier.Limits)
-			for _, o := range tier.Values {
-				if len(o.Limits) > len(tier.Limits) {
-					h.maxBuckets += len(o.Limits) - len(tier.Limits)
-				}
 			}
 		}
 		if t.MatcherSetsRaw != nil {
@@ -355,10 +348,14 @@ type decision struct {
 	store.Decision
 	limits   []store.Bucket   // the effective limits decided (scaled by the adaptive factor)
 	inputErr *cost.InputError // why the request's cost could not be estimated
-	reason   string           // ok | limited | impossible | missing_key | store_error | bad_cost
-	blocked  string           // tree/tier of the first denying bucket
-	closest  int              // index of the bucket closest to exhaustion, -1 if none
-	retry    time.Duration
+
+	bucketBuf [8]hierarchy.Bucket
+	limitBuf  [8]store.Bucket
+	costBuf   [8]int64
+	reason    string // ok | limited | impossible | missing_key | store_error | bad_cost
+	blocked   string // tree/tier of the first denying bucket
+	closest   int    // index of the bucket closest to exhaustion, -1 if none
+	retry     time.Duration
 }
 
 // ServeHTTP implements caddyhttp.MiddlewareHandler.
@@ -368,9 +365,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		repl = caddy.NewReplacer()
 	}
 	if h.ShedAtFloor && h.controller.FactorFor(h.priority) <= h.controller.Config().Floor {
-		d := decision{reason: "reduced_capacity", closest: -1}
+		d := &decision{reason: "reduced_capacity", closest: -1}
 		h.metrics.observe(d, 0)
-		h.setPlaceholders(repl, &d)
+		h.setPlaceholders(repl, d)
 		w.Header().Set("Retry-After", strconv.FormatInt(ceilSeconds(h.controller.Config().Interval), 10))
 		return h.problem(w, http.StatusServiceUnavailable, "temporary_reduced_capacity", "Temporarily reduced capacity",
 			"the upstream is unhealthy and this traffic class is shed until it recovers", d)
@@ -378,7 +375,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	start := time.Now()
 	d, status, err := h.decide(r, repl)
 	h.metrics.observe(d, time.Since(start))
-	h.setPlaceholders(repl, &d)
+	h.setPlaceholders(repl, d)
 
 	if d.reason == "store_error" {
 		h.logger.Error("rate limit store failed", zap.Error(err), zap.String("policy", h.onStoreError()))
@@ -402,13 +399,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 
 	mode := h.Mode
 	if mode != "shadow" {
-		h.writeHeaders(w.Header(), &d)
+		h.writeHeaders(w.Header(), d)
 	}
 	if d.Allowed && d.buckets != nil && len(h.Costs) > 0 {
 		t := h.tap(w)
 		if len(t.taps) > 0 {
 			err := h.pass(t.w, r, next)
-			h.reconcile(t, &d)
+			h.reconcile(t, d)
 			return err
 		}
 	}
@@ -485,9 +482,11 @@ func (w *statusWriter) Write(b []byte) (int, error) {
 
 // decide runs steps 1-4 of the request path. A non-zero status means the
 // request is refused before any decision (a client error), with err saying why.
-func (h *Handler) decide(r *http.Request, repl *caddy.Replacer) (decision, int, error) {
-	d := decision{closest: -1}
-	plan := hierarchy.Plan{Buckets: make([]hierarchy.Bucket, 0, h.maxBuckets)}
+func (h *Handler) decide(r *http.Request, repl *caddy.Replacer) (*decision, int, error) {
+	// One allocation for the request's whole decision: the slices below
+	// live in its arrays unless the path is unusually long.
+	d := &decision{closest: -1}
+	plan := hierarchy.Plan{Buckets: d.bucketBuf[:0]}
 	var valueBuf [8]string
 	for _, t := range h.trees {
 		if t.matchers != nil && !t.matchers.AnyMatch(r) {
@@ -523,8 +522,8 @@ func (h *Handler) decide(r *http.Request, repl *caddy.Replacer) (decision, int, 
 		return d, ie.Status, err
 	}
 	d.estimates = costs
-	sb := make([]store.Bucket, len(d.buckets))
-	d.costs = make([]int64, len(d.buckets))
+	sb := sized(d.limitBuf[:], len(d.buckets))
+	d.costs = sized(d.costBuf[:], len(d.buckets))
 	for i, b := range d.buckets {
 		d.costs[i] = 1
 		for j, c := range h.Costs {
@@ -570,6 +569,14 @@ func (h *Handler) decide(r *http.Request, repl *caddy.Replacer) (decision, int, 
 		}
 	}
 	return d, 0, nil
+}
+
+// sized returns buf cut to n, or a new slice when buf is too short.
+func sized[T any](buf []T, n int) []T {
+	if n <= len(buf) {
+		return buf[:n]
+	}
+	return make([]T, n)
 }
 
 // scale returns a limit with its count and burst multiplied by factor
@@ -643,7 +650,7 @@ func resolveCost(repl *caddy.Replacer, tmpl string, def *int64) (int64, error) {
 
 // closest picks the bucket nearest to exhaustion: the lowest fraction of
 // its capacity remaining, the longest reset on a tie.
-func closest(d decision) int {
+func closest(d *decision) int {
 	best, bestFrac := -1, 2.0
 	for i, r := range d.Results {
 		frac := float64(r.Remaining) / float64(d.limits[i].Limit.Capacity())

@@ -177,7 +177,7 @@ type problemBody struct {
 }
 
 // problem writes a problem+json response.
-func (h *Handler) problem(w http.ResponseWriter, status int, kind, title, detail string, d decision) error {
+func (h *Handler) problem(w http.ResponseWriter, status int, kind, title, detail string, d *decision) error {
 	p := problemBody{
 		Type:      problemBase + strings.ReplaceAll(kind, "_", "-"),
 		Title:     title,

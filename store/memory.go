@@ -49,14 +49,22 @@ type Memory struct {
 	evictions atomic.Int64
 }
 
+// memoryShard maps the 64-bit hash of a key to its entry: the hash is
+// computed once per key and decision (it also picks the shard), so the map
+// never hashes the long key string again. Entries whose keys share a hash
+// are chained, and every lookup compares the key itself: exact, whatever
+// the hash says.
 type memoryShard struct {
 	mu      sync.Mutex
-	entries map[string]*memoryEntry
+	entries map[uint64]*memoryEntry
+	n       int // entries, chains included
 }
 
 type memoryEntry struct {
+	key     string
 	state   rate.State
 	expires int64 // µs; state is as good as fresh after this
+	next    *memoryEntry
 }
 
 // NewMemory returns a Memory store and starts its sweeper.
@@ -75,7 +83,7 @@ func NewMemory(opts MemoryOptions) *Memory {
 		done:     make(chan struct{}),
 	}
 	for i := range m.shards {
-		m.shards[i].entries = make(map[string]*memoryEntry)
+		m.shards[i].entries = make(map[uint64]*memoryEntry)
 	}
 	interval := opts.SweepInterval
 	if interval == 0 {
@@ -91,9 +99,10 @@ func NewMemory(opts MemoryOptions) *Memory {
 
 // Decide implements Store.
 func (m *Memory) Decide(_ context.Context, buckets []Bucket) (Decision, error) {
-	var shardBuf, lockBuf [16]uint8
-	shards := m.shardsOf(buckets, shardBuf[:0])
-	locked := m.lock(shards, lockBuf[:0])
+	var hashBuf [16]uint64
+	var lockBuf [16]uint8
+	hashes := m.hashesOf(buckets, hashBuf[:0])
+	locked := m.lock(hashes, lockBuf[:0])
 	defer m.unlock(locked)
 
 	now := m.clock()
@@ -102,7 +111,7 @@ func (m *Memory) Decide(_ context.Context, buckets []Bucket) (Decision, error) {
 	next := nextBuf[:0]
 	allowed := true
 	for i, b := range buckets {
-		s := m.stateOf(shards[i], b.Key, now)
+		s := m.stateOf(hashes[i], b.Key, now)
 		n, r := b.Limit.Apply(s, now, b.Cost)
 		results[i] = r
 		next = append(next, n)
@@ -110,7 +119,7 @@ func (m *Memory) Decide(_ context.Context, buckets []Bucket) (Decision, error) {
 	}
 	if allowed {
 		for i, b := range buckets {
-			m.store(shards[i], b, next[i], now)
+			m.store(hashes[i], b, next[i], now)
 		}
 	}
 	return Combine(results), nil
@@ -118,24 +127,27 @@ func (m *Memory) Decide(_ context.Context, buckets []Bucket) (Decision, error) {
 
 // Adjust implements Store.
 func (m *Memory) Adjust(_ context.Context, buckets []Bucket) error {
-	var shardBuf, lockBuf [16]uint8
-	shards := m.shardsOf(buckets, shardBuf[:0])
-	locked := m.lock(shards, lockBuf[:0])
+	var hashBuf [16]uint64
+	var lockBuf [16]uint8
+	hashes := m.hashesOf(buckets, hashBuf[:0])
+	locked := m.lock(hashes, lockBuf[:0])
 	defer m.unlock(locked)
 	now := m.clock()
 	for i, b := range buckets {
-		m.store(shards[i], b, b.Limit.Adjust(m.stateOf(shards[i], b.Key, now), now, b.Cost), now)
+		m.store(hashes[i], b, b.Limit.Adjust(m.stateOf(hashes[i], b.Key, now), now, b.Cost), now)
 	}
 	return nil
 }
 
-// shardsOf returns the shard of each bucket.
-func (m *Memory) shardsOf(buckets []Bucket, buf []uint8) []uint8 {
+// hashesOf returns the hash of each bucket's key.
+func (m *Memory) hashesOf(buckets []Bucket, buf []uint64) []uint64 {
 	for _, b := range buckets {
-		buf = append(buf, m.shardOf(b.Key))
+		buf = append(buf, maphash.String(m.seed, b.Key))
 	}
 	return buf
 }
+
+func shardOf(hash uint64) uint8 { return uint8(hash % memoryShards) }
 
 // Close stops the sweeper. The state is dropped with the store.
 func (m *Memory) Close() error {
@@ -150,7 +162,7 @@ func (m *Memory) Len() int {
 	for i := range m.shards {
 		s := &m.shards[i]
 		s.mu.Lock()
-		n += len(s.entries)
+		n += s.n
 		s.mu.Unlock()
 	}
 	return n
@@ -165,10 +177,8 @@ func (m *Memory) Sweep() {
 	for i := range m.shards {
 		s := &m.shards[i]
 		s.mu.Lock()
-		for k, e := range s.entries {
-			if e.expires <= now {
-				delete(s.entries, k)
-			}
+		for h := range s.entries {
+			s.removeExpired(h, now)
 		}
 		s.mu.Unlock()
 	}
@@ -188,13 +198,12 @@ func (m *Memory) sweepEvery(interval time.Duration) {
 	}
 }
 
-func (m *Memory) shardOf(key string) uint8 {
-	return uint8(maphash.String(m.seed, key) % memoryShards)
-}
-
-// lock takes the given shards' locks in ascending order, each once.
-func (m *Memory) lock(shards []uint8, buf []uint8) []uint8 {
-	buf = append(buf, shards...)
+// lock takes the shard locks of the given key hashes in ascending shard
+// order, each once.
+func (m *Memory) lock(hashes []uint64, buf []uint8) []uint8 {
+	for _, h := range hashes {
+		buf = append(buf, shardOf(h))
+	}
 	for i := 1; i < len(buf); i++ { // insertion sort: paths are short, and it does not allocate
 		for j := i; j > 0 && buf[j] < buf[j-1]; j-- {
 			buf[j], buf[j-1] = buf[j-1], buf[j]
@@ -220,46 +229,86 @@ func (m *Memory) unlock(shards []uint8) {
 
 // stateOf returns the live state of key; expired state reads as fresh.
 // The caller holds the key's shard lock.
-func (m *Memory) stateOf(shard uint8, key string, now int64) rate.State {
-	if e, ok := m.shards[shard].entries[key]; ok && e.expires > now {
-		return e.state
+func (m *Memory) stateOf(hash uint64, key string, now int64) rate.State {
+	for e := m.shards[shardOf(hash)].entries[hash]; e != nil; e = e.next {
+		if e.key == key {
+			if e.expires > now {
+				return e.state
+			}
+			break
+		}
 	}
 	return rate.State{}
 }
 
 // store writes a bucket's new state. The caller holds the key's shard lock.
-func (m *Memory) store(shard uint8, b Bucket, s rate.State, now int64) {
-	sh := &m.shards[shard]
+func (m *Memory) store(hash uint64, b Bucket, s rate.State, now int64) {
+	sh := &m.shards[shardOf(hash)]
 	expires := now + b.Limit.TTL(s, now)
-	if e, ok := sh.entries[b.Key]; ok {
-		e.state, e.expires = s, expires
-		return
+	head := sh.entries[hash]
+	for e := head; e != nil; e = e.next {
+		if e.key == b.Key {
+			e.state, e.expires = s, expires
+			return
+		}
 	}
 	if expires <= now {
 		return // a full bucket needs no state
 	}
-	if len(sh.entries) >= m.perShard {
+	if sh.n >= m.perShard {
 		m.makeRoom(sh, now)
+		head = sh.entries[hash]
 	}
-	sh.entries[b.Key] = &memoryEntry{state: s, expires: expires}
+	sh.entries[hash] = &memoryEntry{key: b.Key, state: s, expires: expires, next: head}
+	sh.n++
 }
 
-// makeRoom frees one place in a full shard: expired entries first, else the
-// sampled entry nearest to expiry.
-func (m *Memory) makeRoom(sh *memoryShard, now int64) {
-	victim, soonest, seen := "", int64(0), 0
-	for k, e := range sh.entries { // map iteration order is randomised
+// removeExpired drops the expired entries chained at hash. The caller holds
+// the shard lock.
+func (sh *memoryShard) removeExpired(hash uint64, now int64) bool {
+	removed := false
+	var kept *memoryEntry
+	for e := sh.entries[hash]; e != nil; {
+		next := e.next
 		if e.expires <= now {
-			delete(sh.entries, k)
+			sh.n--
+			removed = true
+		} else {
+			e.next, kept = kept, e
+		}
+		e = next
+	}
+	if kept == nil {
+		delete(sh.entries, hash)
+	} else {
+		sh.entries[hash] = kept
+	}
+	return removed
+}
+
+// makeRoom frees at least one place in a full shard: expired entries first,
+// else the sampled entry nearest to expiry.
+func (m *Memory) makeRoom(sh *memoryShard, now int64) {
+	var victim uint64
+	soonest, seen := int64(0), 0
+	for h, e := range sh.entries { // map iteration order is randomised
+		if sh.removeExpired(h, now) {
 			return
 		}
 		if seen == 0 || e.expires < soonest {
-			victim, soonest = k, e.expires
+			victim, soonest = h, e.expires
 		}
 		if seen++; seen == evictionSample {
 			break
 		}
 	}
-	delete(sh.entries, victim)
-	m.evictions.Add(1)
+	if e := sh.entries[victim]; e != nil {
+		if e.next == nil {
+			delete(sh.entries, victim)
+		} else {
+			sh.entries[victim] = e.next
+		}
+		sh.n--
+		m.evictions.Add(1)
+	}
 }
