@@ -34,7 +34,8 @@ func (t *Tree) Resolve(values []string, plan *Plan) {
 	// All the keys of this tree are written into one buffer and cut from
 	// one string: one allocation per tree instead of one per bucket.
 	first := len(plan.Buckets)
-	var buf []byte
+	var stack [512]byte // most paths' keys fit: then only the final string is allocated
+	buf := stack[:0]
 	path := make([]byte, 0, 128)
 	tag, tenantStart := -1, 0 // the tenant's segment in path: the hash tag
 	for i, tier := range t.Tiers {
@@ -76,9 +77,6 @@ func (t *Tree) Resolve(values []string, plan *Plan) {
 			limits = o.Limits
 		}
 		for _, l := range limits {
-			if buf == nil {
-				buf = make([]byte, 0, 4*(2*len(t.Name)+2*len(path)+len(l.id)+8))
-			}
 			buf = append(buf, '{')
 			buf = append(buf, t.Name...)
 			buf = append(buf, '|')
