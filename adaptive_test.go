@@ -2,6 +2,7 @@ package cascade
 
 import (
 	"fmt"
+	"github.com/caddyserver/caddy/v2"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -29,24 +30,45 @@ func TestAdaptiveThrottle(t *testing.T) {
 	}))
 	defer upstream.Close()
 	port := freePort(t)
-	startCaddy(t, fmt.Sprintf(`
+	name := testSeq.Add(1)
+	sites := fmt.Sprintf(`
 http://127.0.0.1:%d {
-	rate_limit {
-		tree t {
-			tier all fixed {
-				limit 1000/s
-				adaptive
+	handle /batch {
+		rate_limit {
+			tree b {
+				tier all fixed {
+					limit 1000/s
+					adaptive
+				}
+			}
+			priority batch
+			shed_at_floor
+			store memory {
+				name adaptive%d
 			}
 		}
-		store memory {
-			name adaptive%d
-		}
+		reverse_proxy %s
 	}
-	reverse_proxy %s
+	handle {
+		rate_limit {
+			tree t {
+				tier all fixed {
+					limit 1000/s
+					adaptive
+				}
+			}
+			store memory {
+				name adaptive%d
+			}
+		}
+		reverse_proxy %s
+	}
 }
-`, port, testSeq.Add(1), strings.TrimPrefix(upstream.URL, "http://")), `cascade {
+`, port, name, strings.TrimPrefix(upstream.URL, "http://"), name, strings.TrimPrefix(upstream.URL, "http://"))
+	global := `cascade {
 		adaptive {
 			interval 50ms
+			floor 0.2
 			cpu off
 			latency 20ms 40ms
 			error_rate 1 5
@@ -55,7 +77,8 @@ http://127.0.0.1:%d {
 			recovery_delay 200ms
 			recovery_time 1s
 		}
-	}`)
+	}`
+	startCaddy(t, sites, global)
 	url := fmt.Sprintf("http://127.0.0.1:%d/", port)
 	quota := func() int {
 		r := do(t, "GET", url)
@@ -88,6 +111,24 @@ http://127.0.0.1:%d {
 	mode.Store("fail")
 	q = waitFor("failing upstream", 5*time.Second, func(q int) bool { return q <= 200 })
 	t.Logf("failing upstream: quota down to %d", q)
+
+	// Batch traffic (factor², floored at 0.2) is at the floor: shed with 503.
+	if r := do(t, "GET", url+"batch"); r.status != http.StatusServiceUnavailable ||
+		!strings.HasSuffix(fmt.Sprint(r.problem(t)["type"]), "#temporary-reduced-capacity") || r.header.Get("Retry-After") == "" {
+		t.Fatalf("batch at the floor: %d %s", r.status, r.body)
+	}
+
+	// A reload keeps the controller, and so the throttling, in place.
+	cfg, err := adapt(t, fmt.Sprintf(globalOptions, global)+sites)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := caddy.Load(cfg, true); err != nil {
+		t.Fatal(err)
+	}
+	if q := quota(); q > 250 {
+		t.Fatalf("after a reload the effective quota jumped back to %d", q)
+	}
 	mode.Store("ok")
 	start := time.Now()
 	waitFor("recovery", 10*time.Second, func(q int) bool { return q == 1000 })

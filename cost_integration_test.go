@@ -213,22 +213,24 @@ func TestReconcileStreamsAndProviders(t *testing.T) {
 		{"anthropic json", "/v1/messages", ""},
 		{"anthropic sse", "/v1/messages", `,"stream":true`},
 	}
-	base := llmSite(t, up.srv.URL, memoryStore().block(t), "reconcile {\n provider auto\n }")
-	for i, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			user := fmt.Sprintf("X-User: u%d", i)
-			body := fmt.Sprintf(pythagoras, tt.stream)
-			start := time.Now()
-			r := post(t, base+tt.path, body, user)
-			if r.status != 200 {
-				t.Fatalf("%d %s", r.status, r.body)
-			}
-			if tt.stream != "" && !strings.Contains(r.body, "data:") {
-				t.Fatalf("stream body not passed through: %q", r.body)
-			}
-			waitRemaining(t, base+tt.path, body, 64, 3000-400, start, user)
-		})
-	}
+	eachStore(t, func(t *testing.T, storeBlock string) {
+		base := llmSite(t, up.srv.URL, storeBlock, "reconcile {\n provider auto\n }")
+		for i, tt := range tests {
+			t.Run(tt.name, func(t *testing.T) {
+				user := fmt.Sprintf("X-User: u%d", i)
+				body := fmt.Sprintf(pythagoras, tt.stream)
+				start := time.Now()
+				r := post(t, base+tt.path, body, user)
+				if r.status != 200 {
+					t.Fatalf("%d %s", r.status, r.body)
+				}
+				if tt.stream != "" && !strings.Contains(r.body, "data:") {
+					t.Fatalf("stream body not passed through: %q", r.body)
+				}
+				waitRemaining(t, base+tt.path, body, 64, 3000-400, start, user)
+			})
+		}
+	})
 }
 
 // TestLLMBadInput: malformed bodies get a clear 400 and never reach the
@@ -348,4 +350,42 @@ func atoi(t *testing.T, s string) int {
 		t.Fatalf("%q is not a number", s)
 	}
 	return n
+}
+
+// TestStreamIsNotBuffered: with reconciliation on, an SSE stream reaches
+// the client event by event. The upstream holds its last event (with the
+// usage) until the client has read the first one: a tap that buffered the
+// stream would deadlock here.
+func TestStreamIsNotBuffered(t *testing.T) {
+	firstSeen := make(chan struct{})
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, "data: {\"choices\":[{\"delta\":{\"content\":\"a²\"}}],\"usage\":null}\n\n")
+		w.(http.Flusher).Flush()
+		select {
+		case <-firstSeen:
+		case <-time.After(5 * time.Second):
+			return // the client never saw the first event: it was buffered
+		}
+		io.WriteString(w, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":20,\"completion_tokens\":30,\"total_tokens\":50}}\n\ndata: [DONE]\n\n")
+	}))
+	defer upstream.Close()
+	url := llmSite(t, upstream.URL, memoryStore().block(t), "reconcile {\n provider openai\n }") + "/v1/chat/completions"
+	req, _ := http.NewRequest("POST", url, strings.NewReader(fmt.Sprintf(pythagoras, `,"stream":true`)))
+	req.Header.Set("X-User", "s")
+	res, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	buf := make([]byte, 4096)
+	n, err := res.Body.Read(buf)
+	if err != nil || !strings.Contains(string(buf[:n]), "a²") {
+		t.Fatalf("first event: %q, %v", buf[:n], err)
+	}
+	close(firstSeen)
+	rest, _ := io.ReadAll(res.Body)
+	if !strings.Contains(string(rest), "[DONE]") {
+		t.Fatalf("stream ended early: %q", rest)
+	}
 }
