@@ -97,11 +97,16 @@ type RedisOptions struct {
 // On a Redis Cluster, a script can only touch keys of one hash slot. Keys
 // built by package hierarchy give a tenant's whole subtree one hash tag, so
 // most decisions still take one script. When a path spans slots (a global
-// ceiling above the tenants), Decide runs one script per slot in parallel,
-// each all-or-nothing, and if any slot denies it refunds the slots that
-// admitted (lua.Adjust with the negated costs). That never over-admits; for
-// the moment between charge and refund, other requests may see those
-// buckets fuller than they are, so it may briefly under-admit.
+// ceiling above the tenants), Decide first runs the script of the slot that
+// holds the path's last bucket (the tenant's subtree); only if it admits
+// are the other slots charged, one script each, in parallel, and if one of
+// them denies, the slots that admitted are refunded (lua.Adjust with the
+// negated costs). If the tenant's slot denies, the others are only asked
+// (a dry run that writes nothing), so remaining counts and Retry-After
+// still cover every limit. That never over-admits; for the moment between a
+// charge and its refund, other requests may see a ceiling fuller than it
+// is, so it may briefly under-admit — but a request its own tenant refuses
+// never holds a ceiling's capacity. It costs two round trips.
 //
 // Every error wraps ErrUnavailable.
 type Redis struct {
@@ -399,57 +404,87 @@ func appendFloat(dst []byte, n int64) []byte {
 func (r *Redis) decideSlots(ctx context.Context, buckets []Bucket, groups [][]int, now, wall int64) (Decision, error) {
 	results := make([]rate.Result, len(buckets))
 	errs := make([]error, len(groups))
-	var wg sync.WaitGroup
+
+	// The slot of the path's last bucket (the tenant's subtree, where the
+	// tight limits are) decides first. Only if it admits are the other
+	// slots (global ceilings) charged: a request its own tenant refuses
+	// never inflates a ceiling that every tenant shares. If it refuses, the
+	// other slots are asked without being charged (a dry run), so that
+	// remaining counts and Retry-After still cover every limit.
+	leaf := 0
 	for g, idx := range groups {
-		run := func() {
-			part := pick(buckets, idx)
-			res := make([]rate.Result, len(part))
-			if errs[g] = r.decide(ctx, part, now, wall, res); errs[g] == nil {
-				for i, j := range idx {
-					results[j] = res[i]
-				}
+		if idx[len(idx)-1] == len(buckets)-1 {
+			leaf = g
+		}
+	}
+	run := func(g int, dry bool) {
+		part := pick(buckets, groups[g])
+		if dry {
+			part = append(part, dryRun(part[0]))
+		}
+		res := make([]rate.Result, len(part))
+		if errs[g] = r.decide(ctx, part, now, wall, res); errs[g] == nil {
+			for i, j := range groups[g] {
+				results[j] = res[i]
 			}
 		}
-		if g == len(groups)-1 {
-			run() // the last slot on this goroutine
+	}
+	run(leaf, false)
+	leafAllowed := errs[leaf] == nil
+	for _, j := range groups[leaf] {
+		leafAllowed = leafAllowed && results[j].Allowed
+	}
+	var wg sync.WaitGroup
+	for g := range groups {
+		if g == leaf {
 			continue
 		}
 		wg.Add(1)
-		go func() { defer wg.Done(); run() }()
+		go func() { defer wg.Done(); run(g, !leafAllowed) }()
 	}
 	wg.Wait()
 
-	allowed := true
-	var charged []int // groups whose script admitted, and so charged
-	for g, idx := range groups {
-		if errs[g] != nil {
-			allowed = false
-			continue
+	if leafAllowed {
+		allowed := true
+		var charged []int // groups whose script admitted, and so charged
+		for g, idx := range groups {
+			if errs[g] != nil {
+				allowed = false
+				continue
+			}
+			groupAllowed := true
+			for _, j := range idx {
+				groupAllowed = groupAllowed && results[j].Allowed
+			}
+			if groupAllowed {
+				charged = append(charged, g)
+			} else {
+				allowed = false
+			}
 		}
-		groupAllowed := true
-		for _, j := range idx {
-			groupAllowed = groupAllowed && results[j].Allowed
+		if !allowed && len(charged) > 0 {
+			r.refund(ctx, buckets, groups, charged, now, wall)
 		}
-		if groupAllowed {
-			charged = append(charged, g)
-		} else {
-			allowed = false
-		}
-	}
-	if !allowed && len(charged) > 0 {
-		r.refund(ctx, buckets, groups, charged, now, wall)
 	}
 	if err := errors.Join(errs...); err != nil {
 		return Decision{}, fmt.Errorf("redis store: decide across %d slots: %w: %w", len(groups), ErrUnavailable, err)
 	}
+	// On a refused leaf, Combine sees its denial: the decision is a denial,
+	// and every bucket reports what it had before.
 	return Combine(results), nil
 }
 
-// refund gives back what the charged slot groups took for a request that
-// another slot denied. It runs even if the request's context is done (a
-// charge must not stay behind because a client went away), bounded by its
-// own Timeout. A failed refund cannot change the decision, a denial: it
-// only leaves capacity taken until it drains, so it is logged, not returned.
+// dryRun is a bucket in b's hash slot that can never admit: added to a
+// script's keys, it makes the script report every other bucket's verdict
+// and write nothing (all or nothing). Its key is never written.
+func dryRun(b Bucket) Bucket {
+	tag := b.Key
+	if i := strings.IndexByte(tag, '}'); i >= 0 {
+		tag = tag[:i+1]
+	}
+	return Bucket{Key: tag + "#dry-run", Limit: rate.Limit{Algorithm: rate.GCRA, Count: 1, Period: time.Second}, Cost: 2}
+}
+
 func (r *Redis) refund(ctx context.Context, buckets []Bucket, groups [][]int, charged []int, now, wall int64) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.timeout)
 	defer cancel()

@@ -309,6 +309,13 @@ func TestRedisExactBurst(t *testing.T) {
 		{Key: "{global}|all", Limit: gcra(10000, time.Hour), Cost: 7},
 		{Key: "{x}|user", Limit: gcra(100, time.Hour), Cost: 7},
 	}
+	// The ceiling (70/7 = 10) binds before the user (100/7 = 14): the
+	// user's slot decides first, so requests it refuses never hold the
+	// ceiling's capacity while they wait for a refund.
+	ceilingBinds := []store.Bucket{
+		{Key: "{global}|all", Limit: gcra(70, time.Hour), Cost: 7},
+		{Key: "{x}|user", Limit: gcra(100, time.Hour), Cost: 7},
+	}
 	tests := []struct {
 		name   string
 		addrs  func(t *testing.T) []string
@@ -321,6 +328,7 @@ func TestRedisExactBurst(t *testing.T) {
 		{"three stores, three tiers", standalone, 3, threeTiers, 14},
 		{"cluster, three stores, three tiers", cluster, 3, threeTiers, 14},
 		{"cluster, three stores, global ceiling in another slot", cluster, 3, crossSlot, 14},
+		{"cluster, three stores, the global ceiling binds", cluster, 3, ceilingBinds, 10},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
