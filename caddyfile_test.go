@@ -11,8 +11,14 @@ import (
 
 func parse(t testing.TB, input string) (*Handler, error) {
 	t.Helper()
+	// Tokenize, not NewTestDispenser: that one exits the process on a
+	// lexer error (an unterminated heredoc), which fuzzing finds.
+	tokens, err := caddyfile.Tokenize([]byte(input), "Testfile")
+	if err != nil {
+		return nil, err
+	}
 	h := new(Handler)
-	err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(input))
+	err = h.UnmarshalCaddyfile(caddyfile.NewDispenser(tokens))
 	return h, err
 }
 
@@ -66,7 +72,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 		`"key":"{http.auth.user.id}","missing":"shared"`, `{"count":100,"per":"30m","algorithm":"sliding"}`,
 		`{"count":100000,"per":"month","timezone":"Europe/Paris"}`, `"adaptive":true`,
 		`"costs":[{"dimension":"tokens","value":"{header.X-Tokens}"}]`,
-		`"addresses":["localhost:6379","10.0.0.2:6379"],"cluster":true`, `"db":2`,
+		`"addresses":["{$REDIS:localhost:6379}","10.0.0.2:6379"],"cluster":true`, `"db":2`,
 		`"tls":{"server_name":"redis.internal","insecure_skip_verify":true}`, `"timeout":150000000`, `"key_prefix":"rl:"`,
 		`"on_store_error":"allow"`, `"mode":"warn"`, `"headers":{"ietf":true,"x_ratelimit":false,"retry_after":false,"openai":true}`,
 		`"jitter":0.2`,
