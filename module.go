@@ -20,6 +20,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -123,6 +124,9 @@ type Handler struct {
 	poolKey    string
 	logger     *zap.Logger
 	metrics    *metrics
+
+	storeErrors      *atomic.Int64 // failures not yet logged
+	storeErrorLogged *atomic.Int64 // when the last one was (unix ns)
 }
 
 // Tree is a hierarchy.Tree with optional request matchers.
@@ -234,6 +238,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	h.peek = bodyLimit(h.Costs)
 	h.adjusting = new(sync.WaitGroup)
+	h.storeErrors, h.storeErrorLogged = new(atomic.Int64), new(atomic.Int64)
 	for _, t := range h.trees {
 		for _, dim := range t.Dimensions() {
 			if dim != hierarchy.Requests && h.costs[dim] == nil {
@@ -378,8 +383,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	h.setPlaceholders(repl, d)
 
 	if d.reason == "store_error" {
-		h.logger.Error("rate limit store failed", zap.Error(err), zap.String("policy", h.onStoreError()))
-		if h.onStoreError() == "allow" {
+		h.logStoreError(err)
+		if h.onStoreError() == "allow" || h.Mode == "shadow" || h.Mode == "warn" {
 			return h.pass(w, r, next)
 		}
 		w.Header().Set("Retry-After", "1")
@@ -434,6 +439,21 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return caddyhttp.Error(code, errors.New(detail))
 	}
 	return h.problem(w, code, d.reason, "Too Many Requests", detail, d)
+}
+
+// logStoreError logs store failures at ERROR, at most once a second with
+// the number of failures since the last line: a dead Redis under load must
+// not turn every request into a log line.
+func (h *Handler) logStoreError(err error) {
+	n := h.storeErrors.Add(1)
+	now := time.Now().UnixNano()
+	last := h.storeErrorLogged.Load()
+	if now-last < int64(time.Second) || !h.storeErrorLogged.CompareAndSwap(last, now) {
+		return
+	}
+	h.storeErrors.Add(-n)
+	h.logger.Error("rate limit store failed", zap.Error(err), zap.Int64("failures", n),
+		zap.String("on_store_error", h.onStoreError()))
 }
 
 // pass hands the request to the next handler and, when the adaptive
