@@ -16,43 +16,57 @@
 // operation for operation. Lua numbers are IEEE-754 doubles like Go's
 // float64, so the same operations in the same order give bit-identical
 // results: the memory store and the Redis store reach the same decisions,
-// remaining counts and retry times. TestScriptsMirrorRate checks that on
-// random states against rate.Limit.Apply and rate.Limit.Adjust.
+// remaining counts and retry times. decide.lua writes GCRA out in its loop
+// rather than calling rate.lua's apply, with the same operations in the same
+// order. TestScriptsMirrorRate checks all of it on random states against
+// rate.Limit.Apply and rate.Limit.Adjust, and TestDecidePathMirrorsRate on
+// random paths of mixed algorithms.
 //
 // # Time
 //
 // A script reads the time from Redis TIME (µs = sec·1e6 + usec), so the
-// clocks of Caddy instances never matter — unless ARGV[1] is non-zero: then
-// it is the time, in µs since the epoch. The Go store sends a non-zero value
-// only when it was given a test clock; that is how the conformance suite
-// drives time.
+// clocks of Caddy instances never matter — unless the clock argument (see
+// below) is non-zero: then it is the time, in µs since the epoch. The Go
+// store sends a non-zero value only when it was given a test clock; that is
+// how the conformance suite drives time.
 //
 // # Calling convention
 //
 // Both scripts take the bucket keys in KEYS (all in one Cluster slot; key i
-// counts from 1, as in Lua) and:
+// counts from 1, as in Lua) and ONE argument, ARGV[1], a string holding
+// every number of the call, little-endian:
 //
-//	ARGV[1]        test clock in µs (decimal), or 0 for Redis TIME
-//	ARGV[2i]       key i's algorithm: "gcra", "sliding" or "calendar"
-//	               (anything else is gcra, as in rate.Limit.Apply)
-//	ARGV[2i+1]     key i's numbers, as little-endian float64s:
-//	                 count     Limit.Count
-//	                 period    Limit.Period in µs (0 for calendar)
-//	                 capacity  Limit.Capacity()
-//	                 cost      Bucket.Cost (Adjust: the signed delta)
-//	               and for calendar only, four more: the bounds, in µs, of the
-//	               previous, current and next calendar windows around the Go
-//	               clock (Limit.Window); the script uses the one holding its
-//	               own time, so clock skew at a boundary never matters
+//	float64        the test clock in µs, or 0 for Redis TIME
+//	then for each key i, in order:
+//	byte           the algorithm: 0 gcra, 1 sliding, 2 calendar
+//	               (any other code is gcra, as in rate.Limit.Apply)
+//	float64 × 4    count     Limit.Count
+//	               period    Limit.Period in µs (0 for calendar)
+//	               capacity  Limit.Capacity()
+//	               cost      Bucket.Cost (Adjust: the signed delta)
+//	float64 × 4    for calendar only: the bounds, in µs, of the previous,
+//	               current and next calendar windows around the Go clock
+//	               (Limit.Window); the script uses the one holding its own
+//	               time, so clock skew at a boundary never matters
 //
-// The numbers are packed because parsing decimal strings in Lua (tonumber)
-// costs more Redis time than the arithmetic; integers below 2^53 are exact
-// either way.
+// The script reads it with struct.unpack at a moving offset. One packed
+// argument, rather than decimal strings (tonumber) or one argument per
+// number, costs Redis the least time; integers below 2^53 are exact.
 //
-// Decide replies with six integers per key, in order: allowed (0/1),
-// impossible (0/1), remaining, before, retry (µs), reset (µs) — the fields
-// of rate.Result. It writes only when every key admits. Adjust replies with
+// Decide replies with ONE string of six little-endian float64s per key, in
+// order: allowed (0/1), impossible (0/1), remaining, before, retry (µs),
+// reset (µs) — the fields of rate.Result, each a whole number. A binary
+// string costs Redis far less to build and send than a table of 6·n
+// integers. Decide writes only when every key admits. Adjust replies with
 // the number of keys adjusted.
+//
+// # Redis time
+//
+// The scripts run on Redis's single thread, so their cost is every
+// instance's latency. Besides the packed argument and reply: decide.lua
+// inlines GCRA (the common algorithm) and the write, and creates the
+// closures of rate.lua (sliding window, calendar) only when a path holds such
+// a bucket, as every closure a script creates costs time on each call.
 //
 // # Storage
 //

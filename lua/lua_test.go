@@ -49,24 +49,64 @@ func TestScriptsLoad(t *testing.T) {
 	}
 }
 
-// args lays out ARGV as the package doc says: the clock, then the
-// algorithm and the packed numbers: count, period, capacity, cost and, for
-// calendars, the previous, current and next windows around wall. It is
-// written here independently of the store's encoder, so the two check each
-// other against the doc.
-func args(now, wall int64, l rate.Limit, cost int64) []any {
-	nums := []int64{l.Count, l.Period.Microseconds(), l.Capacity(), cost}
-	if l.Algorithm == rate.Calendar {
-		s, e := l.Window(wall)
-		p, _ := l.Window(s - 1)
-		_, n := l.Window(e)
-		nums = append(nums, p, s, e, n)
+// args lays out ARGV as the package doc says: one string of little-endian
+// float64s (the algorithm code a byte) holding the clock, then per bucket
+// the algorithm code, count, period, capacity, cost and, for calendars,
+// the previous, current and next windows around wall. It is written here
+// independently of the store's encoder, so the two check each other
+// against the doc.
+func args(now, wall int64, buckets ...bucketArgs) []any {
+	spec := f64(nil, now)
+	for _, b := range buckets {
+		l := b.limit
+		code := byte(0)
+		switch l.Algorithm {
+		case rate.Sliding:
+			code = 1
+		case rate.Calendar:
+			code = 2
+		}
+		spec = append(spec, code)
+		nums := []int64{l.Count, l.Period.Microseconds(), l.Capacity(), b.cost}
+		if l.Algorithm == rate.Calendar {
+			s, e := l.Window(wall)
+			p, _ := l.Window(s - 1)
+			_, n := l.Window(e)
+			nums = append(nums, p, s, e, n)
+		}
+		for _, n := range nums {
+			spec = f64(spec, n)
+		}
 	}
-	var spec []byte
-	for _, n := range nums {
-		spec = binary.LittleEndian.AppendUint64(spec, math.Float64bits(float64(n)))
+	return []any{spec}
+}
+
+// bucketArgs is one key's limit and cost (or delta) for args.
+type bucketArgs struct {
+	limit rate.Limit
+	cost  int64
+}
+
+func f64(dst []byte, n int64) []byte {
+	return binary.LittleEndian.AppendUint64(dst, math.Float64bits(float64(n)))
+}
+
+// decideReply reads a Decide reply: six little-endian float64s per key,
+// each a whole number.
+func decideReply(t *testing.T, reply string) []int64 {
+	t.Helper()
+	if len(reply)%48 != 0 {
+		t.Fatalf("decide reply of %d bytes is not six float64s per key", len(reply))
 	}
-	return []any{now, string(l.Algorithm), spec}
+	out := make([]int64, len(reply)/8)
+	for i := range out {
+		f := math.Float64frombits(binary.LittleEndian.Uint64([]byte(reply[8*i:])))
+		if f != math.Trunc(f) {
+			t.Fatalf("decide reply value %d is %v, not a whole number", i, f)
+		}
+		out[i] = int64(f)
+	}
+	return out
 }
 
 // encodeState is a stored state with an expiry hint E of e.
@@ -244,15 +284,16 @@ func TestScriptsMirrorRate(t *testing.T) {
 		var want rate.State
 		store := true
 		if adjust {
-			if err := lua.Adjust.Run(ctx, c, []string{key}, args(tc.now, tc.wall, tc.limit, tc.cost)...).Err(); err != nil {
+			if err := lua.Adjust.Run(ctx, c, []string{key}, args(tc.now, tc.wall, bucketArgs{tc.limit, tc.cost})...).Err(); err != nil {
 				t.Fatalf("case %d (%v): Adjust: %v", i, tc, err)
 			}
 			want = tc.limit.Adjust(tc.state, tc.now, tc.cost)
 		} else {
-			got, err := lua.Decide.Run(ctx, c, []string{key}, args(tc.now, tc.wall, tc.limit, tc.cost)...).Int64Slice()
+			raw, err := lua.Decide.Run(ctx, c, []string{key}, args(tc.now, tc.wall, bucketArgs{tc.limit, tc.cost})...).Text()
 			if err != nil {
 				t.Fatalf("case %d (%v): Decide: %v", i, tc, err)
 			}
+			got := decideReply(t, raw)
 			next, res := tc.limit.Apply(tc.state, tc.now, tc.cost)
 			wantReply := []int64{b2i(res.Allowed), b2i(res.Impossible), res.Remaining, res.Before, res.RetryAfter, res.Reset}
 			if fmt.Sprint(got) != fmt.Sprint(wantReply) {
@@ -310,6 +351,89 @@ func TestScriptsMirrorRate(t *testing.T) {
 	t.Logf("outcomes: %v", outcomes)
 }
 
+// TestDecidePathMirrorsRate runs random paths of one to six buckets of
+// mixed algorithms through one lua.Decide, so that every bucket's numbers
+// are read at the right offset of the packed argument, and requires each
+// bucket's reply to be rate.Limit.Apply's and the stored states to be all
+// written (every bucket admits) or all untouched.
+func TestDecidePathMirrorsRate(t *testing.T) {
+	c := client(t)
+	ctx := context.Background()
+	seed := uint64(time.Now().UnixNano())
+	r := rand.New(rand.NewPCG(seed, 11))
+	t.Logf("seed %d", seed)
+	n := 600
+	if testing.Short() {
+		n = 100
+	}
+	admitted := 0
+	for i := 0; i < n; i++ {
+		path := make([]testCase, 1+r.IntN(6))
+		keys := make([]string, len(path))
+		buckets := make([]bucketArgs, len(path))
+		for j := range path {
+			path[j] = randomCase(r)
+			keys[j] = fmt.Sprintf("{lua-path-%d}:%d", seed, j)
+			buckets[j] = bucketArgs{path[j].limit, path[j].cost}
+			if path[j].fresh {
+				c.Del(ctx, keys[j])
+			} else {
+				c.Set(ctx, keys[j], encodeState(path[j].state, 0), 0)
+			}
+		}
+		now := path[0].now // one instant for the whole decision
+		raw, err := lua.Decide.Run(ctx, c, keys, args(now, now, buckets...)...).Text()
+		if err != nil {
+			t.Fatalf("path %d: Decide: %v", i, err)
+		}
+		got := decideReply(t, raw)
+		if len(got) != 6*len(path) {
+			t.Fatalf("path %d: %d reply values for %d buckets", i, len(got), len(path))
+		}
+		all := true
+		next := make([]rate.State, len(path))
+		for j, tc := range path {
+			var res rate.Result
+			next[j], res = tc.limit.Apply(tc.state, now, tc.cost)
+			want := []int64{b2i(res.Allowed), b2i(res.Impossible), res.Remaining, res.Before, res.RetryAfter, res.Reset}
+			if fmt.Sprint(got[6*j:6*j+6]) != fmt.Sprint(want) {
+				t.Fatalf("path %d bucket %d (%v at %d):\nscript replied %v\nrate.Apply     %v", i, j, tc, now, got[6*j:6*j+6], want)
+			}
+			all = all && res.Allowed
+		}
+		if all {
+			admitted++
+		}
+		for j, tc := range path {
+			v, err := c.Get(ctx, keys[j]).Result()
+			switch {
+			case !all && tc.fresh:
+				if !errors.Is(err, redis.Nil) {
+					t.Fatalf("path %d bucket %d: a denied path wrote %q", i, j, v)
+				}
+			case !all:
+				if v != encodeState(tc.state, 0) {
+					t.Fatalf("path %d bucket %d: a denied path changed the state to %q (%v)", i, j, v, err)
+				}
+			case tc.limit.TTL(next[j], now) <= 0:
+				if !errors.Is(err, redis.Nil) {
+					t.Fatalf("path %d bucket %d: want no key for a full bucket, have %q (%v)", i, j, v, err)
+				}
+			case errors.Is(err, redis.Nil) && tc.limit.TTL(next[j], now) < 2_000_000:
+				// a very short TTL may run out in real time before GET
+			default:
+				if err != nil {
+					t.Fatalf("path %d bucket %d: GET: %v", i, j, err)
+				}
+				if st, _ := decodeState(t, v); !sameState(st, next[j]) {
+					t.Fatalf("path %d bucket %d (%v):\nscript stored %+v\nrate wants    %+v", i, j, tc, st, next[j])
+				}
+			}
+		}
+	}
+	t.Logf("%d of %d paths admitted", admitted, n)
+}
+
 func algName(l rate.Limit) string {
 	if l.Algorithm == "" {
 		return "(gcra)"
@@ -328,7 +452,7 @@ func TestDecideAllOrNothing(t *testing.T) {
 	c.Del(ctx, keys...)
 	org := rate.Limit{Algorithm: rate.GCRA, Count: 10, Period: time.Minute}
 	user := rate.Limit{Algorithm: rate.GCRA, Count: 1, Period: time.Hour}
-	argv := append(args(now, now, org, 1), args(now, now, user, 1)[1:]...)
+	argv := args(now, now, bucketArgs{org, 1}, bucketArgs{user, 1})
 
 	tests := []struct {
 		name     string
@@ -339,10 +463,11 @@ func TestDecideAllOrNothing(t *testing.T) {
 		{"user denies, org untouched", []int64{1, 0, 8, 9, 0, 12000000, 0, 0, 0, 0, 3600000001, 3600000000}, 1},
 	}
 	for _, tt := range tests {
-		got, err := lua.Decide.Run(ctx, c, keys, argv...).Int64Slice()
+		raw, err := lua.Decide.Run(ctx, c, keys, argv...).Text()
 		if err != nil {
 			t.Fatalf("%s: %v", tt.name, err)
 		}
+		got := decideReply(t, raw)
 		if fmt.Sprint(got) != fmt.Sprint(tt.want) {
 			t.Fatalf("%s: reply %v, want %v", tt.name, got, tt.want)
 		}
@@ -353,7 +478,7 @@ func TestDecideAllOrNothing(t *testing.T) {
 
 	// With 0 for the clock, the script reads TIME: the stored T is Redis's now.
 	c.Del(ctx, keys...)
-	argv[0] = 0
+	argv = args(0, now, bucketArgs{org, 1}, bucketArgs{user, 1})
 	if err := lua.Decide.Run(ctx, c, keys, argv...).Err(); err != nil {
 		t.Fatal(err)
 	}

@@ -323,21 +323,30 @@ func (r *Redis) now() (now, wall int64) {
 // a Cluster, and fills results.
 func (r *Redis) decide(ctx context.Context, buckets []Bucket, now, wall int64, results []rate.Result) error {
 	keys, args := r.encode(buckets, now, wall, false)
-	var reply []int64
+	var reply string
 	var err error
 	if r.batch != nil {
 		reply, err = r.batch.do(ctx, keys, args)
 	} else {
-		reply, err = lua.Decide.Run(ctx, r.client, keys, args...).Int64Slice()
+		reply, err = lua.Decide.Run(ctx, r.client, keys, args...).Text()
 	}
 	if err != nil {
 		return err
 	}
-	if len(reply) != 6*len(buckets) {
-		return fmt.Errorf("decide script returned %d values for %d buckets", len(reply), len(buckets))
+	return decodeReply(reply, results)
+}
+
+// decodeReply reads lua.Decide's reply, six little-endian float64s per
+// bucket (whole numbers), into results.
+func decodeReply(reply string, results []rate.Result) error {
+	if len(reply) != 6*8*len(results) {
+		return fmt.Errorf("decide script returned %d bytes for %d buckets", len(reply), len(results))
 	}
-	for i := range buckets {
-		v := reply[6*i : 6*i+6]
+	var v [6]int64
+	for i := range results {
+		for j := range v {
+			v[j] = int64(math.Float64frombits(binary.LittleEndian.Uint64([]byte(reply[48*i+8*j : 48*i+8*j+8]))))
+		}
 		results[i] = rate.Result{
 			Allowed:    v[0] == 1,
 			Impossible: v[1] == 1,
@@ -357,13 +366,21 @@ func (r *Redis) adjust(ctx context.Context, buckets []Bucket, now, wall int64) e
 	return lua.Adjust.Run(ctx, r.client, keys, args...).Err()
 }
 
-// encode lays out KEYS and ARGV as package lua documents: the clock, then
-// per bucket its algorithm and its numbers packed as little-endian
-// float64s. refund sends -Cost: it gives back what a decision charged.
+// Algorithm codes of the packed script arguments (see package lua).
+const (
+	codeGCRA     = 0
+	codeSliding  = 1
+	codeCalendar = 2
+)
+
+// encode lays out KEYS and ARGV as package lua documents: one argument,
+// the clock then per bucket its algorithm code and its numbers, packed as
+// little-endian float64s. refund sends -Cost: it gives back what a
+// decision charged.
 func (r *Redis) encode(buckets []Bucket, now, wall int64, refund bool) ([]string, []any) {
 	keys := make([]string, len(buckets))
-	args := make([]any, 1, 1+2*len(buckets))
-	args[0] = now
+	spec := make([]byte, 0, 8+len(buckets)*(1+4*8))
+	spec = appendFloat(spec, now)
 	for i, b := range buckets {
 		keys[i] = r.prefix + b.Key
 		l := b.Limit
@@ -371,7 +388,14 @@ func (r *Redis) encode(buckets []Bucket, now, wall int64, refund bool) ([]string
 		if refund {
 			cost = -cost
 		}
-		spec := make([]byte, 0, 8*8)
+		code := byte(codeGCRA)
+		switch l.Algorithm {
+		case rate.Sliding:
+			code = codeSliding
+		case rate.Calendar:
+			code = codeCalendar
+		}
+		spec = append(spec, code)
 		spec = appendFloat(spec, l.Count)
 		spec = appendFloat(spec, l.Period.Microseconds())
 		spec = appendFloat(spec, l.Capacity())
@@ -388,9 +412,8 @@ func (r *Redis) encode(buckets []Bucket, now, wall int64, refund bool) ([]string
 			spec = appendFloat(spec, end)
 			spec = appendFloat(spec, next)
 		}
-		args = append(args, string(l.Algorithm), spec)
 	}
-	return keys, args
+	return keys, []any{spec}
 }
 
 // appendFloat appends n as a little-endian float64, exact below 2^53.

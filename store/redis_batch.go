@@ -31,7 +31,7 @@ type call struct {
 	ctx   context.Context
 	keys  []string
 	args  []any
-	reply []int64
+	reply string
 	err   error
 	done  chan struct{}
 }
@@ -57,14 +57,14 @@ func newBatcher(client redis.UniversalClient, script *redis.Script, timeout time
 }
 
 // do runs the script for one decision and waits for its reply, or for ctx.
-func (b *batcher) do(ctx context.Context, keys []string, args []any) ([]int64, error) {
+func (b *batcher) do(ctx context.Context, keys []string, args []any) (string, error) {
 	c := &call{ctx: ctx, keys: keys, args: args, done: make(chan struct{})}
 	select {
 	case b.queue <- c:
 	case <-b.stop:
-		return nil, redis.ErrClosed
+		return "", redis.ErrClosed
 	case <-ctx.Done():
-		return nil, ctx.Err()
+		return "", ctx.Err()
 	}
 	select {
 	case <-c.done:
@@ -72,7 +72,7 @@ func (b *batcher) do(ctx context.Context, keys []string, args []any) ([]int64, e
 	case <-ctx.Done():
 		// The script may still run: as with any timed-out call, the
 		// request is then charged without being served.
-		return nil, ctx.Err()
+		return "", ctx.Err()
 	}
 }
 
@@ -127,7 +127,7 @@ func (b *batcher) send(batch []*call) {
 	defer cancel()
 	if len(live) == 1 { // nothing to share: the script's own EVALSHA-then-EVAL path
 		c := live[0]
-		c.reply, c.err = b.script.Run(ctx, b.client, c.keys, c.args...).Int64Slice()
+		c.reply, c.err = b.script.Run(ctx, b.client, c.keys, c.args...).Text()
 		close(c.done)
 		return
 	}
@@ -138,10 +138,10 @@ func (b *batcher) send(batch []*call) {
 	}
 	_, _ = pipe.Exec(ctx) // errors are per command, below
 	for i, c := range live {
-		c.reply, c.err = cmds[i].Int64Slice()
+		c.reply, c.err = cmds[i].Text()
 		if c.err != nil && strings.HasPrefix(c.err.Error(), "NOSCRIPT") {
 			// The script cache was flushed: this call loads it again.
-			c.reply, c.err = b.script.Run(ctx, b.client, c.keys, c.args...).Int64Slice()
+			c.reply, c.err = b.script.Run(ctx, b.client, c.keys, c.args...).Text()
 		}
 		close(c.done)
 	}
