@@ -3,6 +3,7 @@ package cascade
 import (
 	"fmt"
 	"github.com/caddyserver/caddy/v2"
+	"golang.org/x/crypto/bcrypt"
 	"net/http"
 	"strconv"
 	"strings"
@@ -449,5 +450,67 @@ http://127.0.0.1:%d {
 	}
 	if r := do(t, "GET", url, "X-User: u"); r.status != http.StatusTooManyRequests {
 		t.Fatalf("the reload reset the quota: 4th request got %d", r.status)
+	}
+}
+
+// TestIdentitiesFromAuthAndPath: with the default directive order,
+// rate_limit runs after authentication, so {http.auth.user.id} is there
+// for key templates; path segments work as keys too.
+func TestIdentitiesFromAuthAndPath(t *testing.T) {
+	hash, err := bcrypt.GenerateFromPassword([]byte("secret"), bcrypt.MinCost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := freePort(t)
+	startCaddy(t, fmt.Sprintf(`
+http://127.0.0.1:%d {
+	basic_auth {
+		alice %s
+		bob %s
+	}
+	rate_limit {
+		tree t {
+			tier user {http.auth.user.id} {
+				limit 3/h
+			}
+			tier tenant {path.1} {
+				limit 2/h
+			}
+		}
+		store memory {
+			name auth%d
+		}
+	}
+	respond "hi {http.auth.user.id}"
+}
+`, port, hash, hash, testSeq.Add(1)))
+	get := func(user, path string) int {
+		req, _ := http.NewRequest("GET", fmt.Sprintf("http://127.0.0.1:%d%s", port, path), nil)
+		if user != "" {
+			req.SetBasicAuth(user, "secret")
+		}
+		res, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		return res.StatusCode
+	}
+	if s := get("", "/t/acme"); s != http.StatusUnauthorized {
+		t.Fatalf("no credentials: %d, want 401 from basic_auth before rate_limit", s)
+	}
+	for i, want := range []int{200, 200, 429} { // tenant acme: 2/h
+		if s := get("alice", "/t/acme"); s != want {
+			t.Fatalf("alice request %d on /t/acme: %d, want %d", i, s, want)
+		}
+	}
+	if s := get("alice", "/t/globex"); s != 200 { // alice's 3rd: the 429 charged nothing
+		t.Fatalf("alice on /t/globex: %d", s)
+	}
+	if s := get("alice", "/t/initech"); s != 429 { // alice has used her 3
+		t.Fatalf("alice's 4th: %d, want 429", s)
+	}
+	if s := get("bob", "/t/initech"); s != 200 { // bob is another user
+		t.Fatalf("bob: %d", s)
 	}
 }
