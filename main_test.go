@@ -24,7 +24,7 @@ func redisStore() storeKind {
 }
 
 func TestRedisExample(t *testing.T) {
-	srv := redistest.Shared(t)
+	srv := redistest.Start(t) // its own server: the example uses the default key prefix
 	t.Setenv("REDIS_ADDR", srv.Addr())
 	exerciseQuickstart(t, runExample(t, "examples/redis/Caddyfile"))
 }
