@@ -396,16 +396,9 @@ func (w *llmWalk) message(c *jsonCursor) error {
 // or a single part object.
 func (w *llmWalk) content(c *jsonCursor) error {
 	switch c.peek() {
-	case '"':
-		raw, esc, err := c.str()
-		if err != nil {
-			return err
-		}
-		w.text(raw, esc)
-		return nil
 	case '[':
 		return c.array(func() error { return w.part(c) })
-	case '{':
+	case '"', '{': // a plain string reads as a text part
 		return w.part(c)
 	case 'n':
 		return c.literal("null")
