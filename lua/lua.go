@@ -6,8 +6,9 @@
 //
 // A decision must read every bucket on a request's path, check them all and
 // charge them all or none, atomically with respect to every other Caddy
-// instance. A Lua script runs atomically inside Redis, so one EVALSHA is one
-// decision: one round trip whatever the number of tiers and limits.
+// instance. A Lua script runs atomically inside Redis, so one EVALSHA decides
+// a request: one round trip whatever the number of tiers and limits (and,
+// under load, one EVALSHA decides a whole batch of requests; see Batches).
 //
 // # Mirroring package rate
 //
@@ -32,12 +33,12 @@
 //
 // # Calling convention
 //
-// Both scripts take the bucket keys in KEYS (all in one Cluster slot; key i
-// counts from 1, as in Lua) and ONE argument, ARGV[1], a string holding
-// every number of the call, little-endian:
+// Both scripts take bucket keys in KEYS (all in one Cluster slot; key i
+// counts from 1, as in Lua) and the numbers of a decision in ONE packed
+// string, little-endian:
 //
 //	float64        the test clock in µs, or 0 for Redis TIME
-//	then for each key i, in order:
+//	then for each bucket, in order:
 //	byte           the algorithm: 0 gcra, 1 sliding, 2 calendar
 //	               (any other code is gcra, as in rate.Limit.Apply)
 //	float64 × 4    count     Limit.Count
@@ -53,12 +54,31 @@
 // argument, rather than decimal strings (tonumber) or one argument per
 // number, costs Redis the least time; integers below 2^53 are exact.
 //
-// Decide replies with ONE string of six little-endian float64s per key, in
-// order: allowed (0/1), impossible (0/1), remaining, before, retry (µs),
-// reset (µs) — the fields of rate.Result, each a whole number. A binary
-// string costs Redis far less to build and send than a table of 6·n
-// integers. Decide writes only when every key admits. Adjust replies with
-// the number of keys adjusted.
+// Adjust takes one such string, ARGV[1], for the keys in KEYS, in order,
+// and replies with the number of keys adjusted.
+//
+// Decide takes one or more decisions: ARGV[2], ARGV[3], ... one string
+// each, applied in order, each all or nothing on its own, all of them one
+// atomic step. KEYS holds each distinct key once, and ARGV[1] maps every
+// bucket of every decision, in order, to its key: one little-endian uint16
+// index into KEYS (from 1) per bucket, or the empty string when bucket j of
+// the call is simply KEYS[j] (a lone decision). Decide writes a key only if
+// a decision that admits charges it, and each key at most once per call. It
+// replies with ONE string of six little-endian float64s per bucket, every
+// decision's buckets in order: allowed (0/1), impossible (0/1), remaining,
+// before, retry (µs), reset (µs) — the fields of rate.Result, each a whole
+// number. A binary string costs Redis far less to build and send than a
+// table of 6·n integers.
+//
+// # Batches
+//
+// The Redis store sends the decisions that queue up while others are on
+// the wire as one Decide call. Redis then pays the fixed cost of a script
+// call (dispatch, TIME, the MGET, creating the script's tables) once for
+// the batch, and reads and writes a key that several decisions share — an
+// organisation's or a team's bucket — once instead of once per decision.
+// The result is the same as the decisions sent one by one in that order at
+// one instant: TestDecideBatchIsSequential checks it.
 //
 // # Redis time
 //

@@ -81,6 +81,12 @@ func args(now, wall int64, buckets ...bucketArgs) []any {
 	return []any{spec}
 }
 
+// decideArgs is ARGV of a lone decision for lua.Decide: no key map (bucket
+// j uses KEYS[j]), then the decision's packed numbers.
+func decideArgs(now, wall int64, buckets ...bucketArgs) []any {
+	return append([]any{""}, args(now, wall, buckets...)...)
+}
+
 // bucketArgs is one key's limit and cost (or delta) for args.
 type bucketArgs struct {
 	limit rate.Limit
@@ -289,7 +295,7 @@ func TestScriptsMirrorRate(t *testing.T) {
 			}
 			want = tc.limit.Adjust(tc.state, tc.now, tc.cost)
 		} else {
-			raw, err := lua.Decide.Run(ctx, c, []string{key}, args(tc.now, tc.wall, bucketArgs{tc.limit, tc.cost})...).Text()
+			raw, err := lua.Decide.Run(ctx, c, []string{key}, decideArgs(tc.now, tc.wall, bucketArgs{tc.limit, tc.cost})...).Text()
 			if err != nil {
 				t.Fatalf("case %d (%v): Decide: %v", i, tc, err)
 			}
@@ -382,7 +388,7 @@ func TestDecidePathMirrorsRate(t *testing.T) {
 			}
 		}
 		now := path[0].now // one instant for the whole decision
-		raw, err := lua.Decide.Run(ctx, c, keys, args(now, now, buckets...)...).Text()
+		raw, err := lua.Decide.Run(ctx, c, keys, decideArgs(now, now, buckets...)...).Text()
 		if err != nil {
 			t.Fatalf("path %d: Decide: %v", i, err)
 		}
@@ -452,7 +458,7 @@ func TestDecideAllOrNothing(t *testing.T) {
 	c.Del(ctx, keys...)
 	org := rate.Limit{Algorithm: rate.GCRA, Count: 10, Period: time.Minute}
 	user := rate.Limit{Algorithm: rate.GCRA, Count: 1, Period: time.Hour}
-	argv := args(now, now, bucketArgs{org, 1}, bucketArgs{user, 1})
+	argv := decideArgs(now, now, bucketArgs{org, 1}, bucketArgs{user, 1})
 
 	tests := []struct {
 		name     string
@@ -478,7 +484,7 @@ func TestDecideAllOrNothing(t *testing.T) {
 
 	// With 0 for the clock, the script reads TIME: the stored T is Redis's now.
 	c.Del(ctx, keys...)
-	argv = args(0, now, bucketArgs{org, 1}, bucketArgs{user, 1})
+	argv = decideArgs(0, now, bucketArgs{org, 1}, bucketArgs{user, 1})
 	if err := lua.Decide.Run(ctx, c, keys, argv...).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -497,4 +503,146 @@ func b2i(b bool) int64 {
 		return 1
 	}
 	return 0
+}
+
+// TestDecideBatchIsSequential sends random batches of decisions over a few
+// shared keys as ONE lua.Decide call (KEYS each distinct key once, ARGV[1]
+// the key index of every bucket) and requires the outcome of the decisions
+// applied one after the other in Go at the same instant: every reply, each
+// key's final state bit for bit (no key for a full bucket), and an expiry
+// on every written key that covers its Limit.TTL.
+func TestDecideBatchIsSequential(t *testing.T) {
+	c := client(t)
+	ctx := context.Background()
+	seed := uint64(time.Now().UnixNano())
+	r := rand.New(rand.NewPCG(seed, 13))
+	t.Logf("seed %d", seed)
+	n := 300
+	if testing.Short() {
+		n = 50
+	}
+	const nkeys = 6
+	shared, admitted, decisions := 0, 0, 0
+	for i := 0; i < n; i++ {
+		now := randomCase(r).now
+		keys := make([]string, nkeys)
+		limits := make([]rate.Limit, nkeys)
+		state := make([]rate.State, nkeys) // the Go model of each key
+		for k := range keys {
+			tc := randomCase(r)
+			keys[k] = fmt.Sprintf("{lua-batch-%d}:%d", seed, k)
+			limits[k] = tc.limit
+			// The random state, moved to this batch's instant.
+			st := tc.state
+			switch tc.limit.Algorithm {
+			case rate.Sliding:
+				p := tc.limit.Period.Microseconds()
+				st.T = now - now%p - p*r.Int64N(2)
+			case rate.Calendar:
+				st.T, _ = tc.limit.Window(now)
+			default:
+				st.T += now - tc.now
+			}
+			switch {
+			case tc.fresh:
+				c.Del(ctx, keys[k])
+				st = rate.State{}
+			case r.IntN(2) == 0:
+				c.Set(ctx, keys[k], encodeState(st, 0), 0)
+			default: // an expiry hint that a later write may keep
+				px := 1000 + r.Int64N(100_000_000)
+				c.Set(ctx, keys[k], encodeState(st, float64(now+(px-1)*1000)), time.Duration(px)*time.Millisecond)
+			}
+			state[k] = st
+		}
+
+		// The batch: 1 to 12 decisions, each a path of 1 to 4 of the keys.
+		var index []byte
+		argv := []any{nil}
+		type bucket struct {
+			k    int
+			cost int64
+		}
+		var batch [][]bucket
+		for d := 1 + r.IntN(12); d > 0; d-- {
+			var path []bucket
+			var ba []bucketArgs
+			for _, k := range r.Perm(nkeys)[:1+r.IntN(4)] {
+				cost := r.Int64N(limits[k].Capacity()/3 + 2)
+				path = append(path, bucket{k, cost})
+				ba = append(ba, bucketArgs{limits[k], cost})
+				index = binary.LittleEndian.AppendUint16(index, uint16(k+1))
+			}
+			batch = append(batch, path)
+			argv = append(argv, args(now, now, ba...)...)
+		}
+		argv[0] = index
+		raw, err := lua.Decide.Run(ctx, c, keys, argv...).Text()
+		if err != nil {
+			t.Fatalf("batch %d: Decide: %v", i, err)
+		}
+		got := decideReply(t, raw)
+
+		// The same decisions, one after the other, in Go.
+		var want []int64
+		written := map[int]bool{}
+		for _, path := range batch {
+			decisions++
+			next := make([]rate.State, len(path))
+			all := true
+			for j, b := range path {
+				var res rate.Result
+				next[j], res = limits[b.k].Apply(state[b.k], now, b.cost)
+				want = append(want, b2i(res.Allowed), b2i(res.Impossible), res.Remaining, res.Before, res.RetryAfter, res.Reset)
+				all = all && res.Allowed
+			}
+			if !all {
+				continue
+			}
+			admitted++
+			for j, b := range path {
+				if written[b.k] {
+					shared++
+				}
+				written[b.k] = true
+				state[b.k] = next[j]
+				if limits[b.k].TTL(next[j], now) <= 0 {
+					state[b.k] = rate.State{} // a full bucket: the key is deleted
+				}
+			}
+		}
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("batch %d at %d of %v over %v:\nscript replied %v\nin order, Go   %v", i, now, batch, limits, got, want)
+		}
+		for k := range keys {
+			if !written[k] {
+				continue
+			}
+			ttl := limits[k].TTL(state[k], now)
+			v, err := c.Get(ctx, keys[k]).Result()
+			if ttl <= 0 {
+				if !errors.Is(err, redis.Nil) && !sameState(state[k], rate.State{}) {
+					t.Fatalf("batch %d key %d: want no key for a full bucket, have %q (%v)", i, k, v, err)
+				}
+				continue
+			}
+			if errors.Is(err, redis.Nil) && ttl < 2_000_000 {
+				continue // a very short TTL may run out in real time before GET
+			}
+			if err != nil {
+				t.Fatalf("batch %d key %d: GET: %v", i, k, err)
+			}
+			if st, _ := decodeState(t, v); !sameState(st, state[k]) {
+				t.Fatalf("batch %d key %d (%+v):\nscript stored %+v\nin order, Go  %+v", i, k, limits[k], st, state[k])
+			}
+			pttl := c.PTTL(ctx, keys[k]).Val()
+			if pttl <= 0 || pttl.Microseconds() < ttl-1_000_000 {
+				t.Fatalf("batch %d key %d: PTTL %v does not cover a TTL of %d µs", i, k, pttl, ttl)
+			}
+		}
+	}
+	t.Logf("%d decisions, %d admitted, %d writes to a key an earlier decision of the batch wrote", decisions, admitted, shared)
+	if shared == 0 {
+		t.Fatal("no batch wrote one key twice: the test does not exercise shared keys")
+	}
 }

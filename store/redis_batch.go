@@ -2,6 +2,8 @@ package store
 
 import (
 	"context"
+	"encoding/binary"
+	"fmt"
 	"strings"
 	"sync"
 	"time"
@@ -9,17 +11,27 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// batcher sends the decisions that arrive while earlier ones are on the
-// wire together, as one pipeline of EVALSHAs. Each decision is still ONE
-// script call, atomic on its own; what the decisions share is a write and
-// a read on one connection. On loopback those system calls, not the script,
-// are most of a decision's cost, so under concurrency the Redis store does
-// several times the work per CPU second. A lone request is sent at once:
-// batching never waits for company, it only takes what is already queued.
+// batcher sends decisions to Redis. A decision that arrives while Redis is
+// idle goes at once, as its own lua.Decide call; the decisions that arrive
+// while earlier ones are on the wire wait for the next free worker and go
+// together, as ONE lua.Decide call over all of them (one per hash slot on
+// a Cluster). Batching never waits for company: it only takes what is
+// already queued, so it costs a lone request nothing.
+//
+// What a batch saves is most of the cost of a decision under load. Redis
+// pays the fixed price of a script call (the dispatch, TIME, the MGET, the
+// script's tables) once per batch instead of once per decision; a key that
+// several decisions share, as every request of an organisation shares its
+// organisation's bucket, is read and written once per batch; and the
+// system calls of a round trip are shared on both sides. Each decision is
+// still all or nothing on its own, and the batch is one atomic step: the
+// outcome is that of the decisions sent one by one, in queue order, at one
+// instant.
 type batcher struct {
 	client  redis.UniversalClient
 	script  *redis.Script
 	timeout time.Duration
+	cluster bool // group batches by hash slot
 	queue   chan *call
 	stop    chan struct{}
 	done    sync.WaitGroup
@@ -28,24 +40,27 @@ type batcher struct {
 
 // call is one decision waiting for its reply.
 type call struct {
-	ctx   context.Context
-	keys  []string
-	args  []any
-	reply string
-	err   error
-	done  chan struct{}
+	ctx      context.Context
+	deadline time.Time
+	keys     []string
+	spec     []byte // the decision's packed numbers (see package lua)
+	reply    string
+	err      error
+	done     chan struct{}
 }
 
 const (
-	batchWorkers = 4  // pipelines in flight at once, each on its own connection
-	batchMax     = 64 // decisions in one pipeline at most
+	batchWorkers    = 2    // batches in flight at once, each on its own connection
+	batchMax        = 64   // decisions in one batch at most
+	batchMaxBuckets = 1024 // buckets in one batch at most: a bounded script run, and key indexes fit a uint16
 )
 
-func newBatcher(client redis.UniversalClient, script *redis.Script, timeout time.Duration) *batcher {
+func newBatcher(client redis.UniversalClient, script *redis.Script, timeout time.Duration, cluster bool) *batcher {
 	b := &batcher{
 		client:  client,
 		script:  script,
 		timeout: timeout,
+		cluster: cluster,
 		queue:   make(chan *call, 1024),
 		stop:    make(chan struct{}),
 	}
@@ -56,15 +71,20 @@ func newBatcher(client redis.UniversalClient, script *redis.Script, timeout time
 	return b
 }
 
-// do runs the script for one decision and waits for its reply, or for ctx.
-func (b *batcher) do(ctx context.Context, keys []string, args []any) (string, error) {
-	c := &call{ctx: ctx, keys: keys, args: args, done: make(chan struct{})}
+// do decides one decision, keys and its packed numbers, and waits for its
+// reply, for ctx, or until deadline.
+func (b *batcher) do(ctx context.Context, deadline time.Time, keys []string, spec []byte) (string, error) {
+	c := &call{ctx: ctx, deadline: deadline, keys: keys, spec: spec, done: make(chan struct{})}
+	timeout := time.NewTimer(time.Until(deadline))
+	defer timeout.Stop()
 	select {
 	case b.queue <- c:
 	case <-b.stop:
 		return "", redis.ErrClosed
 	case <-ctx.Done():
 		return "", ctx.Err()
+	case <-timeout.C:
+		return "", context.DeadlineExceeded
 	}
 	select {
 	case <-c.done:
@@ -73,6 +93,8 @@ func (b *batcher) do(ctx context.Context, keys []string, args []any) (string, er
 		// The script may still run: as with any timed-out call, the
 		// request is then charged without being served.
 		return "", ctx.Err()
+	case <-timeout.C:
+		return "", context.DeadlineExceeded
 	}
 }
 
@@ -85,6 +107,7 @@ func (b *batcher) close() {
 func (b *batcher) work() {
 	defer b.done.Done()
 	batch := make([]*call, 0, batchMax)
+	m := &merger{index: map[string]uint16{}}
 	for {
 		select {
 		case <-b.stop:
@@ -92,31 +115,41 @@ func (b *batcher) work() {
 		case c := <-b.queue:
 			batch = append(batch[:0], c)
 		}
+		buckets := len(batch[0].keys)
 	fill:
-		for len(batch) < batchMax {
+		for len(batch) < batchMax && buckets < batchMaxBuckets {
 			select {
 			case c := <-b.queue:
 				batch = append(batch, c)
+				buckets += len(c.keys)
 			default:
 				break fill
 			}
 		}
-		b.send(batch)
+		b.send(batch, m)
 	}
 }
 
-// send runs one batch as a pipeline and hands each call its reply.
-func (b *batcher) send(batch []*call) {
+// send decides one batch and hands each call its reply.
+func (b *batcher) send(batch []*call, m *merger) {
 	live := batch[:0]
-	deadline := time.Now().Add(b.timeout)
+	now := time.Now()
+	deadline := now.Add(b.timeout)
 	for _, c := range batch {
-		if err := c.ctx.Err(); err != nil {
+		err := c.ctx.Err()
+		if err == nil && !now.Before(c.deadline) {
+			err = context.DeadlineExceeded
+		}
+		if err != nil {
 			c.err = err
 			close(c.done)
 			continue
 		}
-		if d, ok := c.ctx.Deadline(); ok && d.Before(deadline) {
-			deadline = d
+		if d, ok := c.ctx.Deadline(); ok && d.Before(c.deadline) {
+			c.deadline = d
+		}
+		if c.deadline.Before(deadline) {
+			deadline = c.deadline
 		}
 		live = append(live, c)
 	}
@@ -125,24 +158,115 @@ func (b *batcher) send(batch []*call) {
 	}
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
-	if len(live) == 1 { // nothing to share: the script's own EVALSHA-then-EVAL path
-		c := live[0]
-		c.reply, c.err = b.script.Run(ctx, b.client, c.keys, c.args...).Text()
-		close(c.done)
+	groups := [][]*call{live}
+	if b.cluster && len(live) > 1 {
+		groups = bySlot(live)
+	}
+	if len(groups) == 1 { // one script call: Run sends EVALSHA, then EVAL on NOSCRIPT
+		keys, args := m.merge(live)
+		reply, err := b.script.Run(ctx, b.client, keys, args...).Text()
+		deliver(live, reply, err)
 		return
 	}
+	// Several slots of a Cluster: one script call per slot, pipelined (the
+	// client sends each to its node).
 	pipe := b.client.Pipeline()
-	cmds := make([]*redis.Cmd, len(live))
-	for i, c := range live {
-		cmds[i] = pipe.EvalSha(ctx, b.script.Hash(), c.keys, c.args...)
+	cmds := make([]*redis.Cmd, len(groups))
+	keys := make([][]string, len(groups))
+	args := make([][]any, len(groups))
+	for i, g := range groups {
+		keys[i], args[i] = m.merge(g)
+		cmds[i] = pipe.EvalSha(ctx, b.script.Hash(), keys[i], args[i]...)
 	}
 	_, _ = pipe.Exec(ctx) // errors are per command, below
-	for i, c := range live {
-		c.reply, c.err = cmds[i].Text()
-		if c.err != nil && strings.HasPrefix(c.err.Error(), "NOSCRIPT") {
-			// The script cache was flushed: this call loads it again.
-			c.reply, c.err = b.script.Run(ctx, b.client, c.keys, c.args...).Text()
+	for i, g := range groups {
+		reply, err := cmds[i].Text()
+		if err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
+			// The node's script cache was flushed: this call loads it again.
+			reply, err = b.script.Run(ctx, b.client, keys[i], args[i]...).Text()
+		}
+		deliver(g, reply, err)
+	}
+}
+
+// bySlot groups calls by the Cluster hash slot of their keys (each call's
+// keys share one slot), keeping queue order within each group.
+func bySlot(calls []*call) [][]*call {
+	var slots []int
+	var groups [][]*call
+	for _, c := range calls {
+		s := RedisKeySlot(c.keys[0])
+		g := 0
+		for g < len(slots) && slots[g] != s {
+			g++
+		}
+		if g == len(slots) {
+			slots = append(slots, s)
+			groups = append(groups, nil)
+		}
+		groups[g] = append(groups[g], c)
+	}
+	return groups
+}
+
+// deliver cuts a batch's reply into each call's part (six float64s per
+// bucket, in order) and wakes the calls.
+func deliver(calls []*call, reply string, err error) {
+	if err == nil {
+		n := 0
+		for _, c := range calls {
+			n += 48 * len(c.keys)
+		}
+		if len(reply) != n {
+			err = fmt.Errorf("decide script returned %d bytes for %d bytes of results", len(reply), n)
+		}
+	}
+	for _, c := range calls {
+		if err != nil {
+			c.err = err
+		} else {
+			n := 48 * len(c.keys)
+			c.reply, reply = reply[:n], reply[n:]
 		}
 		close(c.done)
 	}
+}
+
+// merger lays out a batch as lua.Decide takes it: each distinct key once in
+// KEYS, and ARGV the key index of every bucket, then every decision's
+// packed numbers. Its map is kept from batch to batch.
+type merger struct {
+	index map[string]uint16
+}
+
+func (m *merger) merge(calls []*call) (keys []string, args []any) {
+	if len(calls) == 1 {
+		return calls[0].keys, []any{"", calls[0].spec}
+	}
+	clear(m.index)
+	buckets := 0
+	for _, c := range calls {
+		buckets += len(c.keys)
+	}
+	keys = make([]string, 0, buckets)
+	idx := make([]byte, 0, 2*buckets)
+	args = make([]any, 1, 1+len(calls))
+	for _, c := range calls {
+		for _, k := range c.keys {
+			i, ok := m.index[k]
+			if !ok {
+				keys = append(keys, k)
+				i = uint16(len(keys))
+				m.index[k] = i
+			}
+			idx = binary.LittleEndian.AppendUint16(idx, i)
+		}
+		args = append(args, c.spec)
+	}
+	if len(keys) == buckets {
+		args[0] = "" // no key shared: bucket j is KEYS[j]
+	} else {
+		args[0] = idx
+	}
+	return keys, args
 }

@@ -531,6 +531,89 @@ func TestRedisOneEvalshaPerDecision(t *testing.T) {
 	}
 }
 
+// TestRedisBatchesConcurrentDecisions fires 200 concurrent decisions of
+// five tenants, each under one organisation-wide bucket, at one store. The
+// decisions that queue up while others are on the wire go to Redis
+// together, as one script call per batch (per slot on a Cluster): there
+// must be fewer script calls than decisions, and still exactly each
+// tenant's floor(C/k) admitted — 40 requests of cost 1 against 20 each,
+// under an organisation of 90 that every tenant shares on a standalone
+// Redis (so 90 in all), and on a Cluster, where tenants sit in different
+// slots, each tenant's 20.
+func TestRedisBatchesConcurrentDecisions(t *testing.T) {
+	tests := []struct {
+		name    string
+		cluster bool
+		want    int
+	}{{"standalone", false, 90}, {"cluster", true, 100}}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var addrs []string
+			if tt.cluster {
+				addrs = redistest.StartCluster(t, 3).Addrs()
+			} else {
+				addrs = []string{redistest.Start(t).Addr()}
+			}
+			s := newRedis(t, store.RedisOptions{Addrs: addrs})
+			paths := make([][]store.Bucket, 5)
+			for i := range paths {
+				tenant := fmt.Sprintf("{tenant%d}", i)
+				org := "{org}|all"
+				if tt.cluster { // no cross-slot path: each tenant's own ceiling
+					org = tenant + "|org"
+				}
+				paths[i] = []store.Bucket{
+					{Key: org, Limit: gcra(90, time.Hour), Cost: 1},
+					{Key: tenant + "|team", Limit: gcra(20, time.Hour), Cost: 1},
+					{Key: tenant + "|user", Limit: gcra(1000, time.Hour), Cost: 1},
+				}
+			}
+			for _, a := range addrs {
+				resetStats(t, a)
+			}
+			start := make(chan struct{})
+			admitted := make([]atomic.Int64, len(paths))
+			var wg sync.WaitGroup
+			for i := 0; i < 200; i++ {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					<-start
+					d, err := s.Decide(context.Background(), paths[i%len(paths)])
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					if d.Allowed {
+						admitted[i%len(paths)].Add(1)
+					}
+				}()
+			}
+			close(start)
+			wg.Wait()
+			total, calls := 0, int64(0)
+			for i := range admitted {
+				n := int(admitted[i].Load())
+				total += n
+				if n > 20 {
+					t.Errorf("tenant %d: admitted %d, more than its 20", i, n)
+				}
+			}
+			if total != tt.want {
+				t.Errorf("admitted %d of 200, want exactly %d", total, tt.want)
+			}
+			for _, a := range addrs {
+				st := commandStats(t, a)
+				calls += st["evalsha"].calls + st["eval"].calls
+			}
+			t.Logf("200 decisions in %d script calls", calls)
+			if calls >= 200 {
+				t.Errorf("200 concurrent decisions took %d script calls: nothing was batched", calls)
+			}
+		})
+	}
+}
+
 // TestRedisServerTime reports the Redis server time of a 5-tier decision
 // (INFO commandstats, usec_per_call of EVALSHA) against the 12 µs target.
 // usec_per_call is wall time inside Redis, so a busy shared machine inflates
