@@ -38,8 +38,8 @@ func BenchmarkRedisDecide(b *testing.B) {
 
 // BenchmarkRedisDecideParallel drives one store instance as a busy Caddy
 // does: 32 concurrent callers, each decision a 4-tier path like the load
-// script's (10 organisations, 50 teams, 1,000 users, 3 agents), every
-// decision admitted. Decisions that queue up are batched into one script
+// script's (10 organisations, 50 teams, 1,000 users, 3 agents), or 5 tiers
+// with a model under the agent, every decision admitted. Decisions that queue up are batched into one script
 // call. It reports Redis's time per decision (INFO commandstats over b.N),
 // the decisions per script call, and the CPU time of this process per
 // decision (getrusage: the client's whole cost, goroutines, go-redis and
@@ -47,35 +47,40 @@ func BenchmarkRedisDecide(b *testing.B) {
 func BenchmarkRedisDecideParallel(b *testing.B) {
 	srv := redistest.Start(b)
 	s := newRedis(b, store.RedisOptions{Addrs: []string{srv.Addr()}})
-	var next atomic.Int64
-	paths := make([][]store.Bucket, 1000)
-	for u := range paths {
-		org := fmt.Sprintf("{bench|org=org%d}", u%10)
-		team := org + fmt.Sprintf("team=team%d", u%50)
-		user := team + fmt.Sprintf("/user=user%d", u)
-		agent := user + fmt.Sprintf("/agent=agent%d", u%3)
-		for _, k := range []string{org, team, user, agent} {
-			paths[u] = append(paths[u], store.Bucket{Key: k, Limit: gcra(1_000_000_000, time.Hour), Cost: 1})
-		}
-	}
-	resetStats(b, srv.Addr())
-	before := cpuTime(b)
-	b.SetParallelism(16)
-	b.ResetTimer()
-	b.RunParallel(func(pb *testing.PB) {
-		for pb.Next() {
-			if _, err := s.Decide(context.Background(), paths[next.Add(1)%int64(len(paths))]); err != nil {
-				b.Error(err)
-				return
+	for _, tiers := range []int{4, 5} {
+		b.Run(fmt.Sprintf("tiers=%d", tiers), func(b *testing.B) {
+			var next atomic.Int64
+			paths := make([][]store.Bucket, 1000)
+			for u := range paths {
+				org := fmt.Sprintf("{bench%d|org=org%d}", tiers, u%10)
+				team := org + fmt.Sprintf("team=team%d", u%50)
+				user := team + fmt.Sprintf("/user=user%d", u)
+				agent := user + fmt.Sprintf("/agent=agent%d", u%3)
+				model := agent + fmt.Sprintf("/model=model%d", u%2)
+				for _, k := range []string{org, team, user, agent, model}[:tiers] {
+					paths[u] = append(paths[u], store.Bucket{Key: k, Limit: gcra(1_000_000_000, time.Hour), Cost: 1})
+				}
 			}
-		}
-	})
-	b.StopTimer()
-	cpu := cpuTime(b) - before
-	st := commandStats(b, srv.Addr())["evalsha"]
-	b.ReportMetric(float64(st.calls)*st.usecPerCall/float64(b.N), "server-µs/op")
-	b.ReportMetric(float64(b.N)/float64(st.calls), "decisions/call")
-	b.ReportMetric(float64(cpu.Microseconds())/float64(b.N), "client-cpu-µs/op")
+			resetStats(b, srv.Addr())
+			before := cpuTime(b)
+			b.SetParallelism(16)
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					if _, err := s.Decide(context.Background(), paths[next.Add(1)%int64(len(paths))]); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+			b.StopTimer()
+			cpu := cpuTime(b) - before
+			st := commandStats(b, srv.Addr())["evalsha"]
+			b.ReportMetric(float64(st.calls)*st.usecPerCall/float64(b.N), "server-µs/op")
+			b.ReportMetric(float64(b.N)/float64(st.calls), "decisions/call")
+			b.ReportMetric(float64(cpu.Microseconds())/float64(b.N), "client-cpu-µs/op")
+		})
+	}
 }
 
 // cpuTime is this process's user and system CPU time so far.
