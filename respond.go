@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 
@@ -206,8 +207,23 @@ func (h *Handler) problem(w http.ResponseWriter, status int, kind, title, detail
 
 // setPlaceholders publishes the decision as {http.rate_limit.*}. One
 // lazy provider, rather than a Set per value, keeps the hot path to one
-// allocation: most requests never read these placeholders.
+// allocation: most requests never read these placeholders. Caddy may read
+// them after ServeHTTP has returned (access logs) and the decision's
+// memory has been reused, so the provider holds a copy of what it shows.
 func (h *Handler) setPlaceholders(repl *caddy.Replacer, d *decision) {
+	p := placeholders{
+		allowed: d.Allowed && d.reason == "ok",
+		reason:  d.reason,
+		blocked: d.blocked,
+		retry:   d.retry,
+	}
+	if d.closest >= 0 && d.closest < len(d.Results) {
+		c, r := &d.buckets[d.closest], &d.Results[d.closest]
+		p.limit, p.tier = c.Limit, c.Tier
+		p.capacity, p.remaining, p.reset = d.limits[d.closest].Limit.Capacity(), r.Remaining, r.Reset
+	}
+	// p is small and never changes: the closure holds it by value, in
+	// the one allocation of the closure itself.
 	repl.Map(func(key string) (any, bool) {
 		name, ok := strings.CutPrefix(key, "http.rate_limit.")
 		if !ok {
@@ -215,30 +231,42 @@ func (h *Handler) setPlaceholders(repl *caddy.Replacer, d *decision) {
 		}
 		switch name {
 		case "allowed":
-			return d.Allowed && d.reason == "ok", true
+			return p.allowed, true
 		case "reason":
-			return d.reason, true
+			return p.reason, true
 		case "blocked_by":
-			return d.blocked, true
+			return p.blocked, true
 		case "retry_after":
-			return ceilSeconds(d.retry), true
+			return ceilSeconds(p.retry), true
 		}
-		if d.closest < 0 || d.closest >= len(d.Results) {
+		if p.limit == nil { // no bucket closest to exhaustion
 			return nil, false
 		}
-		c, r := d.buckets[d.closest], d.Results[d.closest]
 		switch name {
 		case "policy":
-			return c.Limit.Policy(), true
+			return p.limit.Policy(), true
 		case "tier":
-			return c.Tier.Name, true
+			return p.tier.Name, true
 		case "limit":
-			return d.limits[d.closest].Limit.Capacity(), true
+			return p.capacity, true
 		case "remaining":
-			return r.Remaining, true
+			return p.remaining, true
 		case "reset":
-			return ceilSeconds(microseconds(r.Reset)), true
+			return ceilSeconds(microseconds(p.reset)), true
 		}
 		return nil, false
 	})
+}
+
+// placeholders is what {http.rate_limit.*} show of one decision.
+type placeholders struct {
+	allowed   bool
+	reason    string
+	blocked   string
+	retry     time.Duration
+	limit     *hierarchy.Limit // of the bucket closest to exhaustion; nil if none
+	tier      *hierarchy.Tier
+	capacity  int64 // its effective capacity
+	remaining int64
+	reset     int64 // µs
 }
