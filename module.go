@@ -114,18 +114,19 @@ type Handler struct {
 	Distributed json.RawMessage `json:"distributed,omitempty"`
 	StorageRaw  json.RawMessage `json:"storage,omitempty"`
 
-	trees      []*Tree
-	costs      map[string]*Cost
-	peek       int64                       // body bytes the estimators read
-	policies   map[*hierarchy.Limit]string // each limit's RateLimit-Policy item, unscaled
-	adjusting  *sync.WaitGroup             // reconciliations under way
-	controller *adaptive.Controller        // nil unless a tier is adaptive
-	priority   adaptive.Priority
-	store      store.Store
-	into       decideInto // the store, when it can decide into reused memory
-	poolKey    string
-	logger     *zap.Logger
-	metrics    *metrics
+	trees       []*Tree
+	costs       map[string]*Cost
+	peek        int64                       // body bytes the estimators read
+	policies    map[*hierarchy.Limit]string // each limit's RateLimit-Policy item, unscaled
+	headerCache *headerCache
+	adjusting   *sync.WaitGroup      // reconciliations under way
+	controller  *adaptive.Controller // nil unless a tier is adaptive
+	priority    adaptive.Priority
+	store       store.Store
+	into        decideInto // the store, when it can decide into reused memory
+	poolKey     string
+	logger      *zap.Logger
+	metrics     *metrics
 
 	storeErrors      *atomic.Int64 // failures not yet logged
 	storeErrorLogged *atomic.Int64 // when the last one was (unix ns)
@@ -228,6 +229,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		}
 	}
 	h.policies = policyItems(h.trees)
+	h.headerCache = &headerCache{policies: h.policies}
 	h.costs = map[string]*Cost{}
 	for _, c := range h.Costs {
 		if err := c.provision(); err != nil {

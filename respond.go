@@ -5,7 +5,9 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/caddyserver/caddy/v2"
 
@@ -44,65 +46,157 @@ func (h *Handler) writeHeaders(hdr http.Header, d *decision) {
 	if !d.Allowed {
 		t = ceilSeconds(d.retry)
 	}
-	// Every value is written into one buffer and cut from one string, and
-	// the header slices share one array: a handful of allocations per
-	// response instead of two per header.
-	var b strings.Builder
-	b.Grow(64*len(d.buckets) + 128)
+	// What does not change from one request to the next on this path
+	// (RateLimit-Policy, each limit's name and capacity) is formatted once
+	// per path, unless the adaptive factor scaled a limit.
+	var ph *pathHeaders
+	if !d.scaled {
+		ph = h.headerCache.get(d.buckets)
+	}
+	// The other values are written into one buffer and cut from one
+	// string, and the header slices share one array.
+	var buf [160]byte
+	b := buf[:0]
 	var cuts [7]int
 	var names [6]string
+	var fixed [6]string // a value formatted beforehand, instead of a cut
 	n := 0
 	cut := func(name string) {
 		names[n] = name
 		n++
-		cuts[n] = b.Len()
+		cuts[n] = len(b)
+	}
+	use := func(name, value string) {
+		fixed[n] = value
+		cut(name)
 	}
 	if on(cfg.IETF) {
-		for i, bk := range d.buckets {
-			if i > 0 {
-				b.WriteString(", ")
-			}
-			if item, ok := h.policies[bk.Limit]; ok && d.limits[i].Limit == bk.Limit.Rate() {
-				b.WriteString(item) // unscaled: formatted once, at provision
-			} else {
-				writePolicy(&b, bk.Limit, d.limits[i].Limit)
-			}
+		if ph != nil {
+			use("Ratelimit-Policy", ph.policy) // canonical keys, set directly
+			b = append(b, ph.items[d.closest]...)
+		} else {
+			use("Ratelimit-Policy", h.policyOf(d))
+			b = append(b, '"')
+			b = append(b, c.Limit.Policy()...)
+			b = append(b, `";r=`...)
 		}
-		cut("Ratelimit-Policy") // canonical keys, set directly
-		b.WriteString(`"`)
-		b.WriteString(c.Limit.Policy())
-		b.WriteString(`";r=`)
-		writeInt(&b, cr.Remaining)
-		b.WriteString(";t=")
-		writeInt(&b, t)
+		b = strconv.AppendInt(b, cr.Remaining, 10)
+		b = append(b, ";t="...)
+		b = strconv.AppendInt(b, t, 10)
 		cut("Ratelimit")
 	}
 	if on(cfg.XRateLimit) {
-		writeInt(&b, d.limits[d.closest].Limit.Capacity())
-		cut("X-Ratelimit-Limit")
-		writeInt(&b, cr.Remaining)
+		if ph != nil {
+			use("X-Ratelimit-Limit", ph.capacity[d.closest])
+		} else {
+			b = strconv.AppendInt(b, d.limits[d.closest].Limit.Capacity(), 10)
+			cut("X-Ratelimit-Limit")
+		}
+		b = strconv.AppendInt(b, cr.Remaining, 10)
 		cut("X-Ratelimit-Remaining")
-		writeInt(&b, t)
+		b = strconv.AppendInt(b, t, 10)
 		cut("X-Ratelimit-Reset")
 	}
 	if !d.Allowed && !d.Impossible && on(cfg.RetryAfter) {
-		writeInt(&b, ceilSeconds(d.retry))
+		b = strconv.AppendInt(b, ceilSeconds(d.retry), 10)
 		cut("Retry-After")
 	}
-	all := b.String()
-	vals := make([]string, n)
-	for i := 0; i < n; i++ {
-		vals[i] = all[cuts[i]:cuts[i+1]]
-		hdr[names[i]] = vals[i : i+1 : i+1]
+	if n > 0 {
+		all := string(b)
+		vals := make([]string, n)
+		for i := 0; i < n; i++ {
+			if fixed[i] != "" {
+				vals[i] = fixed[i]
+			} else {
+				vals[i] = all[cuts[i]:cuts[i+1]]
+			}
+			hdr[names[i]] = vals[i : i+1 : i+1]
+		}
 	}
 	if cfg.OpenAI {
 		h.writeOpenAIHeaders(hdr, d)
 	}
 }
 
-func writeInt(b *strings.Builder, n int64) {
-	var buf [20]byte
-	b.Write(strconv.AppendInt(buf[:0], n, 10))
+// policyOf formats the RateLimit-Policy of a path whose limits may be
+// scaled.
+func (h *Handler) policyOf(d *decision) string {
+	var b strings.Builder
+	b.Grow(64 * len(d.buckets))
+	for i, bk := range d.buckets {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		if item, ok := h.policies[bk.Limit]; ok && d.limits[i].Limit == bk.Limit.Rate() {
+			b.WriteString(item) // unscaled: formatted once, at provision
+		} else {
+			writePolicy(&b, bk.Limit, d.limits[i].Limit)
+		}
+	}
+	return b.String()
+}
+
+// pathHeaders are the header values of one path (one sequence of limits)
+// that do not change from request to request while no limit is scaled.
+type pathHeaders struct {
+	limits   []*hierarchy.Limit
+	policy   string   // RateLimit-Policy
+	items    []string // per bucket: the start of its RateLimit item, `"name";r=`
+	capacity []string // per bucket: X-RateLimit-Limit
+}
+
+// headerCache holds the pathHeaders of recently seen paths, direct-mapped
+// by a hash of their limits' addresses: a config has few distinct paths
+// (one per combination of tiers skipped and values overridden), and a
+// collision only costs formatting the values again.
+type headerCache struct {
+	policies map[*hierarchy.Limit]string // each limit's RateLimit-Policy item, unscaled
+	slots    [64]atomic.Pointer[pathHeaders]
+}
+
+// get returns the pathHeaders of the unscaled limits of buckets.
+func (c *headerCache) get(buckets []hierarchy.Bucket) *pathHeaders {
+	var x uintptr
+	for _, b := range buckets {
+		x = (x ^ uintptr(unsafe.Pointer(b.Limit))) * 0x9E3779B97F4A7C15
+	}
+	slot := &c.slots[x>>(unsafe.Sizeof(x)*8-6)]
+	if ph := slot.Load(); ph != nil && len(ph.limits) == len(buckets) {
+		same := true
+		for i, l := range ph.limits {
+			same = same && l == buckets[i].Limit
+		}
+		if same {
+			return ph
+		}
+	}
+	ph := c.format(buckets)
+	slot.Store(ph)
+	return ph
+}
+
+func (c *headerCache) format(buckets []hierarchy.Bucket) *pathHeaders {
+	ph := &pathHeaders{
+		limits:   make([]*hierarchy.Limit, len(buckets)),
+		items:    make([]string, len(buckets)),
+		capacity: make([]string, len(buckets)),
+	}
+	var b strings.Builder
+	for i, bk := range buckets {
+		ph.limits[i] = bk.Limit
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		if item, ok := c.policies[bk.Limit]; ok {
+			b.WriteString(item)
+		} else {
+			writePolicy(&b, bk.Limit, bk.Limit.Rate())
+		}
+		ph.items[i] = `"` + bk.Limit.Policy() + `";r=`
+		ph.capacity[i] = strconv.FormatInt(bk.Limit.Rate().Capacity(), 10)
+	}
+	ph.policy = b.String()
+	return ph
 }
 
 // writePolicy writes one RateLimit-Policy item: the policy's name, its

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
 
@@ -113,5 +114,61 @@ func TestPlaceholdersOutliveTheRequest(t *testing.T) {
 		"policy": "user", "tier": "user", "limit": "3", "remaining": "0", "reset": "60"}
 	if code != 429 || fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("denied: code %d\n got %v\nwant %v", code, got, want)
+	}
+}
+
+// TestHeaderCacheMatchesFormatting: the header values cached per path are
+// those formatted afresh, for more paths than the cache has slots (so
+// paths collide and replace each other), with overrides, skipped tiers,
+// several limits per tier and denials.
+func TestHeaderCacheMatchesFormatting(t *testing.T) {
+	values := map[string]any{}
+	for i := 0; i < 100; i++ {
+		values[fmt.Sprintf("u%d", i)] = map[string]any{"limits": []any{map[string]any{"count": i + 1, "per": "h"}}}
+	}
+	cfg, _ := json.Marshal(map[string]any{
+		"trees": []any{map[string]any{"name": "hc", "tiers": []any{
+			map[string]any{"name": "org", "key": "{http.request.header.X-Org}", "limits": []any{map[string]any{"count": 1000000, "per": "h"}}},
+			map[string]any{"name": "user", "key": "{http.request.header.X-User}", "values": values,
+				"limits": []any{map[string]any{"count": 5, "per": "min"}, map[string]any{"count": 50, "per": "h"}}},
+			map[string]any{"name": "agent", "key": "{http.request.header.X-Agent}", "missing": "skip",
+				"limits": []any{map[string]any{"count": 7, "per": "s"}}},
+		}}},
+		"headers": map[string]any{"openai": true},
+		"store":   map[string]any{"memory": map[string]any{"name": t.Name()}},
+	})
+	h := provisionJSON(t, string(cfg))
+	denied := 0
+	for round := 0; round < 3; round++ {
+		for i := 0; i < 130; i++ {
+			r := httptest.NewRequest("GET", "/", nil)
+			r.Header.Set("X-Org", "o")
+			r.Header.Set("X-User", fmt.Sprintf("u%d", i))
+			if i%2 == 0 {
+				r.Header.Set("X-Agent", fmt.Sprintf("a%d", i%3))
+			}
+			var d decision
+			if status, err := h.decide(r, caddy.NewReplacer(), &d); status != 0 || err != nil {
+				t.Fatal(status, err)
+			}
+			if !d.Allowed {
+				denied++
+			}
+			got := http.Header{}
+			h.writeHeaders(got, &d)
+			d.scaled = true // as if the adaptive factor had scaled a limit: formatted afresh
+			want := http.Header{}
+			h.writeHeaders(want, &d)
+			d.release()
+			if fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Fatalf("round %d, user u%d:\n got %v\nwant %v", round, i, got, want)
+			}
+			if i < 100 && !strings.Contains(got.Get("RateLimit-Policy"), fmt.Sprintf(`"user";q=%d;w=3600`, i+1)) {
+				t.Fatalf("user u%d: RateLimit-Policy %q lacks its override", i, got.Get("RateLimit-Policy"))
+			}
+		}
+	}
+	if denied == 0 {
+		t.Fatal("no denial exercised")
 	}
 }
