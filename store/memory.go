@@ -58,6 +58,9 @@ type memoryShard struct {
 	mu      sync.Mutex
 	entries map[uint64]*memoryEntry
 	n       int // entries, chains included
+	// One shard per cache line: cores locking neighbouring shards must
+	// not contend for one line (false sharing).
+	_ [64 - 24]byte
 }
 
 type memoryEntry struct {

@@ -6,6 +6,7 @@ import (
 	"hash/maphash"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/caddy-cascade/cascade/rate"
 )
@@ -115,5 +116,11 @@ func TestMemoryDecideInto(t *testing.T) {
 				t.Fatalf("n=%d: bucket %d remaining %d", n, i, r.Remaining)
 			}
 		}
+	}
+}
+
+func TestMemoryShardIsOneCacheLine(t *testing.T) {
+	if n := unsafe.Sizeof(memoryShard{}); n != 64 {
+		t.Fatalf("a shard takes %d bytes, not one 64-byte cache line", n)
 	}
 }
