@@ -3,9 +3,11 @@ package store
 import (
 	"context"
 	"hash/maphash"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/caddy-cascade/cascade/rate"
 )
@@ -333,8 +335,54 @@ func (m *Memory) store(hash uint64, b Bucket, s rate.State, now int64) {
 		m.makeRoom(sh, now)
 		head = sh.entries[hash]
 	}
-	sh.entries[hash] = &memoryEntry{key: b.Key, state: s, expires: expires, next: head}
+	e := newEntry(b.Key)
+	e.state, e.expires, e.next = s, expires, head
+	sh.entries[hash] = e
 	sh.n++
+}
+
+// Entries carry a copy of their key in the same allocation, right after
+// them: a lookup, which must compare the key, then finds its bytes in the
+// cache lines it just loaded instead of wherever the request that created
+// the entry built them (a string that also held its whole path's keys).
+type (
+	entry64 struct {
+		e   memoryEntry
+		key [64]byte
+	}
+	entry128 struct {
+		e   memoryEntry
+		key [128]byte
+	}
+	entry256 struct {
+		e   memoryEntry
+		key [256]byte
+	}
+)
+
+// newEntry returns an entry for key, which it copies. The copy is written
+// once, here, before the string that shares its bytes exists.
+func newEntry(key string) *memoryEntry {
+	var e *memoryEntry
+	var buf []byte
+	switch n := len(key); {
+	case n == 0:
+		return &memoryEntry{}
+	case n <= 64:
+		x := new(entry64)
+		e, buf = &x.e, x.key[:n]
+	case n <= 128:
+		x := new(entry128)
+		e, buf = &x.e, x.key[:n]
+	case n <= 256:
+		x := new(entry256)
+		e, buf = &x.e, x.key[:n]
+	default:
+		return &memoryEntry{key: strings.Clone(key)}
+	}
+	copy(buf, key)
+	e.key = unsafe.String(&buf[0], len(buf))
+	return e
 }
 
 // removeExpired drops the expired entries chained at hash. The caller holds

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"hash/maphash"
+	"strings"
 	"testing"
 	"time"
 	"unsafe"
@@ -122,5 +123,22 @@ func TestMemoryDecideInto(t *testing.T) {
 func TestMemoryShardIsOneCacheLine(t *testing.T) {
 	if n := unsafe.Sizeof(memoryShard{}); n != 64 {
 		t.Fatalf("a shard takes %d bytes, not one 64-byte cache line", n)
+	}
+}
+
+// TestMemoryEntryOwnsItsKey: an entry keeps its own copy of the key, of
+// any length, so the caller's buffer (a request's keys) is neither
+// retained nor able to change it.
+func TestMemoryEntryOwnsItsKey(t *testing.T) {
+	for _, n := range []int{0, 1, 63, 64, 65, 128, 129, 256, 257, 1000} {
+		buf := []byte(strings.Repeat("k", n))
+		key := string(buf)
+		e := newEntry(key)
+		if e.key != key {
+			t.Fatalf("len %d: key %q", n, e.key)
+		}
+		if n > 0 && unsafe.StringData(e.key) == unsafe.StringData(key) {
+			t.Fatalf("len %d: the entry shares the caller's key", n)
+		}
 	}
 }

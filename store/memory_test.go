@@ -3,6 +3,7 @@ package store_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -83,6 +84,17 @@ func benchmarkMemoryDecide(b *testing.B, into bool) {
 				}
 			}
 			ctx := context.Background()
+			// The state is created from other strings than the requests'
+			// keys, as in a server, where every request builds its keys
+			// anew: no lookup may find its key by pointer equality.
+			for _, path := range paths {
+				first := make([]store.Bucket, len(path))
+				for i, bk := range path {
+					first[i] = bk
+					first[i].Key = strings.Clone(bk.Key)
+				}
+				m.Decide(ctx, first)
+			}
 			b.ReportAllocs()
 			b.ResetTimer()
 			b.RunParallel(func(pb *testing.PB) {
