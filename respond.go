@@ -40,6 +40,11 @@ func (h *Handler) writeHeaders(hdr http.Header, d *decision) {
 	if cfg == nil {
 		cfg = &HeadersConfig{}
 	}
+	ietf, xrl := on(cfg.IETF), on(cfg.XRateLimit)
+	retry := !d.Allowed && !d.Impossible && on(cfg.RetryAfter)
+	if !ietf && !xrl && !retry && !cfg.OpenAI { // headers none
+		return
+	}
 	c := d.buckets[d.closest]
 	cr := d.Results[d.closest]
 	t := ceilSeconds(microseconds(cr.Reset))
@@ -50,7 +55,7 @@ func (h *Handler) writeHeaders(hdr http.Header, d *decision) {
 	// (RateLimit-Policy, each limit's name and capacity) is formatted once
 	// per path, unless the adaptive factor scaled a limit.
 	var ph *pathHeaders
-	if !d.scaled {
+	if !d.scaled && (ietf || xrl) {
 		ph = h.headerCache.get(d.buckets)
 	}
 	// The other values are written into one buffer and cut from one
@@ -70,7 +75,7 @@ func (h *Handler) writeHeaders(hdr http.Header, d *decision) {
 		fixed[n] = value
 		cut(name)
 	}
-	if on(cfg.IETF) {
+	if ietf {
 		if ph != nil {
 			use("Ratelimit-Policy", ph.policy) // canonical keys, set directly
 			b = append(b, ph.items[d.closest]...)
@@ -85,7 +90,7 @@ func (h *Handler) writeHeaders(hdr http.Header, d *decision) {
 		b = strconv.AppendInt(b, t, 10)
 		cut("Ratelimit")
 	}
-	if on(cfg.XRateLimit) {
+	if xrl {
 		if ph != nil {
 			use("X-Ratelimit-Limit", ph.capacity[d.closest])
 		} else {
@@ -97,7 +102,7 @@ func (h *Handler) writeHeaders(hdr http.Header, d *decision) {
 		b = strconv.AppendInt(b, t, 10)
 		cut("X-Ratelimit-Reset")
 	}
-	if !d.Allowed && !d.Impossible && on(cfg.RetryAfter) {
+	if retry {
 		b = strconv.AppendInt(b, ceilSeconds(d.retry), 10)
 		cut("Retry-After")
 	}
