@@ -11,6 +11,7 @@
 package cascade
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -113,17 +114,19 @@ type Handler struct {
 	Distributed json.RawMessage `json:"distributed,omitempty"`
 	StorageRaw  json.RawMessage `json:"storage,omitempty"`
 
-	trees      []*Tree
-	costs      map[string]*Cost
-	peek       int64                       // body bytes the estimators read
-	policies   map[*hierarchy.Limit]string // each limit's RateLimit-Policy item, unscaled
-	adjusting  *sync.WaitGroup             // reconciliations under way
-	controller *adaptive.Controller        // nil unless a tier is adaptive
-	priority   adaptive.Priority
-	store      store.Store
-	poolKey    string
-	logger     *zap.Logger
-	metrics    *metrics
+	trees       []*Tree
+	costs       map[string]*Cost
+	peek        int64                       // body bytes the estimators read
+	policies    map[*hierarchy.Limit]string // each limit's RateLimit-Policy item, unscaled
+	headerCache *headerCache
+	adjusting   *sync.WaitGroup      // reconciliations under way
+	controller  *adaptive.Controller // nil unless a tier is adaptive
+	priority    adaptive.Priority
+	store       store.Store
+	into        decideInto // the store, when it can decide into reused memory
+	poolKey     string
+	logger      *zap.Logger
+	metrics     *metrics
 
 	storeErrors      *atomic.Int64 // failures not yet logged
 	storeErrorLogged *atomic.Int64 // when the last one was (unix ns)
@@ -226,6 +229,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		}
 	}
 	h.policies = policyItems(h.trees)
+	h.headerCache = &headerCache{policies: h.policies}
 	h.costs = map[string]*Cost{}
 	for _, c := range h.Costs {
 		if err := c.provision(); err != nil {
@@ -261,6 +265,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return fmt.Errorf("rate_limit: store: %w", err)
 	}
+	h.into, _ = h.store.(decideInto)
 	return nil
 }
 
@@ -345,22 +350,57 @@ func (h *Handler) Cleanup() error {
 	return nil
 }
 
-// decision is what ServeHTTP learned about one request.
+// decision is what ServeHTTP learned about one request. It lives on
+// ServeHTTP's stack; its slices point into scratch, pooled memory that is
+// recycled when ServeHTTP returns, so nothing may keep them beyond the
+// request (the placeholders keep a copy of what they show).
 type decision struct {
 	buckets   []hierarchy.Bucket
 	costs     []int64 // per bucket
 	estimates []int64 // per configured cost
 	store.Decision
 	limits   []store.Bucket   // the effective limits decided (scaled by the adaptive factor)
+	scaled   bool             // some limit was scaled by the adaptive factor
 	inputErr *cost.InputError // why the request's cost could not be estimated
 
-	bucketBuf [8]hierarchy.Bucket
-	limitBuf  [8]store.Bucket
-	costBuf   [8]int64
-	reason    string // ok | limited | impossible | missing_key | store_error | bad_cost
-	blocked   string // tree/tier of the first denying bucket
-	closest   int    // index of the bucket closest to exhaustion, -1 if none
-	retry     time.Duration
+	reason  string // ok | limited | impossible | missing_key | store_error | bad_cost
+	blocked string // tree/tier of the first denying bucket
+	closest int    // index of the bucket closest to exhaustion, -1 if none
+	retry   time.Duration
+
+	scratch *scratch // nil until decide takes one
+	used    int      // buckets of scratch written to
+}
+
+// scratch is the memory of one decision's slices, reused across requests
+// so that the common path (up to 8 buckets) allocates none of it.
+type scratch struct {
+	buckets [8]hierarchy.Bucket
+	limits  [8]store.Bucket
+	costs   [8]int64
+	results [8]rate.Result
+}
+
+var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
+
+// release gives the decision's scratch memory back to the pool, cleared
+// of the pointers it held (keys, limits) so the pool retains nothing.
+func (d *decision) release() {
+	sc := d.scratch
+	if sc == nil {
+		return
+	}
+	n := min(d.used, len(sc.buckets))
+	clear(sc.buckets[:n])
+	clear(sc.limits[:n])
+	d.scratch, d.buckets, d.limits, d.costs, d.Results = nil, nil, nil, nil, nil
+	scratchPool.Put(sc)
+}
+
+// decideInto is implemented by stores that can write a decision's results
+// into memory the caller reuses (the memory store).
+type decideInto interface {
+	DecideInto(ctx context.Context, buckets []store.Bucket, results []rate.Result) (store.Decision, error)
 }
 
 // ServeHTTP implements caddyhttp.MiddlewareHandler.
@@ -378,7 +418,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			"the upstream is unhealthy and this traffic class is shed until it recovers", d)
 	}
 	start := time.Now()
-	d, status, err := h.decide(r, repl)
+	var dv decision
+	d := &dv
+	defer d.release()
+	status, err := h.decide(r, repl, d)
 	h.metrics.observe(d, time.Since(start))
 	h.setPlaceholders(repl, d)
 
@@ -502,11 +545,13 @@ func (w *statusWriter) Write(b []byte) (int, error) {
 
 // decide runs steps 1-4 of the request path. A non-zero status means the
 // request is refused before any decision (a client error), with err saying why.
-func (h *Handler) decide(r *http.Request, repl *caddy.Replacer) (*decision, int, error) {
-	// One allocation for the request's whole decision: the slices below
-	// live in its arrays unless the path is unusually long.
-	d := &decision{closest: -1}
-	plan := hierarchy.Plan{Buckets: d.bucketBuf[:0]}
+func (h *Handler) decide(r *http.Request, repl *caddy.Replacer, d *decision) (int, error) {
+	// The slices below live in pooled scratch memory unless the path is
+	// unusually long.
+	d.closest = -1
+	sc := scratchPool.Get().(*scratch)
+	d.scratch = sc
+	plan := hierarchy.Plan{Buckets: sc.buckets[:0]}
 	var valueBuf [8]string
 	for _, t := range h.trees {
 		if t.matchers != nil && !t.matchers.AnyMatch(r) {
@@ -521,17 +566,18 @@ func (h *Handler) decide(r *http.Request, repl *caddy.Replacer) (*decision, int,
 			values = append(values, resolveKey(repl, tier.Key, t.dynamic[i]))
 		}
 		t.Resolve(values, &plan)
+		d.used = len(plan.Buckets)
 		if plan.MissingTier != nil {
 			d.reason = "missing_key"
 			d.blocked = t.Name + "/" + plan.MissingTier.Name
-			return d, http.StatusBadRequest, fmt.Errorf("this request has no %s: its %s key (%s) is empty, and the tier refuses requests without it",
+			return http.StatusBadRequest, fmt.Errorf("this request has no %s: its %s key (%s) is empty, and the tier refuses requests without it",
 				plan.MissingTier.Name, d.blocked, plan.MissingTier.Key)
 		}
 	}
 	d.buckets = plan.Buckets
 	if len(d.buckets) == 0 {
 		d.Allowed, d.reason = true, "ok"
-		return d, 0, nil
+		return 0, nil
 	}
 
 	costs, err := h.estimate(r, repl)
@@ -539,11 +585,11 @@ func (h *Handler) decide(r *http.Request, repl *caddy.Replacer) (*decision, int,
 		var ie *cost.InputError
 		errors.As(err, &ie)
 		d.reason, d.buckets, d.inputErr = "bad_cost", nil, ie
-		return d, ie.Status, err
+		return ie.Status, err
 	}
 	d.estimates = costs
-	sb := sized(d.limitBuf[:], len(d.buckets))
-	d.costs = sized(d.costBuf[:], len(d.buckets))
+	sb := sized(sc.limits[:], len(d.buckets))
+	d.costs = sized(sc.costs[:], len(d.buckets))
 	for i, b := range d.buckets {
 		d.costs[i] = 1
 		for j, c := range h.Costs {
@@ -551,18 +597,24 @@ func (h *Handler) decide(r *http.Request, repl *caddy.Replacer) (*decision, int,
 				d.costs[i] = costs[j]
 			}
 		}
-		lim := b.Limit.Rate()
+		sb[i] = store.Bucket{Key: b.Key, Limit: b.Limit.Rate(), Cost: d.costs[i]}
 		if b.Tier.Adaptive && h.controller != nil {
-			lim = scale(lim, h.controller.FactorFor(h.priority))
+			lim := &sb[i].Limit
+			*lim = scale(*lim, h.controller.FactorFor(h.priority))
+			d.scaled = d.scaled || lim.Count != b.Limit.Rate().Count || lim.Burst != b.Limit.Rate().Burst
 		}
-		sb[i] = store.Bucket{Key: b.Key, Limit: lim, Cost: d.costs[i]}
 	}
 	d.limits = sb
 	ctx := r.Context()
-	res, err := h.store.Decide(ctx, sb)
+	var res store.Decision
+	if h.into != nil {
+		res, err = h.into.DecideInto(ctx, sb, sc.results[:])
+	} else {
+		res, err = h.store.Decide(ctx, sb)
+	}
 	if err != nil {
 		d.reason = "store_error"
-		return d, 0, err
+		return 0, err
 	}
 	d.Decision = res
 	d.closest = closest(d)
@@ -588,7 +640,7 @@ func (h *Handler) decide(r *http.Request, repl *caddy.Replacer) (*decision, int,
 			d.retry += time.Duration(rand.Float64() * h.Jitter * float64(d.retry))
 		}
 	}
-	return d, 0, nil
+	return 0, nil
 }
 
 // sized returns buf cut to n, or a new slice when buf is too short.

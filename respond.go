@@ -5,6 +5,9 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync/atomic"
+	"time"
+	"unsafe"
 
 	"github.com/caddyserver/caddy/v2"
 
@@ -37,71 +40,168 @@ func (h *Handler) writeHeaders(hdr http.Header, d *decision) {
 	if cfg == nil {
 		cfg = &HeadersConfig{}
 	}
+	ietf, xrl := on(cfg.IETF), on(cfg.XRateLimit)
+	retry := !d.Allowed && !d.Impossible && on(cfg.RetryAfter)
+	if !ietf && !xrl && !retry && !cfg.OpenAI { // headers none
+		return
+	}
 	c := d.buckets[d.closest]
 	cr := d.Results[d.closest]
 	t := ceilSeconds(microseconds(cr.Reset))
 	if !d.Allowed {
 		t = ceilSeconds(d.retry)
 	}
-	// Every value is written into one buffer and cut from one string, and
-	// the header slices share one array: a handful of allocations per
-	// response instead of two per header.
-	var b strings.Builder
-	b.Grow(64*len(d.buckets) + 128)
+	// What does not change from one request to the next on this path
+	// (RateLimit-Policy, each limit's name and capacity) is formatted once
+	// per path, unless the adaptive factor scaled a limit.
+	var ph *pathHeaders
+	if !d.scaled && (ietf || xrl) {
+		ph = h.headerCache.get(d.buckets)
+	}
+	// The other values are written into one buffer and cut from one
+	// string, and the header slices share one array.
+	var buf [160]byte
+	b := buf[:0]
 	var cuts [7]int
 	var names [6]string
+	var fixed [6]string // a value formatted beforehand, instead of a cut
 	n := 0
 	cut := func(name string) {
 		names[n] = name
 		n++
-		cuts[n] = b.Len()
+		cuts[n] = len(b)
 	}
-	if on(cfg.IETF) {
-		for i, bk := range d.buckets {
-			if i > 0 {
-				b.WriteString(", ")
-			}
-			if item, ok := h.policies[bk.Limit]; ok && d.limits[i].Limit == bk.Limit.Rate() {
-				b.WriteString(item) // unscaled: formatted once, at provision
-			} else {
-				writePolicy(&b, bk.Limit, d.limits[i].Limit)
-			}
+	use := func(name, value string) {
+		fixed[n] = value
+		cut(name)
+	}
+	if ietf {
+		if ph != nil {
+			use("Ratelimit-Policy", ph.policy) // canonical keys, set directly
+			b = append(b, ph.items[d.closest]...)
+		} else {
+			use("Ratelimit-Policy", h.policyOf(d))
+			b = append(b, '"')
+			b = append(b, c.Limit.Policy()...)
+			b = append(b, `";r=`...)
 		}
-		cut("Ratelimit-Policy") // canonical keys, set directly
-		b.WriteString(`"`)
-		b.WriteString(c.Limit.Policy())
-		b.WriteString(`";r=`)
-		writeInt(&b, cr.Remaining)
-		b.WriteString(";t=")
-		writeInt(&b, t)
+		b = strconv.AppendInt(b, cr.Remaining, 10)
+		b = append(b, ";t="...)
+		b = strconv.AppendInt(b, t, 10)
 		cut("Ratelimit")
 	}
-	if on(cfg.XRateLimit) {
-		writeInt(&b, d.limits[d.closest].Limit.Capacity())
-		cut("X-Ratelimit-Limit")
-		writeInt(&b, cr.Remaining)
+	if xrl {
+		if ph != nil {
+			use("X-Ratelimit-Limit", ph.capacity[d.closest])
+		} else {
+			b = strconv.AppendInt(b, d.limits[d.closest].Limit.Capacity(), 10)
+			cut("X-Ratelimit-Limit")
+		}
+		b = strconv.AppendInt(b, cr.Remaining, 10)
 		cut("X-Ratelimit-Remaining")
-		writeInt(&b, t)
+		b = strconv.AppendInt(b, t, 10)
 		cut("X-Ratelimit-Reset")
 	}
-	if !d.Allowed && !d.Impossible && on(cfg.RetryAfter) {
-		writeInt(&b, ceilSeconds(d.retry))
+	if retry {
+		b = strconv.AppendInt(b, ceilSeconds(d.retry), 10)
 		cut("Retry-After")
 	}
-	all := b.String()
-	vals := make([]string, n)
-	for i := 0; i < n; i++ {
-		vals[i] = all[cuts[i]:cuts[i+1]]
-		hdr[names[i]] = vals[i : i+1 : i+1]
+	if n > 0 {
+		all := string(b)
+		vals := make([]string, n)
+		for i := 0; i < n; i++ {
+			if fixed[i] != "" {
+				vals[i] = fixed[i]
+			} else {
+				vals[i] = all[cuts[i]:cuts[i+1]]
+			}
+			hdr[names[i]] = vals[i : i+1 : i+1]
+		}
 	}
 	if cfg.OpenAI {
 		h.writeOpenAIHeaders(hdr, d)
 	}
 }
 
-func writeInt(b *strings.Builder, n int64) {
-	var buf [20]byte
-	b.Write(strconv.AppendInt(buf[:0], n, 10))
+// policyOf formats the RateLimit-Policy of a path whose limits may be
+// scaled.
+func (h *Handler) policyOf(d *decision) string {
+	var b strings.Builder
+	b.Grow(64 * len(d.buckets))
+	for i, bk := range d.buckets {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		if item, ok := h.policies[bk.Limit]; ok && d.limits[i].Limit == bk.Limit.Rate() {
+			b.WriteString(item) // unscaled: formatted once, at provision
+		} else {
+			writePolicy(&b, bk.Limit, d.limits[i].Limit)
+		}
+	}
+	return b.String()
+}
+
+// pathHeaders are the header values of one path (one sequence of limits)
+// that do not change from request to request while no limit is scaled.
+type pathHeaders struct {
+	limits   []*hierarchy.Limit
+	policy   string   // RateLimit-Policy
+	items    []string // per bucket: the start of its RateLimit item, `"name";r=`
+	capacity []string // per bucket: X-RateLimit-Limit
+}
+
+// headerCache holds the pathHeaders of recently seen paths, direct-mapped
+// by a hash of their limits' addresses: a config has few distinct paths
+// (one per combination of tiers skipped and values overridden), and a
+// collision only costs formatting the values again.
+type headerCache struct {
+	policies map[*hierarchy.Limit]string // each limit's RateLimit-Policy item, unscaled
+	slots    [64]atomic.Pointer[pathHeaders]
+}
+
+// get returns the pathHeaders of the unscaled limits of buckets.
+func (c *headerCache) get(buckets []hierarchy.Bucket) *pathHeaders {
+	var x uintptr
+	for _, b := range buckets {
+		x = (x ^ uintptr(unsafe.Pointer(b.Limit))) * 0x9E3779B97F4A7C15
+	}
+	slot := &c.slots[x>>(unsafe.Sizeof(x)*8-6)]
+	if ph := slot.Load(); ph != nil && len(ph.limits) == len(buckets) {
+		same := true
+		for i, l := range ph.limits {
+			same = same && l == buckets[i].Limit
+		}
+		if same {
+			return ph
+		}
+	}
+	ph := c.format(buckets)
+	slot.Store(ph)
+	return ph
+}
+
+func (c *headerCache) format(buckets []hierarchy.Bucket) *pathHeaders {
+	ph := &pathHeaders{
+		limits:   make([]*hierarchy.Limit, len(buckets)),
+		items:    make([]string, len(buckets)),
+		capacity: make([]string, len(buckets)),
+	}
+	var b strings.Builder
+	for i, bk := range buckets {
+		ph.limits[i] = bk.Limit
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		if item, ok := c.policies[bk.Limit]; ok {
+			b.WriteString(item)
+		} else {
+			writePolicy(&b, bk.Limit, bk.Limit.Rate())
+		}
+		ph.items[i] = `"` + bk.Limit.Policy() + `";r=`
+		ph.capacity[i] = strconv.FormatInt(bk.Limit.Rate().Capacity(), 10)
+	}
+	ph.policy = b.String()
+	return ph
 }
 
 // writePolicy writes one RateLimit-Policy item: the policy's name, its
@@ -206,8 +306,23 @@ func (h *Handler) problem(w http.ResponseWriter, status int, kind, title, detail
 
 // setPlaceholders publishes the decision as {http.rate_limit.*}. One
 // lazy provider, rather than a Set per value, keeps the hot path to one
-// allocation: most requests never read these placeholders.
+// allocation: most requests never read these placeholders. Caddy may read
+// them after ServeHTTP has returned (access logs) and the decision's
+// memory has been reused, so the provider holds a copy of what it shows.
 func (h *Handler) setPlaceholders(repl *caddy.Replacer, d *decision) {
+	p := placeholders{
+		allowed: d.Allowed && d.reason == "ok",
+		reason:  d.reason,
+		blocked: d.blocked,
+		retry:   d.retry,
+	}
+	if d.closest >= 0 && d.closest < len(d.Results) {
+		c, r := &d.buckets[d.closest], &d.Results[d.closest]
+		p.limit, p.tier = c.Limit, c.Tier
+		p.capacity, p.remaining, p.reset = d.limits[d.closest].Limit.Capacity(), r.Remaining, r.Reset
+	}
+	// p is small and never changes: the closure holds it by value, in
+	// the one allocation of the closure itself.
 	repl.Map(func(key string) (any, bool) {
 		name, ok := strings.CutPrefix(key, "http.rate_limit.")
 		if !ok {
@@ -215,30 +330,42 @@ func (h *Handler) setPlaceholders(repl *caddy.Replacer, d *decision) {
 		}
 		switch name {
 		case "allowed":
-			return d.Allowed && d.reason == "ok", true
+			return p.allowed, true
 		case "reason":
-			return d.reason, true
+			return p.reason, true
 		case "blocked_by":
-			return d.blocked, true
+			return p.blocked, true
 		case "retry_after":
-			return ceilSeconds(d.retry), true
+			return ceilSeconds(p.retry), true
 		}
-		if d.closest < 0 || d.closest >= len(d.Results) {
+		if p.limit == nil { // no bucket closest to exhaustion
 			return nil, false
 		}
-		c, r := d.buckets[d.closest], d.Results[d.closest]
 		switch name {
 		case "policy":
-			return c.Limit.Policy(), true
+			return p.limit.Policy(), true
 		case "tier":
-			return c.Tier.Name, true
+			return p.tier.Name, true
 		case "limit":
-			return d.limits[d.closest].Limit.Capacity(), true
+			return p.capacity, true
 		case "remaining":
-			return r.Remaining, true
+			return p.remaining, true
 		case "reset":
-			return ceilSeconds(microseconds(r.Reset)), true
+			return ceilSeconds(microseconds(p.reset)), true
 		}
 		return nil, false
 	})
+}
+
+// placeholders is what {http.rate_limit.*} show of one decision.
+type placeholders struct {
+	allowed   bool
+	reason    string
+	blocked   string
+	retry     time.Duration
+	limit     *hierarchy.Limit // of the bucket closest to exhaustion; nil if none
+	tier      *hierarchy.Tier
+	capacity  int64 // its effective capacity
+	remaining int64
+	reset     int64 // µs
 }

@@ -74,6 +74,8 @@ type Tier struct {
 	Values map[string]*Override `json:"values,omitempty"`
 	// Adaptive lets the adaptive controller scale this tier's limits.
 	Adaptive bool `json:"adaptive,omitempty"`
+
+	dynamic bool // the key has a placeholder
 }
 
 // Override replaces a tier's limits for one value of its key.
@@ -161,6 +163,7 @@ func (tier *Tier) compile() error {
 	if strings.TrimSpace(tier.Key) == "" {
 		return fmt.Errorf("no key: say which placeholder identifies the %s, e.g. key {http.request.header.X-%s}", tier.Name, tier.Name)
 	}
+	tier.dynamic = isDynamic(tier.Key)
 	switch tier.Missing {
 	case "":
 		tier.Missing = MissingDeny

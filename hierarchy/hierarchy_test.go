@@ -225,3 +225,30 @@ func FuzzEscape(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkResolve is one request's plan on the acme tree (8 buckets) and
+// on a 4-tier tree of one limit per tier (the load script's).
+func BenchmarkResolve(b *testing.B) {
+	four := &Tree{Name: "acme"}
+	for _, name := range []string{"org", "team", "user", "agent"} {
+		four.Tiers = append(four.Tiers, &Tier{Name: name, Key: "{http.request.header.X-" + name + "}",
+			Limits: []*Limit{{Count: 1000000000, Per: "h"}}})
+	}
+	for _, tc := range []struct {
+		name string
+		tree *Tree
+	}{{"acme", acme()}, {"four", four}} {
+		if err := tc.tree.Compile(); err != nil {
+			b.Fatal(err)
+		}
+		b.Run(tc.name, func(b *testing.B) {
+			values := []string{"org7", "team42", "user123", "agent2"}
+			buf := make([]Bucket, 0, 8)
+			b.ReportAllocs()
+			for b.Loop() {
+				p := Plan{Buckets: buf[:0]}
+				tc.tree.Resolve(values, &p)
+			}
+		})
+	}
+}

@@ -2,6 +2,7 @@ package hierarchy
 
 import (
 	"strings"
+	"unsafe"
 )
 
 // Bucket is one limit of one tier, for one request's value of the tier's key.
@@ -31,12 +32,14 @@ type Plan struct {
 // in one Redis Cluster slot. Tiers above it, whose keys are constants
 // (global ceilings), are tagged by their own value and so live elsewhere.
 func (t *Tree) Resolve(values []string, plan *Plan) {
-	// All the keys of this tree are written into one buffer and cut from
-	// one string: one allocation per tree instead of one per bucket.
+	// All the keys of this tree are written into one buffer, sized
+	// exactly beforehand, and cut from it: one allocation per tree.
 	first := len(plan.Buckets)
-	var stack [512]byte // most paths' keys fit: then only the final string is allocated
-	buf := stack[:0]
 	path := make([]byte, 0, 128)
+	type span struct{ tagStart, tagEnd, pathEnd int } // of one bucket's key, in path
+	var spanBuf [16]span
+	spans := spanBuf[:0]
+	size := 0
 	tag, tenantStart := -1, 0 // the tenant's segment in path: the hash tag
 	for i, tier := range t.Tiers {
 		v := values[i]
@@ -60,7 +63,7 @@ func (t *Tree) Resolve(values []string, plan *Plan) {
 		// placeholder (the tenant) fixes it for every tier below.
 		tagStart, tagEnd := segment, len(path)
 		if tag < 0 {
-			if isDynamic(tier.Key) {
+			if tier.dynamic {
 				tag = len(path)
 			}
 		} else {
@@ -77,26 +80,30 @@ func (t *Tree) Resolve(values []string, plan *Plan) {
 			limits = o.Limits
 		}
 		for _, l := range limits {
-			buf = append(buf, '{')
-			buf = append(buf, t.Name...)
-			buf = append(buf, '|')
-			buf = append(buf, path[tagStart:tagEnd]...)
-			buf = append(buf, '}')
-			buf = append(buf, path...)
-			buf = append(buf, '#')
-			buf = append(buf, l.id...)
+			// {tree|tag}path#id
+			size += len(t.Name) + tagEnd - tagStart + len(path) + len(l.id) + 4
+			spans = append(spans, span{tagStart, tagEnd, len(path)})
 			plan.Buckets = append(plan.Buckets, Bucket{Tree: t, Tier: tier, Value: v, Limit: l})
 		}
 	}
-	// Every key starts with its hash tag's "{", and escaped values never
-	// hold one: the next "{" starts the next key.
-	keys := string(buf)
-	for i := first; i < len(plan.Buckets); i++ {
-		end := strings.IndexByte(keys[1:], '{') + 1
-		if end == 0 {
-			end = len(keys)
-		}
-		plan.Buckets[i].Key, keys = keys[:end], keys[end:]
+	buf := make([]byte, 0, size)
+	for k, sp := range spans {
+		buf = append(buf, '{')
+		buf = append(buf, t.Name...)
+		buf = append(buf, '|')
+		buf = append(buf, path[sp.tagStart:sp.tagEnd]...)
+		buf = append(buf, '}')
+		buf = append(buf, path[:sp.pathEnd]...)
+		buf = append(buf, '#')
+		buf = append(buf, plan.Buckets[first+k].Limit.id...)
+		spans[k].pathEnd = len(buf) // now the key's end
+	}
+	// buf is never written again: the keys can share it rather than a copy
+	// (as strings.Builder does, without its checks on every write).
+	keys, start := unsafe.String(unsafe.SliceData(buf), len(buf)), 0
+	for k, sp := range spans {
+		plan.Buckets[first+k].Key = keys[start:sp.pathEnd]
+		start = sp.pathEnd
 	}
 }
 

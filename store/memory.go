@@ -3,9 +3,11 @@ package store
 import (
 	"context"
 	"hash/maphash"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/caddy-cascade/cascade/rate"
 )
@@ -58,6 +60,9 @@ type memoryShard struct {
 	mu      sync.Mutex
 	entries map[uint64]*memoryEntry
 	n       int // entries, chains included
+	// One shard per cache line: cores locking neighbouring shards must
+	// not contend for one line (false sharing).
+	_ [64 - 24]byte
 }
 
 type memoryEntry struct {
@@ -98,31 +103,96 @@ func NewMemory(opts MemoryOptions) *Memory {
 }
 
 // Decide implements Store.
-func (m *Memory) Decide(_ context.Context, buckets []Bucket) (Decision, error) {
-	var hashBuf [16]uint64
-	var lockBuf [16]uint8
-	hashes := m.hashesOf(buckets, hashBuf[:0])
-	locked := m.lock(hashes, lockBuf[:0])
-	defer m.unlock(locked)
+func (m *Memory) Decide(ctx context.Context, buckets []Bucket) (Decision, error) {
+	return m.DecideInto(ctx, buckets, nil)
+}
 
-	now := m.clock()
-	results := make([]rate.Result, len(buckets))
-	var nextBuf [8]rate.State
-	next := nextBuf[:0]
-	allowed := true
-	for i, b := range buckets {
-		s := m.stateOf(hashes[i], b.Key, now)
-		n, r := b.Limit.Apply(s, now, b.Cost)
-		results[i] = r
-		next = append(next, n)
-		allowed = allowed && r.Allowed
+// maxPath is the longest path decided without heap scratch space.
+const maxPath = 16
+
+// DecideInto is Decide with the results written into buf when it is long
+// enough (a new slice otherwise): the Decision's Results then share buf's
+// array. It lets a caller that reuses its memory across requests decide
+// without allocating.
+func (m *Memory) DecideInto(_ context.Context, buckets []Bucket, buf []rate.Result) (Decision, error) {
+	n := len(buckets)
+	if n > maxPath {
+		return m.decideLong(buckets, sizedResults(buf, n)), nil
 	}
-	if allowed {
-		for i, b := range buckets {
-			m.store(hashes[i], b, next[i], now)
+	var hashes [maxPath]uint64
+	var entries [maxPath]*memoryEntry
+	var next [maxPath]rate.State
+	var lockBuf [maxPath]uint8
+	results := sizedResults(buf, n)
+	for i, b := range buckets {
+		hashes[i] = maphash.String(m.seed, b.Key)
+	}
+	locked := m.lock(hashes[:n], lockBuf[:0])
+	m.decideLocked(buckets, hashes[:n], entries[:n], next[:n], results)
+	m.unlock(locked)
+	return Combine(results), nil
+}
+
+// decideLong decides a path too long for the stack buffers of DecideInto.
+func (m *Memory) decideLong(buckets []Bucket, results []rate.Result) Decision {
+	n := len(buckets)
+	hashes := m.hashesOf(buckets, make([]uint64, 0, n))
+	locked := m.lock(hashes, make([]uint8, 0, n))
+	defer m.unlock(locked)
+	m.decideLocked(buckets, hashes, make([]*memoryEntry, n), make([]rate.State, n), results)
+	return Combine(results)
+}
+
+// decideLocked applies every bucket's cost and, when all admit it, stores
+// the new states. Each key is looked up once: the entry found (nil for a
+// fresh bucket) is remembered for the write. The caller holds the shard
+// locks of every key.
+func (m *Memory) decideLocked(buckets []Bucket, hashes []uint64, entries []*memoryEntry, next []rate.State, results []rate.Result) {
+	now := m.clock()
+	allowed := true
+	for i := range buckets {
+		b := &buckets[i]
+		e := m.entryOf(hashes[i], b.Key)
+		entries[i] = e
+		var s rate.State
+		if e != nil && e.expires > now {
+			s = e.state
+		}
+		next[i], results[i] = b.Limit.Apply(s, now, b.Cost)
+		allowed = allowed && results[i].Allowed
+	}
+	if !allowed {
+		return
+	}
+	// Entries found are updated first: making room for a new one may
+	// evict or drop entries of its shard, and so must not come between
+	// finding an entry and writing it.
+	fresh := false
+	for i := range buckets {
+		if e := entries[i]; e != nil {
+			e.state, e.expires = next[i], now+buckets[i].Limit.TTL(next[i], now)
+		} else {
+			fresh = true
 		}
 	}
-	return Combine(results), nil
+	if !fresh {
+		return
+	}
+	for i := range buckets {
+		if entries[i] == nil {
+			// A key named twice on one path finds the entry stored
+			// for its first mention, as a lookup would.
+			m.store(hashes[i], buckets[i], next[i], now)
+		}
+	}
+}
+
+// sizedResults returns buf cut to n, or a new slice when buf is too short.
+func sizedResults(buf []rate.Result, n int) []rate.Result {
+	if n <= cap(buf) {
+		return buf[:n]
+	}
+	return make([]rate.Result, n)
 }
 
 // Adjust implements Store.
@@ -227,16 +297,22 @@ func (m *Memory) unlock(shards []uint8) {
 	}
 }
 
+// entryOf returns the entry of key, expired or not, nil if there is none.
+// The caller holds the key's shard lock.
+func (m *Memory) entryOf(hash uint64, key string) *memoryEntry {
+	for e := m.shards[shardOf(hash)].entries[hash]; e != nil; e = e.next {
+		if e.key == key {
+			return e
+		}
+	}
+	return nil
+}
+
 // stateOf returns the live state of key; expired state reads as fresh.
 // The caller holds the key's shard lock.
 func (m *Memory) stateOf(hash uint64, key string, now int64) rate.State {
-	for e := m.shards[shardOf(hash)].entries[hash]; e != nil; e = e.next {
-		if e.key == key {
-			if e.expires > now {
-				return e.state
-			}
-			break
-		}
+	if e := m.entryOf(hash, key); e != nil && e.expires > now {
+		return e.state
 	}
 	return rate.State{}
 }
@@ -259,8 +335,54 @@ func (m *Memory) store(hash uint64, b Bucket, s rate.State, now int64) {
 		m.makeRoom(sh, now)
 		head = sh.entries[hash]
 	}
-	sh.entries[hash] = &memoryEntry{key: b.Key, state: s, expires: expires, next: head}
+	e := newEntry(b.Key)
+	e.state, e.expires, e.next = s, expires, head
+	sh.entries[hash] = e
 	sh.n++
+}
+
+// Entries carry a copy of their key in the same allocation, right after
+// them: a lookup, which must compare the key, then finds its bytes in the
+// cache lines it just loaded instead of wherever the request that created
+// the entry built them (a string that also held its whole path's keys).
+type (
+	entry64 struct {
+		e   memoryEntry
+		key [64]byte
+	}
+	entry128 struct {
+		e   memoryEntry
+		key [128]byte
+	}
+	entry256 struct {
+		e   memoryEntry
+		key [256]byte
+	}
+)
+
+// newEntry returns an entry for key, which it copies. The copy is written
+// once, here, before the string that shares its bytes exists.
+func newEntry(key string) *memoryEntry {
+	var e *memoryEntry
+	var buf []byte
+	switch n := len(key); {
+	case n == 0:
+		return &memoryEntry{}
+	case n <= 64:
+		x := new(entry64)
+		e, buf = &x.e, x.key[:n]
+	case n <= 128:
+		x := new(entry128)
+		e, buf = &x.e, x.key[:n]
+	case n <= 256:
+		x := new(entry256)
+		e, buf = &x.e, x.key[:n]
+	default:
+		return &memoryEntry{key: strings.Clone(key)}
+	}
+	copy(buf, key)
+	e.key = unsafe.String(&buf[0], len(buf))
+	return e
 }
 
 // removeExpired drops the expired entries chained at hash. The caller holds

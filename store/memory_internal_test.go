@@ -1,8 +1,13 @@
 package store
 
 import (
+	"context"
+	"fmt"
+	"hash/maphash"
+	"strings"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/caddy-cascade/cascade/rate"
 )
@@ -33,5 +38,107 @@ func TestMemoryHashCollisions(t *testing.T) {
 	m.Sweep()
 	if m.Len() != 2 || m.stateOf(h, "b", now).A != 7 {
 		t.Fatalf("sweep of a chain: len %d", m.Len())
+	}
+}
+
+// sameShardKeys returns n keys whose hashes fall in one shard of m.
+func sameShardKeys(m *Memory, n int) []string {
+	var keys []string
+	want := -1
+	for i := 0; len(keys) < n; i++ {
+		k := fmt.Sprintf("{t|k%d}", i)
+		s := int(shardOf(maphash.String(m.seed, k)))
+		if want < 0 {
+			want = s
+		}
+		if s == want {
+			keys = append(keys, k)
+		}
+	}
+	return keys
+}
+
+// TestMemoryDecideKeepsFoundEntries: a decision that charges a key found
+// expired and, in the same full shard, a new key must not lose the first
+// charge when room is made for the second (dropping expired entries would
+// drop the one just found).
+func TestMemoryDecideKeepsFoundEntries(t *testing.T) {
+	now := time.Date(2026, 3, 18, 10, 0, 0, 0, time.UTC).UnixMicro()
+	m := NewMemory(MemoryOptions{SweepInterval: -1, MaxKeys: 2 * memoryShards, Clock: func() int64 { return now }})
+	defer m.Close()
+	keys := sameShardKeys(m, 3)
+	a, b, c := keys[0], keys[1], keys[2]
+	short := rate.Limit{Algorithm: rate.GCRA, Count: 10, Period: time.Second}
+	long := rate.Limit{Algorithm: rate.GCRA, Count: 10, Period: time.Hour}
+	ctx := context.Background()
+	if d, _ := m.Decide(ctx, []Bucket{{Key: a, Limit: short, Cost: 1}}); !d.Allowed {
+		t.Fatal("a denied")
+	}
+	now += 1_000_000 // a has expired, unswept
+	if d, _ := m.Decide(ctx, []Bucket{{Key: c, Limit: short, Cost: 1}}); !d.Allowed {
+		t.Fatal("c denied")
+	}
+	// The shard is full (a, c). Charge a (found, expired) and b (new) with
+	// a long limit: room for b must come from c, never from a.
+	d, _ := m.Decide(ctx, []Bucket{{Key: b, Limit: long, Cost: 1}, {Key: a, Limit: long, Cost: 5}})
+	if !d.Allowed {
+		t.Fatal("b, a denied")
+	}
+	if s := m.stateOf(maphash.String(m.seed, a), a, now); s.A != 5 {
+		t.Fatalf("a's charge was lost: %+v", s)
+	}
+	if s := m.stateOf(maphash.String(m.seed, b), b, now); s.A != 1 {
+		t.Fatalf("b's charge was lost: %+v", s)
+	}
+}
+
+// TestMemoryDecideInto: results land in the caller's buffer when it is long
+// enough, and in a new slice otherwise; paths longer than the stack buffers
+// decide alike.
+func TestMemoryDecideInto(t *testing.T) {
+	m := NewMemory(MemoryOptions{SweepInterval: -1})
+	defer m.Close()
+	lim := rate.Limit{Algorithm: rate.GCRA, Count: 100, Period: time.Hour}
+	for _, n := range []int{1, 4, maxPath, maxPath + 3} {
+		path := make([]Bucket, n)
+		for i := range path {
+			path[i] = Bucket{Key: fmt.Sprintf("{t|n%d}k%d", n, i), Limit: lim, Cost: int64(i + 1)}
+		}
+		buf := make([]rate.Result, 8)
+		d, err := m.DecideInto(context.Background(), path, buf)
+		if err != nil || !d.Allowed || len(d.Results) != n {
+			t.Fatalf("n=%d: %+v %v", n, d, err)
+		}
+		if shared := &d.Results[0] == &buf[0]; shared != (n <= len(buf)) {
+			t.Fatalf("n=%d: results share the buffer: %v", n, shared)
+		}
+		for i, r := range d.Results {
+			if r.Remaining != 100-int64(i+1) {
+				t.Fatalf("n=%d: bucket %d remaining %d", n, i, r.Remaining)
+			}
+		}
+	}
+}
+
+func TestMemoryShardIsOneCacheLine(t *testing.T) {
+	if n := unsafe.Sizeof(memoryShard{}); n != 64 {
+		t.Fatalf("a shard takes %d bytes, not one 64-byte cache line", n)
+	}
+}
+
+// TestMemoryEntryOwnsItsKey: an entry keeps its own copy of the key, of
+// any length, so the caller's buffer (a request's keys) is neither
+// retained nor able to change it.
+func TestMemoryEntryOwnsItsKey(t *testing.T) {
+	for _, n := range []int{0, 1, 63, 64, 65, 128, 129, 256, 257, 1000} {
+		buf := []byte(strings.Repeat("k", n))
+		key := string(buf)
+		e := newEntry(key)
+		if e.key != key {
+			t.Fatalf("len %d: key %q", n, e.key)
+		}
+		if n > 0 && unsafe.StringData(e.key) == unsafe.StringData(key) {
+			t.Fatalf("len %d: the entry shares the caller's key", n)
+		}
 	}
 }

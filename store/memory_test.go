@@ -3,6 +3,7 @@ package store_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -63,8 +64,14 @@ func TestMemorySweepDropsExpiredState(t *testing.T) {
 }
 
 // BenchmarkMemoryDecide is one decision on a path of 1, 3, 5 and 7 tiers
-// (one limit each), spread over many tenants, as the handler makes it.
-func BenchmarkMemoryDecide(b *testing.B) {
+// (one limit each), spread over many tenants.
+func BenchmarkMemoryDecide(b *testing.B) { benchmarkMemoryDecide(b, false) }
+
+// BenchmarkMemoryDecideInto is the same with the results written into a
+// reused buffer, as the handler decides.
+func BenchmarkMemoryDecideInto(b *testing.B) { benchmarkMemoryDecide(b, true) }
+
+func benchmarkMemoryDecide(b *testing.B, into bool) {
 	for _, tiers := range []int{1, 3, 5, 7} {
 		b.Run(fmt.Sprintf("tiers=%d", tiers), func(b *testing.B) {
 			m := store.NewMemory(store.MemoryOptions{SweepInterval: -1})
@@ -77,12 +84,29 @@ func BenchmarkMemoryDecide(b *testing.B) {
 				}
 			}
 			ctx := context.Background()
+			// The state is created from other strings than the requests'
+			// keys, as in a server, where every request builds its keys
+			// anew: no lookup may find its key by pointer equality.
+			for _, path := range paths {
+				first := make([]store.Bucket, len(path))
+				for i, bk := range path {
+					first[i] = bk
+					first[i].Key = strings.Clone(bk.Key)
+				}
+				m.Decide(ctx, first)
+			}
 			b.ReportAllocs()
 			b.ResetTimer()
 			b.RunParallel(func(pb *testing.PB) {
+				var buf [8]rate.Result
 				i := 0
 				for pb.Next() {
-					d, _ := m.Decide(ctx, paths[i&1023])
+					var d store.Decision
+					if into {
+						d, _ = m.DecideInto(ctx, paths[i&1023], buf[:])
+					} else {
+						d, _ = m.Decide(ctx, paths[i&1023])
+					}
 					if !d.Allowed {
 						b.Fatal("denied")
 					}

@@ -49,7 +49,9 @@ type Decision struct {
 type Store interface {
 	// Decide charges every bucket its cost if every bucket admits it, and
 	// none otherwise, atomically with respect to every other Decide and
-	// Adjust on the same keys.
+	// Adjust on the same keys. The store must not use the buckets slice
+	// once Decide has returned (even on a timeout): the handler reuses
+	// its memory for the next request. The keys (strings) may be kept.
 	Decide(ctx context.Context, buckets []Bucket) (Decision, error)
 	// Adjust applies each bucket's Cost as a correction (refund or debt)
 	// without deciding anything, in one atomic step.

@@ -1,0 +1,174 @@
+package cascade
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+)
+
+// provisionJSON provisions a handler from its JSON config on a memory store
+// of its own.
+func provisionJSON(t *testing.T, cfg string) *Handler {
+	t.Helper()
+	h := new(Handler)
+	if err := json.Unmarshal([]byte(cfg), h); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	if err := h.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Cleanup(); cancel() })
+	return h
+}
+
+var placeholderNames = []string{"allowed", "reason", "blocked_by", "retry_after", "policy", "tier", "limit", "remaining", "reset"}
+
+// readPlaceholders renders every {http.rate_limit.*} placeholder.
+func readPlaceholders(repl *caddy.Replacer) map[string]string {
+	out := map[string]string{}
+	for _, name := range placeholderNames {
+		out[name] = repl.ReplaceAll("{http.rate_limit."+name+"}", "")
+	}
+	return out
+}
+
+// TestPlaceholdersOutliveTheRequest: Caddy reads the placeholders after
+// ServeHTTP has returned (access logs), when the decision's pooled memory
+// already serves other requests. Each request's placeholders must still
+// show its own decision, read however late, while other requests (with
+// other paths, limits and outcomes) run concurrently.
+func TestPlaceholdersOutliveTheRequest(t *testing.T) {
+	h := provisionJSON(t, `{
+		"trees": [{"name": "pool", "tiers": [
+			{"name": "org", "key": "{http.request.header.X-Org}", "limits": [{"count": 1000, "per": "h"}]},
+			{"name": "user", "key": "{http.request.header.X-User}", "limits": [{"count": 3, "per": "min"}],
+			 "values": {"vip": {"limits": [{"count": 50, "per": "s"}, {"count": 500, "per": "h"}]}}}
+		]}],
+		"store": {"memory": {"name": "TestPlaceholdersOutliveTheRequest"}}
+	}`)
+	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error { return nil })
+	serve := func(org, user string) (*caddy.Replacer, int) {
+		r := httptest.NewRequest("GET", "/", nil)
+		r.Header.Set("X-Org", org)
+		r.Header.Set("X-User", user)
+		repl := caddy.NewReplacer()
+		r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, repl))
+		w := httptest.NewRecorder()
+		if err := h.ServeHTTP(w, r, next); err != nil {
+			t.Error(err)
+		}
+		return repl, w.Code
+	}
+
+	const workers, rounds = 4, 50
+	var wg sync.WaitGroup
+	for g := 0; g < workers; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			type kept struct {
+				repl *caddy.Replacer
+				want map[string]string
+			}
+			var all []kept
+			for i := 0; i < rounds; i++ {
+				user := fmt.Sprintf("u%d-%d", g, i%5) // limited after 3 requests a minute
+				if i%3 == 0 {
+					user = "vip"
+				}
+				repl, _ := serve(fmt.Sprintf("o%d", g), user)
+				all = append(all, kept{repl, readPlaceholders(repl)})
+			}
+			for i, k := range all { // read again, long after other requests reused the memory
+				if got := readPlaceholders(k.repl); fmt.Sprint(got) != fmt.Sprint(k.want) {
+					t.Errorf("worker %d request %d: placeholders changed after the request:\n got %v\nwant %v", g, i, got, k.want)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+
+	// And the values are the decision's own.
+	repl, code := serve("fresh", "alice")
+	got := readPlaceholders(repl)
+	want := map[string]string{"allowed": "true", "reason": "ok", "blocked_by": "", "retry_after": "0",
+		"policy": "user", "tier": "user", "limit": "3", "remaining": "2", "reset": "20"}
+	if code != 200 || fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("allowed: code %d\n got %v\nwant %v", code, got, want)
+	}
+	serve("fresh", "alice")
+	serve("fresh", "alice")
+	repl, code = serve("fresh", "alice")
+	serve("fresh", "vip") // reuses the memory with another path
+	got = readPlaceholders(repl)
+	want = map[string]string{"allowed": "false", "reason": "limited", "blocked_by": "pool/user", "retry_after": "20",
+		"policy": "user", "tier": "user", "limit": "3", "remaining": "0", "reset": "60"}
+	if code != 429 || fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("denied: code %d\n got %v\nwant %v", code, got, want)
+	}
+}
+
+// TestHeaderCacheMatchesFormatting: the header values cached per path are
+// those formatted afresh, for more paths than the cache has slots (so
+// paths collide and replace each other), with overrides, skipped tiers,
+// several limits per tier and denials.
+func TestHeaderCacheMatchesFormatting(t *testing.T) {
+	values := map[string]any{}
+	for i := 0; i < 100; i++ {
+		values[fmt.Sprintf("u%d", i)] = map[string]any{"limits": []any{map[string]any{"count": i + 1, "per": "h"}}}
+	}
+	cfg, _ := json.Marshal(map[string]any{
+		"trees": []any{map[string]any{"name": "hc", "tiers": []any{
+			map[string]any{"name": "org", "key": "{http.request.header.X-Org}", "limits": []any{map[string]any{"count": 1000000, "per": "h"}}},
+			map[string]any{"name": "user", "key": "{http.request.header.X-User}", "values": values,
+				"limits": []any{map[string]any{"count": 5, "per": "min"}, map[string]any{"count": 50, "per": "h"}}},
+			map[string]any{"name": "agent", "key": "{http.request.header.X-Agent}", "missing": "skip",
+				"limits": []any{map[string]any{"count": 7, "per": "s"}}},
+		}}},
+		"headers": map[string]any{"openai": true},
+		"store":   map[string]any{"memory": map[string]any{"name": t.Name()}},
+	})
+	h := provisionJSON(t, string(cfg))
+	denied := 0
+	for round := 0; round < 3; round++ {
+		for i := 0; i < 130; i++ {
+			r := httptest.NewRequest("GET", "/", nil)
+			r.Header.Set("X-Org", "o")
+			r.Header.Set("X-User", fmt.Sprintf("u%d", i))
+			if i%2 == 0 {
+				r.Header.Set("X-Agent", fmt.Sprintf("a%d", i%3))
+			}
+			var d decision
+			if status, err := h.decide(r, caddy.NewReplacer(), &d); status != 0 || err != nil {
+				t.Fatal(status, err)
+			}
+			if !d.Allowed {
+				denied++
+			}
+			got := http.Header{}
+			h.writeHeaders(got, &d)
+			d.scaled = true // as if the adaptive factor had scaled a limit: formatted afresh
+			want := http.Header{}
+			h.writeHeaders(want, &d)
+			d.release()
+			if fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Fatalf("round %d, user u%d:\n got %v\nwant %v", round, i, got, want)
+			}
+			if i < 100 && !strings.Contains(got.Get("RateLimit-Policy"), fmt.Sprintf(`"user";q=%d;w=3600`, i+1)) {
+				t.Fatalf("user u%d: RateLimit-Policy %q lacks its override", i, got.Get("RateLimit-Policy"))
+			}
+		}
+	}
+	if denied == 0 {
+		t.Fatal("no denial exercised")
+	}
+}
