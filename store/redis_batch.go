@@ -72,28 +72,38 @@ func newBatcher(client redis.UniversalClient, script *redis.Script, timeout time
 }
 
 // do decides one decision, keys and its packed numbers, and waits for its
-// reply, for ctx, or until deadline.
+// reply, or until deadline. A request whose client has gone (ctx) still
+// waits for its reply, at most until deadline: its decision is on its way
+// to Redis either way.
 func (b *batcher) do(ctx context.Context, deadline time.Time, keys []string, spec []byte) (string, error) {
+	if err := ctx.Err(); err != nil {
+		return "", err
+	}
+	select {
+	case <-b.stop:
+		return "", redis.ErrClosed
+	default:
+	}
 	c := &call{ctx: ctx, deadline: deadline, keys: keys, spec: spec, done: make(chan struct{})}
 	timeout := time.NewTimer(time.Until(deadline))
 	defer timeout.Stop()
 	select {
-	case b.queue <- c:
-	case <-b.stop:
-		return "", redis.ErrClosed
-	case <-ctx.Done():
-		return "", ctx.Err()
-	case <-timeout.C:
-		return "", context.DeadlineExceeded
+	case b.queue <- c: // the common case: the queue has room
+	default:
+		select {
+		case b.queue <- c:
+		case <-b.stop:
+			return "", redis.ErrClosed
+		case <-timeout.C:
+			return "", context.DeadlineExceeded
+		}
 	}
 	select {
 	case <-c.done:
 		return c.reply, c.err
-	case <-ctx.Done():
+	case <-timeout.C:
 		// The script may still run: as with any timed-out call, the
 		// request is then charged without being served.
-		return "", ctx.Err()
-	case <-timeout.C:
 		return "", context.DeadlineExceeded
 	}
 }
