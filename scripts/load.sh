@@ -4,14 +4,20 @@
 # the other, with wrk (1 thread, 32 connections). Prints requests/s, p50 and
 # p99 of each and the throughput ratios against plain Caddy.
 #
-#   scripts/load.sh            # 10 s per run
-#   DURATION=30s scripts/load.sh
+# On a small shared machine a single run moves by ±5%, so the three runs are
+# repeated in ROUNDS rounds (plain, memory, Redis, plain, memory, Redis, ...,
+# then plain once more): each ratio is taken against the mean of the plain
+# runs on either side of it, and the median over the rounds is reported.
+#
+#   scripts/load.sh                      # 3 rounds of 10 s runs
+#   ROUNDS=5 DURATION=20s scripts/load.sh
 #
 # It installs wrk and redis-server from Debian if absent, builds ./cmd/caddy,
 # starts its own redis-server on a free port, and stops everything at exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DURATION=${DURATION:-10s}
+ROUNDS=${ROUNDS:-3}
 CONNS=${CONNS:-32}
 
 for pkg in wrk redis-server; do
@@ -97,41 +103,50 @@ CF
 	p50=$(awk '$1=="50%" {print $2}' "$work/$name.wrk")
 	p99=$(awk '$1=="99%" {print $2}' "$work/$name.wrk")
 	non2xx=$(awk '/Non-2xx/ {print $NF}' "$work/$name.wrk")
-	printf '%-16s %10s req/s   p50 %8s   p99 %8s   non-2xx %s\n' "$name" "$rps" "$p50" "$p99" "${non2xx:-0}"
+	printf '%-18s %10s req/s   p50 %8s   p99 %8s   non-2xx %s\n' "$name" "$rps" "$p50" "$p99" "${non2xx:-0}"
 	echo "$rps" >"$work/$name.rps"
 	awk '/ requests in / {print $1}' "$work/$name.wrk" >"$work/$name.requests"
 }
 
-echo "== wrk -t1 -c$CONNS -d$DURATION (loopback, $(nproc) cores)"
-run plain ""
-run cascade-memory "rate_limit {$limits
+echo "== wrk -t1 -c$CONNS -d$DURATION (loopback, $(nproc) cores), $ROUNDS rounds"
+for round in $(seq "$ROUNDS"); do
+	run "plain-$round" ""
+	run "cascade-memory-$round" "rate_limit {$limits
 	}"
-run cascade-redis "rate_limit {$limits
+	run "cascade-redis-$round" "rate_limit {$limits
 		store redis {
 			address 127.0.0.1:$redis_port
 		}
 	}"
-run plain-again ""
-
-plain=$(python3 -c "print((float(open('$work/plain.rps').read())+float(open('$work/plain-again.rps').read()))/2)")
-for name in cascade-memory cascade-redis; do
-	python3 -c "print('%-16s %.3f x plain Caddy' % ('$name', float(open('$work/$name.rps').read())/$plain))"
 done
+run "plain-$((ROUNDS + 1))" ""
+
+echo "== throughput against plain Caddy (the mean of the plain runs before and after)"
+python3 - "$work" "$ROUNDS" <<'PY'
+import statistics, sys
+work, rounds = sys.argv[1], int(sys.argv[2])
+rps = lambda name: float(open("%s/%s.rps" % (work, name)).read())
+for kind in ("cascade-memory", "cascade-redis"):
+    ratios = [rps("%s-%d" % (kind, r)) / ((rps("plain-%d" % r) + rps("plain-%d" % (r + 1))) / 2)
+              for r in range(1, rounds + 1)]
+    print("%-16s %.3f x plain Caddy (median of %s)" % (kind, statistics.median(ratios), " ".join("%.3f" % x for x in ratios)))
+PY
 # Redis's own accounting of the measured run: its script calls (several
 # decisions each under load: the store batches what queues up) and the
 # server time they took, per call and per decision (per request).
-echo "== Redis server time during the cascade-redis run (4 tiers):"
-grep -E 'cmdstat_(evalsha|eval):' "$work/cascade-redis.redis" || true
-python3 - "$work/cascade-redis.redis" "$(cat "$work/cascade-redis.requests")" <<'PY'
+echo "== Redis server time during the cascade-redis runs (4 tiers):"
+python3 - "$work" "$ROUNDS" <<'PY'
 import re, sys
-stats = open(sys.argv[1]).read()
-requests = int(sys.argv[2])
-calls = usec = 0
-for name in ("evalsha", "eval"):
-    m = re.search(r"cmdstat_%s:calls=(\d+),usec=(\d+)" % name, stats)
-    if m:
-        calls += int(m.group(1)); usec += int(m.group(2))
-if calls and requests:
-    print("%d requests, %d script calls (%.1f decisions per call), %.2f µs of Redis time per decision"
-          % (requests, calls, requests / calls, usec / requests))
+work, rounds = sys.argv[1], int(sys.argv[2])
+for r in range(1, rounds + 1):
+    stats = open("%s/cascade-redis-%d.redis" % (work, r)).read()
+    requests = int(open("%s/cascade-redis-%d.requests" % (work, r)).read())
+    calls = usec = 0
+    for name in ("evalsha", "eval"):
+        m = re.search(r"cmdstat_%s:calls=(\d+),usec=(\d+)" % name, stats)
+        if m:
+            calls += int(m.group(1)); usec += int(m.group(2))
+    if calls and requests:
+        print("round %d: %d requests, %d script calls (%.1f decisions per call), %.2f µs of Redis time per decision"
+              % (r, requests, calls, requests / calls, usec / requests))
 PY
