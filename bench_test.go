@@ -100,26 +100,8 @@ func BenchmarkHandler(b *testing.B) {
 func BenchmarkServeHTTP(b *testing.B) {
 	for _, tiers := range []int{1, 4, 7} {
 		b.Run(fmt.Sprintf("tiers=%d", tiers), func(b *testing.B) {
-			tree := map[string]any{"name": "bench"}
-			var ts []map[string]any
-			for i := 0; i < tiers; i++ {
-				ts = append(ts, map[string]any{
-					"name": fmt.Sprintf("t%d", i), "key": fmt.Sprintf("{http.request.header.X-T%d}", i),
-					"limits": []map[string]any{{"count": int64(1) << 40, "per": "h"}},
-				})
-			}
-			tree["tiers"] = ts
-			raw, _ := json.Marshal(map[string]any{"trees": []any{tree}, "store": map[string]any{"memory": map[string]any{"name": b.Name()}}})
-			var h Handler
-			if err := json.Unmarshal(raw, &h); err != nil {
-				b.Fatal(err)
-			}
-			ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
-			defer cancel()
-			if err := h.Provision(ctx); err != nil {
-				b.Fatal(err)
-			}
-			defer h.Cleanup()
+			h, done := benchHandler(b, tiers)
+			defer done()
 			next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error { return nil })
 			b.ReportAllocs()
 			b.ResetTimer()

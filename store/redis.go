@@ -560,10 +560,17 @@ func slotGroups(prefix string, buckets []Bucket) [][]int {
 	if same {
 		return nil
 	}
+	return groupBySlot(len(buckets), func(i int) int { return RedisKeySlot(prefix + buckets[i].Key) })
+}
+
+// groupBySlot groups the indexes 0 … n-1 by their slot, keeping their
+// order within each group, and the groups in the order of their first
+// index.
+func groupBySlot(n int, slot func(i int) int) [][]int {
 	var slots []int
 	var groups [][]int
-	for i, b := range buckets {
-		s := RedisKeySlot(prefix + b.Key)
+	for i := 0; i < n; i++ {
+		s := slot(i)
 		g := 0
 		for g < len(slots) && slots[g] != s {
 			g++

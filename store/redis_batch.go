@@ -202,19 +202,12 @@ func (b *batcher) send(batch []*call, m *merger) {
 // bySlot groups calls by the Cluster hash slot of their keys (each call's
 // keys share one slot), keeping queue order within each group.
 func bySlot(calls []*call) [][]*call {
-	var slots []int
-	var groups [][]*call
-	for _, c := range calls {
-		s := RedisKeySlot(c.keys[0])
-		g := 0
-		for g < len(slots) && slots[g] != s {
-			g++
+	idx := groupBySlot(len(calls), func(i int) int { return RedisKeySlot(calls[i].keys[0]) })
+	groups := make([][]*call, len(idx))
+	for g, members := range idx {
+		for _, i := range members {
+			groups[g] = append(groups[g], calls[i])
 		}
-		if g == len(slots) {
-			slots = append(slots, s)
-			groups = append(groups, nil)
-		}
-		groups[g] = append(groups[g], c)
 	}
 	return groups
 }
