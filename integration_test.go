@@ -2,8 +2,6 @@ package cascade
 
 import (
 	"fmt"
-	"github.com/caddyserver/caddy/v2"
-	"golang.org/x/crypto/bcrypt"
 	"net/http"
 	"strconv"
 	"strings"
@@ -11,6 +9,9 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"golang.org/x/crypto/bcrypt"
 )
 
 // storeKind is a store an integration scenario runs on.

@@ -2,17 +2,13 @@ package cascade
 
 import (
 	"fmt"
-	"os"
 	"testing"
 
 	"github.com/caddy-cascade/cascade/internal/redistest"
 )
 
-func TestMain(m *testing.M) {
-	code := m.Run()
-	redistest.Cleanup() // stop the Redis servers the tests started
-	os.Exit(code)
-}
+// TestMain stops the Redis processes shared by this package's tests.
+func TestMain(m *testing.M) { redistest.Main(m) }
 
 // redisStore runs a scenario on a real redis-server, started once per test
 // binary; each scenario gets its own key prefix.

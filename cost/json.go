@@ -83,25 +83,14 @@ func (c *jsonCursor) enter() error {
 // object reads an object, calling fn for each member with its key (unescaped).
 // fn must consume the member's value (c.skip() when it is not wanted).
 func (c *jsonCursor) object(fn func(key []byte) error) error {
-	if c.peek() != '{' {
-		return c.fail("expected an object")
-	}
-	c.i++
-	if err := c.enter(); err != nil {
-		return err
-	}
-	if c.peek() == '}' {
-		c.i++
-		c.depth--
-		return nil
-	}
-	for {
+	done, err := c.open('{', '}', "an object")
+	for !done && err == nil {
 		if c.peek() != '"' {
 			return c.fail("expected a string key")
 		}
-		raw, esc, err := c.str()
-		if err != nil {
-			return err
+		raw, esc, serr := c.str()
+		if serr != nil {
+			return serr
 		}
 		key := raw
 		if esc {
@@ -113,54 +102,60 @@ func (c *jsonCursor) object(fn func(key []byte) error) error {
 			return c.fail("expected ':' after an object key")
 		}
 		c.i++
-		if err := fn(key); err != nil {
-			return err
+		if ferr := fn(key); ferr != nil {
+			return ferr
 		}
-		switch c.peek() {
-		case ',':
-			c.i++
-		case '}':
-			c.i++
-			c.depth--
-			return nil
-		default:
-			return c.fail("expected ',' or '}' in an object")
-		}
+		done, err = c.next('}', "an object")
 	}
+	return err
 }
 
 // array reads an array, calling fn for each element; fn must consume it.
 func (c *jsonCursor) array(fn func() error) error {
-	if c.peek() != '[' {
-		return c.fail("expected an array")
-	}
-	c.i++
-	if err := c.enter(); err != nil {
-		return err
-	}
-	if c.peek() == ']' {
-		c.i++
-		c.depth--
-		return nil
-	}
-	for {
+	done, err := c.open('[', ']', "an array")
+	for !done && err == nil {
 		if c.peek() == 0 {
 			return c.fail("unterminated array")
 		}
-		if err := fn(); err != nil {
-			return err
+		if ferr := fn(); ferr != nil {
+			return ferr
 		}
-		switch c.peek() {
-		case ',':
-			c.i++
-		case ']':
-			c.i++
-			c.depth--
-			return nil
-		default:
-			return c.fail("expected ',' or ']' in an array")
-		}
+		done, err = c.next(']', "an array")
 	}
+	return err
+}
+
+// open enters a container (what: "an object", "an array") that starts with
+// the byte opening; done reports that it closed at once, empty.
+func (c *jsonCursor) open(opening, closing byte, what string) (done bool, err error) {
+	if c.peek() != opening {
+		return false, c.fail("expected " + what)
+	}
+	c.i++
+	if err := c.enter(); err != nil {
+		return false, err
+	}
+	if c.peek() == closing {
+		c.i++
+		c.depth--
+		return true, nil
+	}
+	return false, nil
+}
+
+// next reads what follows a container's member: a comma, or the closing
+// byte, which leaves the container (done).
+func (c *jsonCursor) next(closing byte, what string) (done bool, err error) {
+	switch c.peek() {
+	case ',':
+		c.i++
+		return false, nil
+	case closing:
+		c.i++
+		c.depth--
+		return true, nil
+	}
+	return false, c.fail("expected ',' or '" + string(closing) + "' in " + what)
 }
 
 // str reads a string and returns its raw (still escaped) content and whether

@@ -2,6 +2,7 @@ package cost
 
 import (
 	"encoding/json"
+	"errors"
 	"math"
 	"testing"
 	"unicode/utf8"
@@ -81,5 +82,42 @@ func TestSaturatingArithmetic(t *testing.T) {
 	}
 	if satMul(math.MaxInt64/2, 3) != math.MaxInt64 || satMul(0, math.MaxInt64) != 0 || satMul(-1, 5) != 0 || satMul(6, 7) != 42 {
 		t.Fatal("satMul")
+	}
+}
+
+// TestJSONContainers checks skip over objects and arrays, and that each
+// malformed container is refused with the message that says where.
+func TestJSONContainers(t *testing.T) {
+	tests := []struct {
+		in   string
+		want string // the error message, "" for none
+	}{
+		{`{}`, ""},
+		{`[]`, ""},
+		{` { "a" : [1, {"b": []}], "c": {} } `, ""},
+		{`{"a":1 "b":2}`, "expected ',' or '}' in an object"},
+		{`[1 2]`, "expected ',' or ']' in an array"},
+		{`{"a":1,}`, "expected a string key"},
+		{`{1:2}`, "expected a string key"},
+		{`{"a" 1}`, "expected ':' after an object key"},
+		{`[1,`, "unterminated array"},
+		{`{"a":[1,2}`, "expected ',' or ']' in an array"},
+	}
+	for _, tt := range tests {
+		c := &jsonCursor{b: []byte(tt.in)}
+		err := c.skip()
+		if err == nil {
+			err = c.end()
+		}
+		var se *jsonSyntaxError
+		switch {
+		case tt.want == "" && err != nil:
+			t.Errorf("%s: %v", tt.in, err)
+		case tt.want != "" && (!errors.As(err, &se) || se.Msg != tt.want):
+			t.Errorf("%s: error %v, want %q", tt.in, err, tt.want)
+		}
+		if tt.want == "" && c.depth != 0 {
+			t.Errorf("%s: depth %d after the value, want 0", tt.in, c.depth)
+		}
 	}
 }

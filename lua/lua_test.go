@@ -17,10 +17,8 @@ import (
 	"github.com/caddy-cascade/cascade/rate"
 )
 
-func TestMain(m *testing.M) {
-	defer redistest.Cleanup()
-	m.Run()
-}
+// TestMain stops the Redis processes shared by this package's tests.
+func TestMain(m *testing.M) { redistest.Main(m) }
 
 func client(t *testing.T) *redis.Client {
 	t.Helper()
@@ -145,6 +143,20 @@ func sameState(a, b rate.State) bool {
 	return a.T == b.T && a.A == b.A && a.B == b.B
 }
 
+// randomRun gives a randomized test its source of random numbers, from a
+// seed it logs (a failure can be replayed by fixing the seed here), and
+// its number of cases: full, or short under -short.
+func randomRun(t *testing.T, stream uint64, full, short int) (r *rand.Rand, seed uint64, n int) {
+	t.Helper()
+	seed = uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	n = full
+	if testing.Short() {
+		n = short
+	}
+	return rand.New(rand.NewPCG(seed, stream)), seed, n
+}
+
 // testCase is one random bucket: a limit, a stored state, a time and a cost.
 type testCase struct {
 	limit rate.Limit
@@ -255,15 +267,8 @@ func randomCase(r *rand.Rand) testCase {
 func TestScriptsMirrorRate(t *testing.T) {
 	c := client(t)
 	ctx := context.Background()
-	r := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 42))
-	seed := r.Uint64()
-	r = rand.New(rand.NewPCG(seed, 7))
-	t.Logf("seed %d", seed)
+	r, seed, n := randomRun(t, 7, 4000, 500)
 	key := fmt.Sprintf("{lua-test-%d}:k", seed)
-	n := 4000
-	if testing.Short() {
-		n = 500
-	}
 	outcomes := map[string]int{}
 	for i := 0; i < n; i++ {
 		tc := randomCase(r)
@@ -365,13 +370,7 @@ func TestScriptsMirrorRate(t *testing.T) {
 func TestDecidePathMirrorsRate(t *testing.T) {
 	c := client(t)
 	ctx := context.Background()
-	seed := uint64(time.Now().UnixNano())
-	r := rand.New(rand.NewPCG(seed, 11))
-	t.Logf("seed %d", seed)
-	n := 600
-	if testing.Short() {
-		n = 100
-	}
+	r, seed, n := randomRun(t, 11, 600, 100)
 	admitted := 0
 	for i := 0; i < n; i++ {
 		path := make([]testCase, 1+r.IntN(6))
@@ -514,13 +513,7 @@ func b2i(b bool) int64 {
 func TestDecideBatchIsSequential(t *testing.T) {
 	c := client(t)
 	ctx := context.Background()
-	seed := uint64(time.Now().UnixNano())
-	r := rand.New(rand.NewPCG(seed, 13))
-	t.Logf("seed %d", seed)
-	n := 300
-	if testing.Short() {
-		n = 50
-	}
+	r, seed, n := randomRun(t, 13, 300, 50)
 	const nkeys = 6
 	shared, admitted, decisions := 0, 0, 0
 	for i := 0; i < n; i++ {

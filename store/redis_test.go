@@ -24,10 +24,7 @@ import (
 )
 
 // TestMain stops the Redis processes shared by this package's tests.
-func TestMain(m *testing.M) {
-	defer redistest.Cleanup()
-	m.Run()
-}
+func TestMain(m *testing.M) { redistest.Main(m) }
 
 // testTimeout bounds decisions in tests that are not about timeouts: long
 // enough for 200 concurrent clients under -race on a busy 2-core machine.

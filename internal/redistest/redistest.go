@@ -80,6 +80,12 @@ func Start(tb testing.TB) *Server {
 	tb.Helper()
 	Require(tb)
 	s, err := start(tb.TempDir(), false, nil)
+	return owned(tb, s, err)
+}
+
+// owned fails tb with err, or has s stopped when tb ends and returns it.
+func owned[T interface{ Close() }](tb testing.TB, s T, err error) T {
+	tb.Helper()
 	if err != nil {
 		tb.Fatalf("redistest: %v", err)
 	}
@@ -314,10 +320,7 @@ func StartSentinel(tb testing.TB, masterName string, master *Server) *Server {
 			masterName, master.Port(), masterName)
 		return os.WriteFile(s.sentinelConf, []byte(conf), 0o644)
 	})
-	if err != nil {
-		tb.Fatalf("redistest: sentinel: %v", err)
-	}
-	tb.Cleanup(s.Close)
+	s = owned(tb, s, err)
 	if reply, err := Do(s.Addr(), "SENTINEL", "GET-MASTER-ADDR-BY-NAME", masterName); err != nil || !strings.HasSuffix(reply, strconv.Itoa(master.Port())) {
 		tb.Fatalf("redistest: sentinel does not know master %s: %q %v", masterName, reply, err)
 	}
@@ -360,11 +363,7 @@ func StartCluster(tb testing.TB, masters int) *Cluster {
 	tb.Helper()
 	Require(tb)
 	c, err := startCluster(tb.TempDir(), false, masters)
-	if err != nil {
-		tb.Fatalf("redistest: %v", err)
-	}
-	tb.Cleanup(c.Close)
-	return c
+	return owned(tb, c, err)
 }
 
 func startCluster(dir string, ownsDir bool, masters int) (*Cluster, error) {
@@ -448,11 +447,41 @@ func containsAll(s string, subs []string) bool {
 // processes costs time, and most tests only need keys of their own. This is
 // the package's only mutable state, and it exists for tests.
 var shared struct {
-	mu         sync.Mutex
-	server     *Server
-	serverErr  error
-	cluster    *Cluster
-	clusterErr error
+	mu      sync.Mutex
+	server  once[*Server]
+	cluster once[*Cluster]
+}
+
+// once is a process started on first use, or the error that stopped it.
+type once[T interface{ Close() }] struct {
+	v       T
+	err     error
+	started bool
+}
+
+// get starts the process on first use (in a temporary directory named
+// after what) and fails tb if that failed. The caller holds shared.mu.
+func (o *once[T]) get(tb testing.TB, what string, start func(dir string) (T, error)) T {
+	tb.Helper()
+	if !o.started {
+		o.started = true
+		var dir string
+		if dir, o.err = os.MkdirTemp("", "redistest-"+what+"-"); o.err == nil {
+			o.v, o.err = start(dir)
+		}
+	}
+	if o.err != nil {
+		tb.Fatalf("redistest: shared %s: %v", what, o.err)
+	}
+	return o.v
+}
+
+// stop stops the process if it runs, and forgets it.
+func (o *once[T]) stop() {
+	if o.started && o.err == nil {
+		o.v.Close()
+	}
+	*o = once[T]{}
 }
 
 // Shared returns a standalone server shared by every test of the binary,
@@ -464,17 +493,7 @@ func Shared(tb testing.TB) *Server {
 	Require(tb)
 	shared.mu.Lock()
 	defer shared.mu.Unlock()
-	if shared.server == nil && shared.serverErr == nil {
-		dir, err := os.MkdirTemp("", "redistest-")
-		if err == nil {
-			shared.server, err = start(dir, true, nil)
-		}
-		shared.serverErr = err
-	}
-	if shared.serverErr != nil {
-		tb.Fatalf("redistest: shared server: %v", shared.serverErr)
-	}
-	return shared.server
+	return shared.server.get(tb, "server", func(dir string) (*Server, error) { return start(dir, true, nil) })
 }
 
 // SharedCluster is Shared for a 3-master cluster.
@@ -483,31 +502,21 @@ func SharedCluster(tb testing.TB) *Cluster {
 	Require(tb)
 	shared.mu.Lock()
 	defer shared.mu.Unlock()
-	if shared.cluster == nil && shared.clusterErr == nil {
-		dir, err := os.MkdirTemp("", "redistest-cluster-")
-		if err == nil {
-			shared.cluster, err = startCluster(dir, true, 3)
-		}
-		shared.clusterErr = err
-	}
-	if shared.clusterErr != nil {
-		tb.Fatalf("redistest: shared cluster: %v", shared.clusterErr)
-	}
-	return shared.cluster
+	return shared.cluster.get(tb, "cluster", func(dir string) (*Cluster, error) { return startCluster(dir, true, 3) })
+}
+
+// Main is a TestMain for packages whose tests use the shared server or
+// cluster: it runs the tests, then stops what they started.
+func Main(m *testing.M) {
+	defer Cleanup()
+	m.Run() // testing exits with the tests' status once TestMain returns
 }
 
 // Cleanup stops the shared server and cluster, if they were started. Call
-// it from TestMain after m.Run.
+// it from TestMain after m.Run (Main does).
 func Cleanup() {
 	shared.mu.Lock()
 	defer shared.mu.Unlock()
-	if shared.server != nil {
-		shared.server.Close()
-		shared.server = nil
-	}
-	if shared.cluster != nil {
-		shared.cluster.Close()
-		shared.cluster = nil
-	}
-	shared.serverErr, shared.clusterErr = nil, nil
+	shared.server.stop()
+	shared.cluster.stop()
 }

@@ -11,10 +11,8 @@ import (
 	"github.com/caddy-cascade/cascade/internal/redistest"
 )
 
-func TestMain(m *testing.M) {
-	defer redistest.Cleanup()
-	m.Run()
-}
+// TestMain stops the Redis processes shared by this package's tests.
+func TestMain(m *testing.M) { redistest.Main(m) }
 
 func ping(addr string) error {
 	reply, err := redistest.Do(addr, "PING")
