@@ -162,20 +162,39 @@ func (l Limit) Window(t int64) (start, end int64) {
 	var s, e time.Time
 	switch l.Unit {
 	case Hour:
-		s = time.Date(tm.Year(), tm.Month(), tm.Day(), tm.Hour(), 0, 0, 0, loc)
-		e = s.Add(time.Hour)
+		// The local hour holding t, found from t's own UTC offset rather
+		// than by time.Date: when clocks fall back, a local hour happens
+		// twice, and time.Date may pick the other occurrence, a window
+		// that does not hold t.
+		_, offset := tm.Zone()
+		hour := int64(time.Hour / time.Microsecond)
+		start := t - ((t+int64(offset)*1e6)%hour+hour)%hour
+		return start, start + hour
 	case Day:
-		s = time.Date(tm.Year(), tm.Month(), tm.Day(), 0, 0, 0, 0, loc)
-		e = s.AddDate(0, 0, 1)
+		s = dayStart(tm.Year(), tm.Month(), tm.Day(), loc)
+		e = dayStart(tm.Year(), tm.Month(), tm.Day()+1, loc)
 	case Week:
 		off := (int(tm.Weekday()) + 6) % 7 // Monday = 0
-		s = time.Date(tm.Year(), tm.Month(), tm.Day()-off, 0, 0, 0, 0, loc)
-		e = s.AddDate(0, 0, 7)
+		s = dayStart(tm.Year(), tm.Month(), tm.Day()-off, loc)
+		e = dayStart(tm.Year(), tm.Month(), tm.Day()-off+7, loc)
 	default:
-		s = time.Date(tm.Year(), tm.Month(), 1, 0, 0, 0, 0, loc)
-		e = s.AddDate(0, 1, 0)
+		s = dayStart(tm.Year(), tm.Month(), 1, loc)
+		e = dayStart(tm.Year(), tm.Month()+1, 1, loc)
 	}
 	return s.UnixMicro(), e.UnixMicro()
+}
+
+// dayStart is the first instant of a local day (d may be out of its
+// month's range, as time.Date allows). That is midnight, except where a
+// clock change skips midnight (Santiago in September, Beirut, …): then
+// time.Date may answer an hour of the day before, and the day starts when
+// that hour's zone ends, at the change.
+func dayStart(y int, m time.Month, d int, loc *time.Location) time.Time {
+	t := time.Date(y, m, d, 0, 0, 0, 0, loc)
+	if noon := time.Date(y, m, d, 12, 0, 0, 0, loc); t.Day() != noon.Day() {
+		_, t = t.ZoneBounds()
+	}
+	return t
 }
 
 // State is what a store keeps for one bucket. Its meaning depends on the

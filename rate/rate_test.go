@@ -245,3 +245,47 @@ func FuzzApply(f *testing.F) {
 		}
 	})
 }
+
+// TestWindowHoldsItsInstant checks calendar windows minute by minute across
+// the daylight-saving changes of several zones (New York's repeated 1 a.m.
+// in November among them): every window holds the instant it was asked
+// for, the next window starts where it ends, and an hour is an hour long.
+func TestWindowHoldsItsInstant(t *testing.T) {
+	var zones []*time.Location
+	for _, name := range []string{"UTC", "America/New_York", "Europe/Paris", "Asia/Kolkata", "America/Santiago", "Australia/Sydney"} {
+		loc, err := time.LoadLocation(name)
+		if err != nil {
+			t.Skipf("time zone data: %v", err)
+		}
+		zones = append(zones, loc)
+	}
+	// The days of 2026's changes, in either hemisphere, give or take one.
+	days := []time.Time{
+		time.Date(2026, 3, 8, 0, 0, 0, 0, time.UTC), time.Date(2026, 3, 29, 0, 0, 0, 0, time.UTC),
+		time.Date(2026, 4, 5, 0, 0, 0, 0, time.UTC), time.Date(2026, 9, 6, 0, 0, 0, 0, time.UTC),
+		time.Date(2026, 10, 4, 0, 0, 0, 0, time.UTC), time.Date(2026, 10, 25, 0, 0, 0, 0, time.UTC),
+		time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC),
+	}
+	for _, loc := range zones {
+		for _, unit := range []Unit{Hour, Day, Week, Month} {
+			l := Limit{Algorithm: Calendar, Count: 1, Unit: unit, Location: loc}
+			for _, day := range days {
+				for m := -24 * 60; m < 2*24*60; m++ {
+					at := day.Add(time.Duration(m) * time.Minute).UnixMicro()
+					start, end := l.Window(at)
+					if !(start <= at && at < end) {
+						t.Fatalf("%s %s: the window of %s is [%s, %s)", loc, unit, time.UnixMicro(at).In(loc),
+							time.UnixMicro(start).In(loc), time.UnixMicro(end).In(loc))
+					}
+					if next, _ := l.Window(end); next != end {
+						t.Fatalf("%s %s: the window after [%s, %s) starts at %s", loc, unit, time.UnixMicro(start).In(loc),
+							time.UnixMicro(end).In(loc), time.UnixMicro(next).In(loc))
+					}
+					if unit == Hour && end-start != int64(time.Hour/time.Microsecond) {
+						t.Fatalf("%s: an hour window [%s, %s)", loc, time.UnixMicro(start).In(loc), time.UnixMicro(end).In(loc))
+					}
+				}
+			}
+		}
+	}
+}
