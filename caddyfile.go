@@ -84,7 +84,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	        max_keys <n>
 //	    }
 //	    store redis {
-//	        address       <host:port...>
+//	        address       <host:port...>|<unix socket path>
 //	        master_name   <name>                    # Sentinel
 //	        cluster
 //	        username      <user>
@@ -635,7 +635,7 @@ func parseRedis(d *caddyfile.Dispenser, r *RedisStoreConfig) error {
 		case "address", "addresses":
 			r.Addresses = append(r.Addresses, d.RemainingArgs()...)
 			if len(r.Addresses) == 0 {
-				return d.Errf("address needs host:port")
+				return d.Errf("address needs host:port, or the path of a Unix socket")
 			}
 		case "master_name":
 			err = strArg(d, &r.MasterName)

@@ -42,8 +42,9 @@ type MemoryStoreConfig struct {
 // RedisStoreConfig configures the Redis store (standalone, Sentinel or Cluster).
 type RedisStoreConfig struct {
 	// Addresses of the Redis server, Sentinels or Cluster nodes
-	// (host:port); placeholders such as {env.REDIS_ADDR} are resolved.
-	// Default localhost:6379.
+	// (host:port), or the absolute path of a single server's Unix socket;
+	// placeholders such as {env.REDIS_ADDR} are resolved. Default
+	// localhost:6379.
 	Addresses []string `json:"addresses,omitempty"`
 	// MasterName selects Sentinel: the name of the monitored master.
 	MasterName string `json:"master_name,omitempty"`

@@ -36,7 +36,10 @@ const redisStartTimeout = 5 * time.Second
 //   - several Addrs, or Cluster: a Redis Cluster client (Addrs are seed nodes);
 //   - otherwise: a client of the single server Addrs[0].
 type RedisOptions struct {
-	// Addrs are host:port addresses. Empty means 127.0.0.1:6379.
+	// Addrs are host:port addresses. Empty means 127.0.0.1:6379. A single
+	// server on the same machine may instead be reached by the absolute
+	// path of its Unix socket (/run/redis/redis.sock), which spares both
+	// sides the TCP stack; Sentinel and Cluster need host:port.
 	Addrs []string
 	// MasterName is the Sentinel master set's name; set it to use Sentinel.
 	MasterName string
@@ -145,6 +148,11 @@ func NewRedis(ctx context.Context, opts RedisOptions) (*Redis, error) {
 	}
 	if opts.MasterName != "" && opts.Cluster {
 		return nil, errors.New("redis store: master_name (Sentinel) and cluster are exclusive")
+	}
+	for _, a := range addrs {
+		if strings.HasPrefix(a, "/") && (isCluster || opts.MasterName != "") {
+			return nil, fmt.Errorf("redis store: %q is a Unix socket, which reaches a single server: Sentinel and Cluster addresses are host:port", a)
+		}
 	}
 
 	uo := &redis.UniversalOptions{

@@ -69,6 +69,15 @@ func TestRedisConformance(t *testing.T) {
 // so that paths span slots and masters and every decision goes through the
 // per-slot path, with refunds whenever a slot denies. Both must give the
 // memory store's decisions.
+// TestRedisUnixSocketConformance runs the suite over the server's Unix
+// socket, the fastest way to a Redis on the same machine.
+func TestRedisUnixSocketConformance(t *testing.T) {
+	socket := redistest.Shared(t).Socket()
+	storetest.Run(t, func(t *testing.T, clock store.Clock) store.Store {
+		return newRedis(t, store.RedisOptions{Addrs: []string{socket}, KeyPrefix: prefix(t), Clock: clock})
+	})
+}
+
 func TestRedisClusterConformance(t *testing.T) {
 	addrs := redistest.SharedCluster(t).Addrs()
 	open := func(t *testing.T, clock store.Clock) *store.Redis {
@@ -633,6 +642,9 @@ func TestRedisOptionsRejected(t *testing.T) {
 		{"negative timeout", store.RedisOptions{Timeout: -time.Second}, "must not be negative"},
 		{"db on a cluster", store.RedisOptions{Addrs: []string{"a:1", "b:2"}, DB: 2}, "only database 0"},
 		{"sentinel and cluster", store.RedisOptions{MasterName: "m", Cluster: true}, "exclusive"},
+		{"socket on a cluster", store.RedisOptions{Addrs: []string{"/run/redis.sock"}, Cluster: true}, "Unix socket"},
+		{"socket among cluster seeds", store.RedisOptions{Addrs: []string{"a:1", "/run/redis.sock"}}, "Unix socket"},
+		{"socket as a sentinel", store.RedisOptions{Addrs: []string{"/run/redis.sock"}, MasterName: "m"}, "Unix socket"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -58,6 +58,9 @@ type Server struct {
 // Addr is the server's host:port.
 func (s *Server) Addr() string { return "127.0.0.1:" + strconv.Itoa(s.port) }
 
+// Socket is the path of the server's Unix socket.
+func (s *Server) Socket() string { return filepath.Join(s.dir, "redis.sock") }
+
 // Port is the server's TCP port.
 func (s *Server) Port() int { return s.port }
 
@@ -132,7 +135,8 @@ func (s *Server) launch() error {
 		"--protected-mode", "no",
 	)
 	if s.sentinelConf == "" {
-		args = append(args, "--save", "", "--appendonly", "no")
+		args = append(args, "--save", "", "--appendonly", "no",
+			"--unixsocket", s.Socket(), "--unixsocketperm", "700")
 	}
 	args = append(args, s.extra...)
 	cmd := exec.Command("redis-server", args...)
