@@ -2,13 +2,14 @@ package cascade
 
 import (
 	"fmt"
-	"github.com/caddyserver/caddy/v2"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/caddyserver/caddy/v2"
 )
 
 // TestAdaptiveThrottle: Caddy in front of an upstream that turns slow, then
@@ -133,4 +134,33 @@ http://127.0.0.1:%d {
 	start := time.Now()
 	waitFor("recovery", 10*time.Second, func(q int) bool { return q == 1000 })
 	t.Logf("recovered to 1000 in %v", time.Since(start).Round(10*time.Millisecond))
+}
+
+// TestShedAtFloorOnlyWhenReduced: shed_at_floor never sheds a healthy
+// upstream's traffic with a floor of 1 (nothing is ever reduced), and never
+// in mode shadow or warn, which refuse nothing.
+func TestShedAtFloorOnlyWhenReduced(t *testing.T) {
+	for _, mode := range []string{"enforce", "shadow"} {
+		t.Run(mode, func(t *testing.T) {
+			port := freePort(t)
+			startCaddy(t, fmt.Sprintf(`
+http://127.0.0.1:%d {
+	rate_limit {
+		tree a {
+			tier user {header.X-User} {
+				limit 100/min
+				adaptive
+			}
+		}
+		mode %s
+		shed_at_floor
+		%s
+	}
+	respond "ok"
+}`, port, mode, memoryStore().block(t)), "cascade {\n adaptive {\n  floor 1\n }\n}")
+			if r := do(t, "GET", fmt.Sprintf("http://127.0.0.1:%d/", port), "X-User: u"); r.status != 200 {
+				t.Fatalf("floor 1, healthy upstream, mode %s: status %d %s", mode, r.status, r.body)
+			}
+		})
+	}
 }

@@ -1,7 +1,7 @@
 package cascade
 
 import (
-	"github.com/dustin/go-humanize"
+	"math"
 	"strconv"
 	"strings"
 
@@ -9,6 +9,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/dustin/go-humanize"
 
 	"github.com/caddy-cascade/cascade/cost"
 	"github.com/caddy-cascade/cascade/hierarchy"
@@ -59,7 +60,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	        chars_per_token    <n>                  # default 4
 //	        default_max_tokens <n>                  # when the request sets none, default 4096
 //	        image_tokens       <n>                  # per image/audio/file part, default 1000
-//	        max_body_bytes     <size>               # default 1MiB; larger bodies get 413
+//	        max_body_bytes     <size>               # default 8MiB; larger bodies get 413
 //	        on_malformed       reject|default       # 400 (default) or default_cost
 //	        default_cost       <n>
 //	        reconcile {                             # correct the charge from the response's usage
@@ -73,7 +74,8 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	        model fields|github                    # each field 1 × list sizes, or GitHub's points
 //	        default_list_size <n>
 //	        slicing_arguments <arg...>              # default first last
-//	        max_body_bytes <size>  max_tokens <n>  max_depth <n>  max_aliases <n>
+//	        max_body_bytes <size>                   # default 1MiB; larger bodies get 413
+//	        max_tokens <n>  max_depth <n>  max_aliases <n>
 //	        max_directives <n>  max_batch <n>  max_cost <n>
 //	        schema <file.graphql>                   # @cost / @listSize directives
 //	        on_malformed reject|default  default_cost <n>
@@ -113,8 +115,8 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //
 // <per> is s, min, h, day, week, month or a duration (30m, 15s). Limits are
 // GCRA (token bucket) by default, with burst = count; per-month limits are
-// calendar quotas. A jitter above 1 is read as a percentage (20 = 0.2), as
-// mholt/caddy-ratelimit wrote it.
+// calendar quotas. A jitter is a fraction of Retry-After (0.2 = up to 20%
+// more, 1.5 = up to 150%), as in mholt/caddy-ratelimit.
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // directive name
 	if d.NextArg() {
@@ -153,11 +155,8 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.ArgErr()
 			}
 			j, perr := strconv.ParseFloat(d.Val(), 64)
-			if perr != nil || j < 0 {
-				return d.Errf("jitter %q: use a fraction such as 0.2 (or a percentage such as 20)", d.Val())
-			}
-			if j > 1 {
-				j /= 100
+			if perr != nil || !(j >= 0) || math.IsInf(j, 1) {
+				return d.Errf("jitter %q: use a non-negative fraction such as 0.2 (up to 20%% more Retry-After)", d.Val())
 			}
 			h.Jitter = j
 		case "sweep_interval":

@@ -59,7 +59,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 		on_store_error allow
 		mode warn
 		headers ietf openai
-		jitter 20
+		jitter 1.5
 	}`)
 	if err != nil {
 		t.Fatal(err)
@@ -75,7 +75,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 		`"addresses":["{$REDIS:localhost:6379}","10.0.0.2:6379"],"cluster":true`, `"db":2`,
 		`"tls":{"server_name":"redis.internal","insecure_skip_verify":true}`, `"timeout":150000000`, `"key_prefix":"rl:"`,
 		`"on_store_error":"allow"`, `"mode":"warn"`, `"headers":{"ietf":true,"x_ratelimit":false,"retry_after":false,"openai":true}`,
-		`"jitter":0.2`,
+		`"jitter":1.5`,
 	} {
 		if !strings.Contains(string(got), want) {
 			t.Errorf("JSON lacks %s\n%s", want, got)
@@ -277,5 +277,41 @@ func TestUnmarshalCaddyfileCosts(t *testing.T) {
 		if _, err := parse(t, bad.in); err == nil || !strings.Contains(err.Error(), bad.want) {
 			t.Errorf("%q: error %v, want %q", bad.in, err, bad.want)
 		}
+	}
+}
+
+// TestJitterIsAFraction: jitter is mholt/caddy-ratelimit's plain fraction,
+// with no upper bound, so a larger setting never gives less jitter.
+func TestJitterIsAFraction(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want float64
+		err  bool
+	}{
+		{"0.2", 0.2, false}, {"1", 1, false}, {"1.5", 1.5, false}, {"20", 20, false},
+		{"-0.1", 0, true}, {"NaN", 0, true}, {"Inf", 0, true}, {"lots", 0, true},
+	} {
+		h, err := parse(t, "rate_limit {\n zone z {\n key static\n events 1\n window 1s\n }\n jitter "+tc.in+"\n}")
+		if (err != nil) != tc.err || (err == nil && h.Jitter != tc.want) {
+			t.Errorf("jitter %s: %v, %v; want %v (error %v)", tc.in, h.Jitter, err, tc.want, tc.err)
+		}
+	}
+}
+
+// TestMholtJSONLoads: mholt/caddy-ratelimit's handler JSON, log_key and a
+// jitter above 1 included, is accepted as it is.
+func TestMholtJSONLoads(t *testing.T) {
+	var h Handler
+	raw := `{"rate_limits":{"z":{"key":"{remote_host}","max_events":2,"window":5000000000}},"jitter":2,"log_key":true,"sweep_interval":60000000000}`
+	dec := json.NewDecoder(strings.NewReader(raw))
+	dec.DisallowUnknownFields() // as Caddy loads modules
+	if err := dec.Decode(&h); err != nil {
+		t.Fatalf("decoding mholt's JSON: %v", err)
+	}
+	if err := h.Validate(); err != nil {
+		t.Fatalf("Validate: %v", err)
+	}
+	if !h.LogKey || h.Jitter != 2 || h.RateLimits["z"] == nil {
+		t.Fatalf("decoded %+v", h)
 	}
 }

@@ -389,3 +389,79 @@ func TestStreamIsNotBuffered(t *testing.T) {
 		t.Fatalf("stream ended early: %q", rest)
 	}
 }
+
+// TestNoBucketNoReconcile: a request that no limit applies to (the tree's
+// matcher does not match) is passed through untouched, its usage report
+// included; nothing was charged, so nothing is reconciled (this panicked).
+func TestNoBucketNoReconcile(t *testing.T) {
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"id":"x","object":"chat.completion","choices":[],"usage":{"prompt_tokens":10,"completion_tokens":20,"total_tokens":30}}`)
+	}))
+	defer upstream.Close()
+	port := freePort(t)
+	startCaddy(t, fmt.Sprintf(`
+http://127.0.0.1:%d {
+	rate_limit {
+		tree llm {
+			match {
+				path /v1/*
+			}
+			tier key {header.Authorization} {
+				limit 500/min
+				limit 200000 tokens/min
+			}
+		}
+		cost tokens llm {
+			reconcile {
+				provider auto
+			}
+		}
+		%s
+	}
+	reverse_proxy %s
+}`, port, memoryStore().block(t), strings.TrimPrefix(upstream.URL, "http://")))
+	res, err := client.Post(fmt.Sprintf("http://127.0.0.1:%d/health", port), "application/json", strings.NewReader(`{}`))
+	if err != nil {
+		t.Fatalf("a request outside the tree's matcher: %v", err)
+	}
+	body, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	if res.StatusCode != 200 || !strings.Contains(string(body), `"total_tokens":30`) {
+		t.Fatalf("status %d body %s", res.StatusCode, body)
+	}
+}
+
+// TestLLMBodyLimits: the llm estimator's max_body_bytes (default 8 MiB)
+// holds even when another cost makes the handler read the body further.
+func TestLLMBodyLimits(t *testing.T) {
+	for _, tc := range []struct {
+		name, costs, extra string
+		size               int
+		want               int
+	}{
+		{"default 8 MiB, 9 MiB body", "cost tokens llm", "", 9 << 20, http.StatusRequestEntityTooLarge},
+		{"default 8 MiB, 2 MiB body", "cost tokens llm", "", 2 << 20, http.StatusOK},
+		{"max_body_bytes 64KiB beside body_size, 200 KiB body", "cost tokens llm {\n max_body_bytes 64KiB\n }\n cost bytes body_size", "limit 100000000 bytes/min", 200 << 10, http.StatusRequestEntityTooLarge},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			url := site(t, `
+	tree t {
+		tier all k {
+			limit 100000000 tokens/min
+			`+tc.extra+`
+		}
+	}
+	`+tc.costs+"\n"+memoryStore().block(t))
+			body := `{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"` + strings.Repeat("a", tc.size) + `"}]}`
+			res, err := client.Post(url, "application/json", strings.NewReader(body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			res.Body.Close()
+			if res.StatusCode != tc.want {
+				t.Fatalf("LLM body of %d bytes: status %d, want %d", len(body), res.StatusCode, tc.want)
+			}
+		})
+	}
+}

@@ -200,6 +200,9 @@ func (h *Handler) tap(w http.ResponseWriter) tapped {
 // request's critical path. No report (a stream cut short) leaves the
 // estimate standing.
 func (h *Handler) reconcile(t tapped, d *decision) {
+	if len(d.estimates) != len(h.Costs) {
+		return // nothing was estimated, so nothing was charged
+	}
 	var adjust []store.Bucket
 	for k, tp := range t.taps {
 		c := h.Costs[t.idx[k]]

@@ -515,3 +515,141 @@ http://127.0.0.1:%d {
 		t.Fatalf("bob: %d", s)
 	}
 }
+
+// TestPlaceholdersShowTheLastHandler: with two rate_limit handlers on one
+// request, the placeholders show the decision of the one that refused it,
+// not the first one's (Caddy's replacer answers from its first provider).
+func TestPlaceholdersShowTheLastHandler(t *testing.T) {
+	port := freePort(t)
+	st := memoryStore().block(t)
+	startCaddy(t, fmt.Sprintf(`
+http://127.0.0.1:%d {
+	route {
+		rate_limit {
+			tree outer {
+				tier all global {
+					limit 1000/min
+				}
+			}
+			%s
+		}
+		rate_limit {
+			tree inner {
+				tier user {header.X-User} {
+					limit 1/min
+				}
+			}
+			use_error_routes
+			%s
+		}
+		respond "ok {http.rate_limit.tier}"
+	}
+	handle_errors {
+		respond "blocked_by={http.rate_limit.blocked_by} allowed={http.rate_limit.allowed} zone={http.rate_limit.exceeded.name}" 429
+	}
+}`, port, st, st))
+	url := fmt.Sprintf("http://127.0.0.1:%d/", port)
+	if r := do(t, "GET", url, "X-User: u"); r.body != "ok user" {
+		t.Fatalf("admitted: status %d body %q, want the inner handler's tier", r.status, r.body)
+	}
+	if r := do(t, "GET", url, "X-User: u"); r.body != "blocked_by=inner/user allowed=false zone=inner" {
+		t.Fatalf("status %d, body %q; want blocked_by=inner/user allowed=false zone=inner", r.status, r.body)
+	}
+}
+
+// TestMholtExceededNamePlaceholder: mholt/caddy-ratelimit's
+// {http.rate_limit.exceeded.name} names the zone that refused.
+func TestMholtExceededNamePlaceholder(t *testing.T) {
+	port := freePort(t)
+	startCaddy(t, fmt.Sprintf(`
+http://127.0.0.1:%d {
+	rate_limit {
+		zone myzone {
+			key {remote_host}
+			events 1
+			window 1m
+		}
+		use_error_routes
+		%s
+	}
+	respond "ok"
+	handle_errors {
+		respond "zone={http.rate_limit.exceeded.name}" 429
+	}
+}`, port, memoryStore().block(t)))
+	url := fmt.Sprintf("http://127.0.0.1:%d/", port)
+	if r := do(t, "GET", url); r.status != 200 {
+		t.Fatalf("first request: %d", r.status)
+	}
+	if r := do(t, "GET", url); r.body != "zone=myzone" {
+		t.Fatalf("status %d body %q, want zone=myzone", r.status, r.body)
+	}
+}
+
+// TestPolicyHeaderNamesAndWindows: q/w is each limit's sustained rate (a
+// burst advertises its refill time), and a tier name two trees share is
+// qualified by the tree.
+func TestPolicyHeaderNamesAndWindows(t *testing.T) {
+	url := site(t, `
+	tree a {
+		tier user {header.X-User} {
+			limit 10/min burst 100
+		}
+	}
+	tree b {
+		tier user {header.X-User} {
+			limit 3/min
+		}
+	}
+`+memoryStore().block(t))
+	r := do(t, "GET", url, "X-User: u")
+	want := `"a/user";q=100;w=600, "b/user";q=3;w=60`
+	if p := r.header.Get("RateLimit-Policy"); p != want {
+		t.Errorf("RateLimit-Policy: %s\nwant %s", p, want)
+	}
+	if rl := r.header.Get("RateLimit"); !strings.HasPrefix(rl, `"b/user";r=2;`) {
+		t.Errorf("RateLimit: %s, want the b/user policy", rl)
+	}
+}
+
+// TestMemoryStoreOptionsFollowReload: a reload that raises max_keys applies
+// to the store in use (whose state it keeps).
+func TestMemoryStoreOptionsFollowReload(t *testing.T) {
+	port := freePort(t)
+	name := fmt.Sprintf("reloadcap%d", testSeq.Add(1))
+	config := func(maxKeys int) string {
+		return fmt.Sprintf(`
+http://127.0.0.1:%d {
+	rate_limit {
+		tree t {
+			tier user {header.X-User} {
+				limit 1/h
+			}
+		}
+		store memory {
+			name %s
+			max_keys %d
+		}
+	}
+	respond "ok"
+}`, port, name, maxKeys)
+	}
+	startCaddy(t, config(64))
+	cfg, err := adapt(t, fmt.Sprintf(globalOptions, "")+config(1000000))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := caddy.Load(cfg, true); err != nil {
+		t.Fatal(err)
+	}
+	url := fmt.Sprintf("http://127.0.0.1:%d/", port)
+	if r := do(t, "GET", url, "X-User: victim"); r.status != 200 {
+		t.Fatalf("first request: %d", r.status)
+	}
+	for i := 0; i < 2000; i++ {
+		do(t, "GET", url, fmt.Sprintf("X-User: u%d", i))
+	}
+	if r := do(t, "GET", url, "X-User: victim"); r.status != http.StatusTooManyRequests {
+		t.Fatalf("limit 1/h, max_keys raised to 1000000 by the reload: the same user's 2nd request got %d (evicted at the old cap)", r.status)
+	}
+}

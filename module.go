@@ -15,6 +15,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"slices"
@@ -97,12 +98,19 @@ type Handler struct {
 
 	// ShedAtFloor answers 503 (problem type temporary-reduced-capacity)
 	// while the adaptive factor of this handler's class is at its floor,
-	// instead of admitting the floor's share of traffic.
+	// instead of admitting the floor's share of traffic. It never sheds
+	// in mode warn or shadow, nor with a floor of 1 (nothing is reduced).
 	ShedAtFloor bool `json:"shed_at_floor,omitempty"`
 
-	// Jitter adds up to this fraction (0.2 = 20%) of random time to
-	// Retry-After, so denied clients don't return in a herd.
+	// Jitter adds up to this fraction (0.2 = 20%, 1.5 = 150%) of random
+	// time to Retry-After, so denied clients don't return in a herd. As in
+	// mholt/caddy-ratelimit, it is a plain fraction with no upper bound.
 	Jitter float64 `json:"jitter,omitempty"`
+
+	// LogKey adds the bucket key that refused a request to its log line.
+	// Off by default: keys hold client identities. (mholt/caddy-ratelimit's
+	// setting of that name.)
+	LogKey bool `json:"log_key,omitempty"`
 
 	// SweepInterval is how often the memory store drops expired state;
 	// default 1m. (Also mholt/caddy-ratelimit's setting of that name.)
@@ -228,6 +236,11 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			}
 		}
 	}
+	compiled := make([]*hierarchy.Tree, len(h.trees))
+	for i, t := range h.trees {
+		compiled[i] = &t.Tree
+	}
+	hierarchy.QualifyPolicies(compiled)
 	h.policies = policyItems(h.trees)
 	h.headerCache = &headerCache{policies: h.policies}
 	h.costs = map[string]*Cost{}
@@ -328,8 +341,8 @@ func (h *Handler) Validate() error {
 	default:
 		return fmt.Errorf("rate_limit: mode %q: use enforce, warn or shadow", h.Mode)
 	}
-	if h.Jitter < 0 || h.Jitter > 1 {
-		return fmt.Errorf("rate_limit: jitter %v: use a fraction between 0 and 1 (0.2 is 20%%)", h.Jitter)
+	if !(h.Jitter >= 0) || math.IsInf(h.Jitter, 1) { // written so that NaN fails
+		return fmt.Errorf("rate_limit: jitter %v: use a non-negative fraction (0.2 is up to 20%%)", h.Jitter)
 	}
 	if h.StatusCode != 0 && (h.StatusCode < 400 || h.StatusCode > 599) {
 		return fmt.Errorf("rate_limit: status_code %d: use a 4xx or 5xx code", h.StatusCode)
@@ -397,6 +410,14 @@ func (d *decision) release() {
 	scratchPool.Put(sc)
 }
 
+// atFloor tells whether the adaptive factor of this handler's class has
+// been reduced all the way to its floor. A floor of 1 never reduces
+// anything, so it never sheds.
+func (h *Handler) atFloor() bool {
+	f := h.controller.FactorFor(h.priority)
+	return f < 1 && f <= h.controller.Config().Floor
+}
+
 // decideInto is implemented by stores that can write a decision's results
 // into memory the caller reuses (the memory store).
 type decideInto interface {
@@ -409,10 +430,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if repl == nil {
 		repl = caddy.NewReplacer()
 	}
-	if h.ShedAtFloor && h.controller.FactorFor(h.priority) <= h.controller.Config().Floor {
+	if h.ShedAtFloor && h.Mode != "shadow" && h.Mode != "warn" && h.atFloor() {
 		d := &decision{reason: "reduced_capacity", closest: -1}
 		h.metrics.observe(d, 0)
-		h.setPlaceholders(repl, d)
+		h.setPlaceholders(r, repl, d)
 		w.Header().Set("Retry-After", strconv.FormatInt(ceilSeconds(h.controller.Config().Interval), 10))
 		return h.problem(w, http.StatusServiceUnavailable, "temporary_reduced_capacity", "Temporarily reduced capacity",
 			"the upstream is unhealthy and this traffic class is shed until it recovers", d)
@@ -423,7 +444,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	defer d.release()
 	status, err := h.decide(r, repl, d)
 	h.metrics.observe(d, time.Since(start))
-	h.setPlaceholders(repl, d)
+	h.setPlaceholders(r, repl, d)
 
 	if d.reason == "store_error" {
 		h.logStoreError(err)
@@ -449,7 +470,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if mode != "shadow" {
 		h.writeHeaders(w.Header(), d)
 	}
-	if d.Allowed && d.buckets != nil && len(h.Costs) > 0 {
+	// Only a charged request has estimates to reconcile: a path with no
+	// bucket (a tree whose matcher did not apply, tiers skipped or
+	// unlimited) was charged nothing and is passed through untouched.
+	if d.Allowed && len(d.buckets) > 0 && d.estimates != nil && len(h.Costs) > 0 {
 		t := h.tap(w)
 		if len(t.taps) > 0 {
 			err := h.pass(t.w, r, next)
@@ -460,11 +484,18 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if d.Allowed || d.buckets == nil {
 		return h.pass(w, r, next)
 	}
-	h.logger.Debug("rate limited",
-		zap.String("blocked_by", d.blocked),
-		zap.String("reason", d.reason),
-		zap.Duration("retry_after", d.retry),
-		zap.String("path", r.URL.Path))
+	if ce := h.logger.Check(zap.DebugLevel, "rate limited"); ce != nil {
+		fields := []zap.Field{
+			zap.String("blocked_by", d.blocked),
+			zap.String("reason", d.reason),
+			zap.Duration("retry_after", d.retry),
+			zap.String("path", r.URL.Path),
+		}
+		if h.LogKey && d.closest >= 0 && d.closest < len(d.buckets) {
+			fields = append(fields, zap.String("key", d.buckets[d.closest].Key))
+		}
+		ce.Write(fields...)
+	}
 	if mode == "shadow" || mode == "warn" {
 		return h.pass(w, r, next)
 	}

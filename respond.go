@@ -10,6 +10,7 @@ import (
 	"unsafe"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/caddy-cascade/cascade/hierarchy"
 	"github.com/caddy-cascade/cascade/rate"
@@ -287,7 +288,7 @@ func (h *Handler) problem(w http.ResponseWriter, status int, kind, title, detail
 	}
 	for i, r := range d.Results {
 		if !r.Allowed {
-			p.Policies = append(p.Policies, d.buckets[i].Tree.Name+"/"+d.buckets[i].Limit.Policy())
+			p.Policies = append(p.Policies, d.buckets[i].Tree.Name+"/"+d.buckets[i].Limit.Name())
 		}
 	}
 	if d.retry > 0 {
@@ -309,7 +310,14 @@ func (h *Handler) problem(w http.ResponseWriter, status int, kind, title, detail
 // allocation: most requests never read these placeholders. Caddy may read
 // them after ServeHTTP has returned (access logs) and the decision's
 // memory has been reused, so the provider holds a copy of what it shows.
-func (h *Handler) setPlaceholders(repl *caddy.Replacer, d *decision) {
+//
+// A request may pass several rate_limit handlers (a site-wide one and a
+// route's). The replacer asks its providers in the order they were added
+// and the first answer wins, so the first handler registers the provider
+// and leaves it in the request's variables; a later handler overwrites
+// what it shows. The placeholders are those of the last decision, which
+// is the one that refused the request if any did.
+func (h *Handler) setPlaceholders(r *http.Request, repl *caddy.Replacer, d *decision) {
 	p := placeholders{
 		allowed: d.Allowed && d.reason == "ok",
 		reason:  d.reason,
@@ -317,44 +325,60 @@ func (h *Handler) setPlaceholders(repl *caddy.Replacer, d *decision) {
 		retry:   d.retry,
 	}
 	if d.closest >= 0 && d.closest < len(d.Results) {
-		c, r := &d.buckets[d.closest], &d.Results[d.closest]
+		c, res := &d.buckets[d.closest], &d.Results[d.closest]
 		p.limit, p.tier = c.Limit, c.Tier
-		p.capacity, p.remaining, p.reset = d.limits[d.closest].Limit.Capacity(), r.Remaining, r.Reset
+		p.capacity, p.remaining, p.reset = d.limits[d.closest].Limit.Capacity(), res.Remaining, res.Reset
+		if d.reason == "limited" || d.reason == "impossible" {
+			p.exceeded = c.Tree.Name
+		}
 	}
-	// p is small and never changes: the closure holds it by value, in
-	// the one allocation of the closure itself.
-	repl.Map(func(key string) (any, bool) {
-		name, ok := strings.CutPrefix(key, "http.rate_limit.")
-		if !ok {
-			return nil, false
-		}
-		switch name {
-		case "allowed":
-			return p.allowed, true
-		case "reason":
-			return p.reason, true
-		case "blocked_by":
-			return p.blocked, true
-		case "retry_after":
-			return ceilSeconds(p.retry), true
-		}
-		if p.limit == nil { // no bucket closest to exhaustion
-			return nil, false
-		}
-		switch name {
-		case "policy":
-			return p.limit.Policy(), true
-		case "tier":
-			return p.tier.Name, true
-		case "limit":
-			return p.capacity, true
-		case "remaining":
-			return p.remaining, true
-		case "reset":
-			return ceilSeconds(microseconds(p.reset)), true
-		}
+	if shown, ok := caddyhttp.GetVar(r.Context(), placeholdersVar).(*placeholders); ok {
+		*shown = p
+		return
+	}
+	shown := &p
+	caddyhttp.SetVar(r.Context(), placeholdersVar, shown)
+	repl.Map(shown.lookup)
+}
+
+// placeholdersVar is the request variable under which the first handler
+// leaves the placeholders its provider shows.
+const placeholdersVar = "cascade.rate_limit"
+
+// lookup is the replacer provider of {http.rate_limit.*}.
+func (p *placeholders) lookup(key string) (any, bool) {
+	name, ok := strings.CutPrefix(key, "http.rate_limit.")
+	if !ok {
 		return nil, false
-	})
+	}
+	switch name {
+	case "allowed":
+		return p.allowed, true
+	case "reason":
+		return p.reason, true
+	case "blocked_by":
+		return p.blocked, true
+	case "retry_after":
+		return ceilSeconds(p.retry), true
+	case "exceeded.name": // mholt/caddy-ratelimit's: the zone (tree) that refused
+		return p.exceeded, p.exceeded != ""
+	}
+	if p.limit == nil { // no bucket closest to exhaustion
+		return nil, false
+	}
+	switch name {
+	case "policy":
+		return p.limit.Policy(), true
+	case "tier":
+		return p.tier.Name, true
+	case "limit":
+		return p.capacity, true
+	case "remaining":
+		return p.remaining, true
+	case "reset":
+		return ceilSeconds(microseconds(p.reset)), true
+	}
+	return nil, false
 }
 
 // placeholders is what {http.rate_limit.*} show of one decision.
@@ -367,5 +391,6 @@ type placeholders struct {
 	tier      *hierarchy.Tier
 	capacity  int64 // its effective capacity
 	remaining int64
-	reset     int64 // µs
+	reset     int64  // µs
+	exceeded  string // the tree that refused the request (limited or impossible), else ""
 }

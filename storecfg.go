@@ -125,11 +125,17 @@ func (c *StoreConfig) open(ctx caddy.Context, sweep time.Duration) (store.Store,
 		name = "default"
 	}
 	poolKey := "memory/" + name
-	v, _, err := stores.LoadOrNew(poolKey, func() (caddy.Destructor, error) {
-		return pooled{store.NewMemory(store.MemoryOptions{MaxKeys: m.MaxKeys, SweepInterval: sweep})}, nil
+	opts := store.MemoryOptions{MaxKeys: m.MaxKeys, SweepInterval: sweep}
+	v, loaded, err := stores.LoadOrNew(poolKey, func() (caddy.Destructor, error) {
+		return pooled{store.NewMemory(opts)}, nil
 	})
 	if err != nil {
 		return nil, "", err
+	}
+	if mem, ok := v.(pooled).Store.(*store.Memory); ok && loaded {
+		// The store outlives reloads, with its state; the newest
+		// configuration sets its cap and sweep interval.
+		mem.Reconfigure(opts)
 	}
 	return v.(pooled).Store, poolKey, nil
 }
@@ -151,10 +157,10 @@ func (c *RedisStoreConfig) options(logger *zap.Logger) (store.RedisOptions, erro
 		KeyPrefix:    c.KeyPrefix,
 		Timeout:      time.Duration(c.Timeout),
 	}
-	for _, a := range c.Addresses {
-		a = strings.TrimSpace(repl.ReplaceAll(a, ""))
+	for _, template := range c.Addresses {
+		a := strings.TrimSpace(repl.ReplaceAll(template, ""))
 		if a == "" {
-			return opts, fmt.Errorf("redis address %q resolved to nothing", a)
+			return opts, fmt.Errorf("redis address %q resolved to nothing: set what it names (e.g. the environment variable of {env.NAME})", template)
 		}
 		opts.Addrs = append(opts.Addrs, a)
 	}

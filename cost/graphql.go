@@ -350,7 +350,7 @@ func (g *GraphQL) queries(req *Request) ([]gqlQuery, error) {
 		}
 		return []gqlQuery{q}, nil
 	}
-	if req.Truncated {
+	if req.Truncated || int64(len(req.Body)) > g.BodyLimit() { // see LLM.EstimateUsage
 		return nil, tooLarge(g.BodyLimit())
 	}
 	if r != nil {

@@ -190,7 +190,9 @@ func (l *LLM) Estimate(req *Request) (int64, error) {
 // the same shape as the actual usage read from the response, so that one
 // [Actual] can weigh both the same way. Found is true on success.
 func (l *LLM) EstimateUsage(req *Request) (Usage, error) {
-	if req.Truncated {
+	// The body may have been read further for another estimator: this
+	// one's limit holds all the same.
+	if req.Truncated || int64(len(req.Body)) > l.BodyLimit() {
 		return Usage{}, tooLarge(l.BodyLimit())
 	}
 	body := req.Body

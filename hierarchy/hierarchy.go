@@ -105,15 +105,56 @@ type Limit struct {
 
 	compiled rate.Limit
 	id       string // the limit's part of a storage key
-	policy   string // the limit's name in RateLimit-Policy
+	name     string // the limit's name within its tree
+	policy   string // the limit's name in RateLimit-Policy: name, or tree/name
 }
 
 // Rate returns the compiled limit. Valid after Tree.Compile.
 func (l *Limit) Rate() rate.Limit { return l.compiled }
 
-// Policy is the limit's name in the RateLimit-Policy header. Valid after
-// Tree.Compile.
+// Policy is the limit's name in the RateLimit-Policy header: its Name,
+// qualified by its tree's when another tree of the handler has a limit of
+// that name (see QualifyPolicies). Valid after Tree.Compile.
 func (l *Limit) Policy() string { return l.policy }
+
+// Name is the limit's name within its tree: the tier's name when the tier
+// has one limit, else the tier and dimension, else tier, dimension and
+// period. Valid after Tree.Compile.
+func (l *Limit) Name() string { return l.name }
+
+// QualifyPolicies makes every RateLimit-Policy name of trees unique: a
+// limit name that more than one tree uses (two trees with a tier "user")
+// is written tree/name in each of them, so that the RateLimit field names
+// one policy. Call it after compiling the trees that answer together.
+func QualifyPolicies(trees []*Tree) {
+	owners := map[string]map[*Tree]bool{}
+	each := func(fn func(t *Tree, l *Limit)) {
+		for _, t := range trees {
+			for _, tier := range t.Tiers {
+				for _, l := range tier.Limits {
+					fn(t, l)
+				}
+				for _, o := range tier.Values {
+					for _, l := range o.Limits {
+						fn(t, l)
+					}
+				}
+			}
+		}
+	}
+	each(func(t *Tree, l *Limit) {
+		if owners[l.name] == nil {
+			owners[l.name] = map[*Tree]bool{}
+		}
+		owners[l.name][t] = true
+	})
+	each(func(t *Tree, l *Limit) {
+		l.policy = l.name
+		if len(owners[l.name]) > 1 {
+			l.policy = t.Name + "/" + l.name
+		}
+	})
+}
 
 // String renders the limit as configured, e.g. "100000 tokens/h burst 5000".
 func (l *Limit) String() string {
@@ -213,12 +254,13 @@ func compileLimits(tier string, limits []*Limit) error {
 	for _, l := range limits {
 		switch {
 		case len(limits) == 1:
-			l.policy = tier
+			l.name = tier
 		case perDim[l.Dimension] == 1:
-			l.policy = tier + "." + l.Dimension
+			l.name = tier + "." + l.Dimension
 		default:
-			l.policy = tier + "." + l.Dimension + "." + l.Per
+			l.name = tier + "." + l.Dimension + "." + l.Per
 		}
+		l.policy = l.name
 	}
 	return nil
 }

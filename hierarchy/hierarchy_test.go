@@ -252,3 +252,39 @@ func BenchmarkResolve(b *testing.B) {
 		})
 	}
 }
+
+// TestQualifyPolicies: a limit name two trees share is qualified by its
+// tree in both; the others keep their short names.
+func TestQualifyPolicies(t *testing.T) {
+	a := &Tree{Name: "a", Tiers: []*Tier{
+		{Name: "org", Key: "{header.X-Org}", Limits: []*Limit{{Count: 10, Per: "min"}}},
+		{Name: "user", Key: "{header.X-User}", Limits: []*Limit{{Count: 10, Per: "min"}},
+			Values: map[string]*Override{"vip": {Limits: []*Limit{{Count: 100, Per: "min"}}}}},
+	}}
+	b := &Tree{Name: "b", Tiers: []*Tier{
+		{Name: "user", Key: "{header.X-User}", Limits: []*Limit{{Count: 3, Per: "min"}}},
+	}}
+	for _, tree := range []*Tree{a, b} {
+		if err := tree.Compile(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	QualifyPolicies([]*Tree{a, b})
+	for _, c := range []struct {
+		l          *Limit
+		policy, nm string
+	}{
+		{a.Tiers[0].Limits[0], "org", "org"},
+		{a.Tiers[1].Limits[0], "a/user", "user"},
+		{a.Tiers[1].Values["vip"].Limits[0], "a/user", "user"},
+		{b.Tiers[0].Limits[0], "b/user", "user"},
+	} {
+		if c.l.Policy() != c.policy || c.l.Name() != c.nm {
+			t.Errorf("%s: policy %q name %q, want %q and %q", c.l, c.l.Policy(), c.l.Name(), c.policy, c.nm)
+		}
+	}
+	QualifyPolicies([]*Tree{a}) // alone again (a reload without b): short names
+	if p := a.Tiers[1].Limits[0].Policy(); p != "user" {
+		t.Errorf("a alone: policy %q, want user", p)
+	}
+}

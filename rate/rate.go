@@ -128,8 +128,12 @@ func (l Limit) Capacity() int64 {
 	return l.Count
 }
 
-// WindowSeconds is the policy window advertised in RateLimit-Policy (w=):
-// the period, or the length of the calendar unit (a month counts 30 days).
+// WindowSeconds is the policy window advertised in RateLimit-Policy (w=)
+// with the quota q = Capacity(): the length of the calendar unit (a month
+// counts 30 days), or the period — except for a GCRA limit whose burst is
+// not its count, which advertises the time the bucket takes to refill
+// from empty (Burst · Period / Count), so that q/w is still the sustained
+// rate: `10/min burst 100` is q=100;w=600, not 100 per minute.
 func (l Limit) WindowSeconds() int64 {
 	switch l.Algorithm {
 	case Calendar:
@@ -144,7 +148,11 @@ func (l Limit) WindowSeconds() int64 {
 			return 30 * 86400
 		}
 	default:
-		s := int64(math.Ceil(l.Period.Seconds()))
+		period := l.Period.Seconds()
+		if l.Algorithm == GCRA && l.Burst > 0 && l.Burst != l.Count && l.Count > 0 {
+			period = period * float64(l.Burst) / float64(l.Count)
+		}
+		s := int64(math.Ceil(period))
 		if s < 1 {
 			s = 1
 		}

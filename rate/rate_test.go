@@ -289,3 +289,29 @@ func TestWindowHoldsItsInstant(t *testing.T) {
 		}
 	}
 }
+
+// TestWindowSeconds: the advertised q/w is the sustained rate of every
+// limit, and q its burst.
+func TestWindowSeconds(t *testing.T) {
+	tests := []struct {
+		name string
+		l    Limit
+		q, w int64
+	}{
+		{"gcra without burst", Limit{Algorithm: GCRA, Count: 10, Period: time.Minute}, 10, 60},
+		{"gcra, burst = count", Limit{Algorithm: GCRA, Count: 10, Period: time.Minute, Burst: 10}, 10, 60},
+		{"gcra, burst above count", Limit{Algorithm: GCRA, Count: 10, Period: time.Minute, Burst: 100}, 100, 600},
+		{"gcra, burst below count (seed 004)", Limit{Algorithm: GCRA, Count: 30, Period: time.Minute, Burst: 15}, 15, 30},
+		{"gcra, window rounded up", Limit{Algorithm: GCRA, Count: 3, Period: time.Second, Burst: 1}, 1, 1},
+		{"sliding ignores burst", Limit{Algorithm: Sliding, Count: 100, Period: 30 * time.Minute, Burst: 7}, 100, 1800},
+		{"calendar month", Limit{Algorithm: Calendar, Count: 100000, Unit: Month}, 100000, 30 * 86400},
+		{"calendar day", Limit{Algorithm: Calendar, Count: 5, Unit: Day}, 5, 86400},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if q, w := tt.l.Capacity(), tt.l.WindowSeconds(); q != tt.q || w != tt.w {
+				t.Errorf("q=%d;w=%d, want q=%d;w=%d", q, w, tt.q, tt.w)
+			}
+		})
+	}
+}

@@ -41,12 +41,13 @@ type MemoryOptions struct {
 // under any concurrency within the process; instances do not share it.
 type Memory struct {
 	clock    Clock
-	perShard int
+	perShard atomic.Int64 // MaxKeys spread over the shards
 	seed     maphash.Seed
 	shards   [memoryShards]memoryShard
 	stop     chan struct{}
 	done     chan struct{}
 	closed   sync.Once
+	interval chan time.Duration // a new sweep interval for the sweeper
 
 	evictions atomic.Int64
 }
@@ -82,11 +83,12 @@ func NewMemory(opts MemoryOptions) *Memory {
 	}
 	m := &Memory{
 		clock:    opts.Clock,
-		perShard: (opts.MaxKeys + memoryShards - 1) / memoryShards,
 		seed:     maphash.MakeSeed(),
 		stop:     make(chan struct{}),
 		done:     make(chan struct{}),
+		interval: make(chan time.Duration, 1),
 	}
+	m.perShard.Store(perShard(opts.MaxKeys))
 	for i := range m.shards {
 		m.shards[i].entries = make(map[uint64]*memoryEntry)
 	}
@@ -219,6 +221,36 @@ func (m *Memory) hashesOf(buckets []Bucket, buf []uint64) []uint64 {
 
 func shardOf(hash uint64) uint8 { return uint8(hash % memoryShards) }
 
+func perShard(maxKeys int) int64 {
+	return int64((maxKeys + memoryShards - 1) / memoryShards)
+}
+
+// Reconfigure applies new options to a store in use (a reloaded
+// configuration), keeping its state. A lower MaxKeys applies to the buckets
+// inserted from now on: the store then shrinks as state expires, never by
+// dropping live buckets at once. SweepInterval takes effect at the next
+// tick (zero means one minute, negative keeps the current one); a store
+// created without a sweeper stays without one. Clock is ignored.
+func (m *Memory) Reconfigure(opts MemoryOptions) {
+	if opts.MaxKeys <= 0 {
+		opts.MaxKeys = 1_000_000
+	}
+	m.perShard.Store(perShard(opts.MaxKeys))
+	if opts.SweepInterval == 0 {
+		opts.SweepInterval = time.Minute
+	}
+	if opts.SweepInterval < 0 {
+		return
+	}
+	for { // keep only the newest interval
+		select {
+		case m.interval <- opts.SweepInterval:
+			return
+		case <-m.interval:
+		}
+	}
+}
+
 // Close stops the sweeper. The state is dropped with the store.
 func (m *Memory) Close() error {
 	m.closed.Do(func() { close(m.stop) })
@@ -264,6 +296,8 @@ func (m *Memory) sweepEvery(interval time.Duration) {
 			return
 		case <-t.C:
 			m.Sweep()
+		case d := <-m.interval:
+			t.Reset(d)
 		}
 	}
 }
@@ -331,7 +365,7 @@ func (m *Memory) store(hash uint64, b Bucket, s rate.State, now int64) {
 	if expires <= now {
 		return // a full bucket needs no state
 	}
-	if sh.n >= m.perShard {
+	if int64(sh.n) >= m.perShard.Load() {
 		m.makeRoom(sh, now)
 		head = sh.entries[hash]
 	}

@@ -40,6 +40,46 @@ func TestMemoryCapEvictsNearestExpiry(t *testing.T) {
 	}
 }
 
+// TestMemoryReconfigureRaisesTheCap: a reloaded configuration's max_keys
+// applies to the store in use, whose state is kept.
+func TestMemoryReconfigureRaisesTheCap(t *testing.T) {
+	clock := storetest.NewClock(time.Date(2026, 3, 18, 10, 0, 0, 0, time.UTC))
+	m := store.NewMemory(store.MemoryOptions{Clock: clock.Now, SweepInterval: -1, MaxKeys: 64})
+	defer m.Close()
+	ctx := context.Background()
+	lim := rate.Limit{Algorithm: rate.GCRA, Count: 1, Period: time.Hour}
+	fill := func(from, to int) {
+		for i := from; i < to; i++ {
+			if _, err := m.Decide(ctx, []store.Bucket{{Key: fmt.Sprintf("{t|k%d}", i), Limit: lim, Cost: 1}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	fill(0, 1000)
+	if m.Evictions() == 0 {
+		t.Fatal("no evictions at the first cap")
+	}
+	keep := []store.Bucket{{Key: "{t|keep}", Limit: lim, Cost: 1}}
+	if d, _ := m.Decide(ctx, keep); !d.Allowed {
+		t.Fatal("a new bucket was refused")
+	}
+	m.Reconfigure(store.MemoryOptions{MaxKeys: 100_000})
+	evicted := m.Evictions()
+	fill(1000, 6000)
+	if m.Evictions() != evicted || m.Len() < 5000 {
+		t.Fatalf("after raising the cap to 100000: %d keys, %d more evictions", m.Len(), m.Evictions()-evicted)
+	}
+	// The state kept across the reconfiguration still counts.
+	if d, _ := m.Decide(ctx, keep); d.Allowed {
+		t.Fatal("a bucket filled before the reconfiguration was admitted again")
+	}
+	m.Reconfigure(store.MemoryOptions{MaxKeys: 64})
+	fill(6000, 6100)
+	if m.Evictions() == evicted {
+		t.Fatal("lowering the cap again evicts nothing")
+	}
+}
+
 func TestMemorySweepDropsExpiredState(t *testing.T) {
 	clock := storetest.NewClock(time.Date(2026, 3, 18, 10, 0, 0, 0, time.UTC))
 	m := store.NewMemory(store.MemoryOptions{Clock: clock.Now, SweepInterval: -1})
