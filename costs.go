@@ -198,8 +198,9 @@ func (h *Handler) tap(w http.ResponseWriter) tapped {
 // reconcile adjusts every bucket on the path by actual − estimate for each
 // cost whose usage the upstream reported, in one store call, off the
 // request's critical path. No report (a stream cut short) leaves the
-// estimate standing.
-func (h *Handler) reconcile(t tapped, d *decision) {
+// estimate standing. charged is when the estimate was charged (µs): a
+// refund goes back to the window that held it (see store.Bucket.Charged).
+func (h *Handler) reconcile(t tapped, d *decision, charged int64) {
 	if len(d.estimates) != len(h.Costs) {
 		return // nothing was estimated, so nothing was charged
 	}
@@ -216,7 +217,7 @@ func (h *Handler) reconcile(t tapped, d *decision) {
 		}
 		for i, b := range d.buckets {
 			if b.Limit.Dimension == c.Dimension {
-				adjust = append(adjust, store.Bucket{Key: b.Key, Limit: d.limits[i].Limit, Cost: delta})
+				adjust = append(adjust, store.Bucket{Key: b.Key, Limit: d.limits[i].Limit, Cost: delta, Charged: charged})
 			}
 		}
 	}

@@ -477,7 +477,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		t := h.tap(w)
 		if len(t.taps) > 0 {
 			err := h.pass(t.w, r, next)
-			h.reconcile(t, d)
+			h.reconcile(t, d, start.UnixMicro())
 			return err
 		}
 	}

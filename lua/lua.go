@@ -55,7 +55,10 @@
 // number, costs Redis the least time; integers below 2^53 are exact.
 //
 // Adjust takes one such string, ARGV[1], for the keys in KEYS, in order,
-// and replies with the number of keys adjusted.
+// with the signed correction in the cost's place and, in the capacity's,
+// the start of the window in which the corrected cost was charged
+// (rate.Limit.ChargeWindow, 0 when unknown: a refund goes back to that
+// window only). It replies with the number of keys adjusted.
 //
 // Decide takes one or more decisions: ARGV[2], ARGV[3], ... one string
 // each, applied in order, each all or nothing on its own, all of them one

@@ -65,7 +65,11 @@ func args(now, wall int64, buckets ...bucketArgs) []any {
 			code = 2
 		}
 		spec = append(spec, code)
-		nums := []int64{l.Count, l.Period.Microseconds(), l.Capacity(), b.cost}
+		third := l.Capacity()
+		if b.adjust {
+			third = l.ChargeWindow(b.charged)
+		}
+		nums := []int64{l.Count, l.Period.Microseconds(), third, b.cost}
 		if l.Algorithm == rate.Calendar {
 			s, e := l.Window(wall)
 			p, _ := l.Window(s - 1)
@@ -85,10 +89,13 @@ func decideArgs(now, wall int64, buckets ...bucketArgs) []any {
 	return append([]any{""}, args(now, wall, buckets...)...)
 }
 
-// bucketArgs is one key's limit and cost (or delta) for args.
+// bucketArgs is one key's limit and cost (or delta) for args; for
+// lua.Adjust (adjust), charged is when the corrected cost was charged.
 type bucketArgs struct {
-	limit rate.Limit
-	cost  int64
+	limit   rate.Limit
+	cost    int64
+	adjust  bool
+	charged int64
 }
 
 func f64(dst []byte, n int64) []byte {
@@ -295,12 +302,20 @@ func TestScriptsMirrorRate(t *testing.T) {
 		var want rate.State
 		store := true
 		if adjust {
-			if err := lua.Adjust.Run(ctx, c, []string{key}, args(tc.now, tc.wall, bucketArgs{tc.limit, tc.cost})...).Err(); err != nil {
+			// The corrected cost was charged now, a window or two ago, at
+			// an unknown time, or at any time in the last two periods.
+			p := tc.limit.Period.Microseconds()
+			if tc.limit.Algorithm == rate.Calendar {
+				p = 31 * 24 * 3600 * 1_000_000
+			}
+			charged := []int64{0, tc.now, tc.now - p, tc.now - 2*p, tc.now - r.Int64N(2*p+1)}[r.IntN(5)]
+			b := bucketArgs{limit: tc.limit, cost: tc.cost, adjust: true, charged: charged}
+			if err := lua.Adjust.Run(ctx, c, []string{key}, args(tc.now, tc.wall, b)...).Err(); err != nil {
 				t.Fatalf("case %d (%v): Adjust: %v", i, tc, err)
 			}
-			want = tc.limit.Adjust(tc.state, tc.now, tc.cost)
+			want = tc.limit.Adjust(tc.state, tc.now, tc.cost, tc.limit.ChargeWindow(charged))
 		} else {
-			raw, err := lua.Decide.Run(ctx, c, []string{key}, decideArgs(tc.now, tc.wall, bucketArgs{tc.limit, tc.cost})...).Text()
+			raw, err := lua.Decide.Run(ctx, c, []string{key}, decideArgs(tc.now, tc.wall, bucketArgs{limit: tc.limit, cost: tc.cost})...).Text()
 			if err != nil {
 				t.Fatalf("case %d (%v): Decide: %v", i, tc, err)
 			}
@@ -379,7 +394,7 @@ func TestDecidePathMirrorsRate(t *testing.T) {
 		for j := range path {
 			path[j] = randomCase(r)
 			keys[j] = fmt.Sprintf("{lua-path-%d}:%d", seed, j)
-			buckets[j] = bucketArgs{path[j].limit, path[j].cost}
+			buckets[j] = bucketArgs{limit: path[j].limit, cost: path[j].cost}
 			if path[j].fresh {
 				c.Del(ctx, keys[j])
 			} else {
@@ -457,7 +472,7 @@ func TestDecideAllOrNothing(t *testing.T) {
 	c.Del(ctx, keys...)
 	org := rate.Limit{Algorithm: rate.GCRA, Count: 10, Period: time.Minute}
 	user := rate.Limit{Algorithm: rate.GCRA, Count: 1, Period: time.Hour}
-	argv := decideArgs(now, now, bucketArgs{org, 1}, bucketArgs{user, 1})
+	argv := decideArgs(now, now, bucketArgs{limit: org, cost: 1}, bucketArgs{limit: user, cost: 1})
 
 	tests := []struct {
 		name     string
@@ -483,7 +498,7 @@ func TestDecideAllOrNothing(t *testing.T) {
 
 	// With 0 for the clock, the script reads TIME: the stored T is Redis's now.
 	c.Del(ctx, keys...)
-	argv = decideArgs(0, now, bucketArgs{org, 1}, bucketArgs{user, 1})
+	argv = decideArgs(0, now, bucketArgs{limit: org, cost: 1}, bucketArgs{limit: user, cost: 1})
 	if err := lua.Decide.Run(ctx, c, keys, argv...).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -563,7 +578,7 @@ func TestDecideBatchIsSequential(t *testing.T) {
 			for _, k := range r.Perm(nkeys)[:1+r.IntN(4)] {
 				cost := r.Int64N(limits[k].Capacity()/3 + 2)
 				path = append(path, bucket{k, cost})
-				ba = append(ba, bucketArgs{limits[k], cost})
+				ba = append(ba, bucketArgs{limit: limits[k], cost: cost})
 				index = binary.LittleEndian.AppendUint16(index, uint16(k+1))
 			}
 			batch = append(batch, path)

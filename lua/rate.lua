@@ -165,14 +165,23 @@ local function algorithms()
     return 0, 0, floornn(cap - u), floornn(cap - u), ceilnn((nxt - cap) * perUnit) + 1, ceilnn(u * perUnit), a, b, t
   end
 
-  -- adjust is Limit.Adjust: a refund (delta < 0) or a debt (delta > 0).
-  local function adjust(alg, count, period, delta, a, b, t, now, start)
+  -- adjust is Limit.Adjust: a refund (delta < 0) or a debt (delta > 0);
+  -- charged is the start of the window the corrected cost was charged in
+  -- (Limit.ChargeWindow), 0 when unknown.
+  local function adjust(alg, count, period, delta, a, b, t, now, start, charged)
+    local refund = delta < 0 and charged ~= 0
     if alg == SLIDING then
       a, b, t = slide(a, b, t, now, period)
-      return a, pos(b + delta), t
+      if not refund or charged == t then
+        b = pos(b + delta)
+      elseif charged + period == t then
+        a = pos(a + delta)
+      end
+      return a, b, t
     elseif alg == CALENDAR then
       if t ~= start then a, b, t = 0, 0, start end
-      return pos(a + delta), b, t
+      if not refund or charged == start then a = pos(a + delta) end
+      return a, b, t
     end
     return pos(level(a, t, now, count, period) + delta), b, now
   end

@@ -257,22 +257,56 @@ func (l Limit) Apply(s State, now, n int64) (State, Result) {
 // refunds capacity (never beyond a full bucket), a positive one adds debt
 // that later requests pay for. It is how a reconciled cost corrects the
 // estimate charged at decision time.
-func (l Limit) Adjust(s State, now, delta int64) State {
+//
+// charged is ChargeWindow of the time the corrected cost was charged, or 0
+// when unknown (then a refund is taken as charged now). A refund goes back
+// where the charge went, and only there: a sliding window's charge that has
+// slid into the previous count is refunded from it, and a charge whose
+// window has slid out, or whose calendar window has ended, is not refunded
+// at all (refunding it from a window that never held it would admit more
+// than the limit there). A debt is always added now: later requests pay it.
+func (l Limit) Adjust(s State, now, delta, charged int64) State {
+	refund := delta < 0 && charged != 0
 	switch l.Algorithm {
 	case Sliding:
 		s = l.slide(s, now)
-		s.B = math.Max(0, s.B+float64(delta))
+		switch {
+		case !refund || charged == s.T:
+			s.B = math.Max(0, s.B+float64(delta))
+		case charged+l.Period.Microseconds() == s.T:
+			s.A = math.Max(0, s.A+float64(delta))
+		}
 	case Calendar:
 		start, _ := l.Window(now)
 		if s.T != start {
 			s = State{T: start}
 		}
-		s.A = math.Max(0, s.A+float64(delta))
+		if !refund || charged == start {
+			s.A = math.Max(0, s.A+float64(delta))
+		}
 	default:
 		s.A = math.Max(0, l.level(s, now)+float64(delta))
 		s.T = now
 	}
 	return s
+}
+
+// ChargeWindow identifies, for Adjust, the window in which a cost charged
+// at time at (µs) was counted: the start of its sliding or calendar window,
+// or 0 for GCRA, whose level has no windows (and for at = 0, unknown).
+func (l Limit) ChargeWindow(at int64) int64 {
+	if at == 0 {
+		return 0
+	}
+	switch l.Algorithm {
+	case Sliding:
+		return at - mod(at, l.Period.Microseconds())
+	case Calendar:
+		start, _ := l.Window(at)
+		return start
+	default:
+		return 0
+	}
 }
 
 // TTL (µs) is how long a store must keep state s written at now: after it

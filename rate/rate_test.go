@@ -60,15 +60,15 @@ func TestAdjust(t *testing.T) {
 	l := Limit{Algorithm: GCRA, Count: 100, Period: time.Second}
 	now := int64(1_790_000_000) * sec
 	s, _ := l.Apply(State{}, now, 80)
-	s = l.Adjust(s, now, -50) // refund
+	s = l.Adjust(s, now, -50, 0) // refund
 	if _, r := l.Apply(s, now, 70); !r.Allowed || r.Remaining != 0 {
 		t.Errorf("after refund: %+v", r)
 	}
-	s = l.Adjust(State{}, now, -50) // never above full
+	s = l.Adjust(State{}, now, -50, 0) // never above full
 	if _, r := l.Apply(s, now, 101); !r.Impossible {
 		t.Errorf("refund overfilled the bucket: %+v", r)
 	}
-	s = l.Adjust(State{}, now, 150) // debt
+	s = l.Adjust(State{}, now, 150, 0) // debt
 	if _, r := l.Apply(s, now, 1); r.Allowed || r.RetryAfter != 510_001 {
 		t.Errorf("debt: %+v, want retry 0.51 s", r)
 	}

@@ -24,10 +24,14 @@ const evictionSample = 16
 // MemoryOptions configure a Memory store.
 type MemoryOptions struct {
 	// MaxKeys caps the number of buckets tracked. At the cap, inserting a
-	// new bucket first drops expired state, then evicts the entry closest
-	// to expiry among a small random sample: the bucket closest to being
-	// full again, whose loss over-admits least. Evictions are counted in
-	// Stats. Zero means 1,000,000.
+	// new bucket first drops the expired state of its shard (one 64th of
+	// the store; at most once a second per shard, so a store full of live
+	// state does not rescan itself on every insert), then, if the store is
+	// still full, evicts the entry closest to expiry among a small random
+	// sample of that shard: the bucket closest to being full again, whose
+	// loss over-admits least. Evictions are counted (Evictions). The store
+	// may exceed MaxKeys by at most one bucket per shard (a shard with no
+	// entry has none to evict). Zero means 1,000,000.
 	MaxKeys int
 	// SweepInterval is how often expired state is removed in the
 	// background. Zero means one minute; negative disables the sweeper
@@ -41,7 +45,8 @@ type MemoryOptions struct {
 // under any concurrency within the process; instances do not share it.
 type Memory struct {
 	clock    Clock
-	perShard atomic.Int64 // MaxKeys spread over the shards
+	maxKeys  atomic.Int64 // MaxKeys
+	count    atomic.Int64 // entries in all shards
 	seed     maphash.Seed
 	shards   [memoryShards]memoryShard
 	stop     chan struct{}
@@ -60,10 +65,11 @@ type Memory struct {
 type memoryShard struct {
 	mu      sync.Mutex
 	entries map[uint64]*memoryEntry
-	n       int // entries, chains included
+	n       int   // entries, chains included
+	swept   int64 // when the shard's expired state was last dropped (µs)
 	// One shard per cache line: cores locking neighbouring shards must
 	// not contend for one line (false sharing).
-	_ [64 - 24]byte
+	_ [64 - 32]byte
 }
 
 type memoryEntry struct {
@@ -88,7 +94,7 @@ func NewMemory(opts MemoryOptions) *Memory {
 		done:     make(chan struct{}),
 		interval: make(chan time.Duration, 1),
 	}
-	m.perShard.Store(perShard(opts.MaxKeys))
+	m.maxKeys.Store(int64(opts.MaxKeys))
 	for i := range m.shards {
 		m.shards[i].entries = make(map[uint64]*memoryEntry)
 	}
@@ -206,7 +212,8 @@ func (m *Memory) Adjust(_ context.Context, buckets []Bucket) error {
 	defer m.unlock(locked)
 	now := m.clock()
 	for i, b := range buckets {
-		m.store(hashes[i], b, b.Limit.Adjust(m.stateOf(hashes[i], b.Key, now), now, b.Cost), now)
+		s := b.Limit.Adjust(m.stateOf(hashes[i], b.Key, now), now, b.Cost, b.Limit.ChargeWindow(b.Charged))
+		m.store(hashes[i], b, s, now)
 	}
 	return nil
 }
@@ -221,10 +228,6 @@ func (m *Memory) hashesOf(buckets []Bucket, buf []uint64) []uint64 {
 
 func shardOf(hash uint64) uint8 { return uint8(hash % memoryShards) }
 
-func perShard(maxKeys int) int64 {
-	return int64((maxKeys + memoryShards - 1) / memoryShards)
-}
-
 // Reconfigure applies new options to a store in use (a reloaded
 // configuration), keeping its state. A lower MaxKeys applies to the buckets
 // inserted from now on: the store then shrinks as state expires, never by
@@ -235,7 +238,7 @@ func (m *Memory) Reconfigure(opts MemoryOptions) {
 	if opts.MaxKeys <= 0 {
 		opts.MaxKeys = 1_000_000
 	}
-	m.perShard.Store(perShard(opts.MaxKeys))
+	m.maxKeys.Store(int64(opts.MaxKeys))
 	if opts.SweepInterval == 0 {
 		opts.SweepInterval = time.Minute
 	}
@@ -279,9 +282,7 @@ func (m *Memory) Sweep() {
 	for i := range m.shards {
 		s := &m.shards[i]
 		s.mu.Lock()
-		for h := range s.entries {
-			s.removeExpired(h, now)
-		}
+		m.sweepShard(s, now)
 		s.mu.Unlock()
 	}
 }
@@ -365,7 +366,7 @@ func (m *Memory) store(hash uint64, b Bucket, s rate.State, now int64) {
 	if expires <= now {
 		return // a full bucket needs no state
 	}
-	if int64(sh.n) >= m.perShard.Load() {
+	if m.count.Load() >= m.maxKeys.Load() {
 		m.makeRoom(sh, now)
 		head = sh.entries[hash]
 	}
@@ -373,6 +374,7 @@ func (m *Memory) store(hash uint64, b Bucket, s rate.State, now int64) {
 	e.state, e.expires, e.next = s, expires, head
 	sh.entries[hash] = e
 	sh.n++
+	m.count.Add(1)
 }
 
 // Entries carry a copy of their key in the same allocation, right after
@@ -419,16 +421,15 @@ func newEntry(key string) *memoryEntry {
 	return e
 }
 
-// removeExpired drops the expired entries chained at hash. The caller holds
-// the shard lock.
-func (sh *memoryShard) removeExpired(hash uint64, now int64) bool {
-	removed := false
+// removeExpired drops the expired entries chained at hash and returns how
+// many it dropped. The caller holds the shard lock.
+func (m *Memory) removeExpired(sh *memoryShard, hash uint64, now int64) int {
+	removed := 0
 	var kept *memoryEntry
 	for e := sh.entries[hash]; e != nil; {
 		next := e.next
 		if e.expires <= now {
-			sh.n--
-			removed = true
+			removed++
 		} else {
 			e.next, kept = kept, e
 		}
@@ -439,16 +440,32 @@ func (sh *memoryShard) removeExpired(hash uint64, now int64) bool {
 	} else {
 		sh.entries[hash] = kept
 	}
+	sh.n -= removed
+	m.count.Add(int64(-removed))
 	return removed
 }
 
-// makeRoom frees at least one place in a full shard: expired entries first,
-// else the sampled entry nearest to expiry.
+// sweepShard drops every expired entry of a shard. The caller holds its lock.
+func (m *Memory) sweepShard(sh *memoryShard, now int64) int {
+	removed := 0
+	for h := range sh.entries {
+		removed += m.removeExpired(sh, h, now)
+	}
+	sh.swept = now
+	return removed
+}
+
+// makeRoom frees a place in a full store, from the shard about to take a
+// new entry: its expired entries first (unless swept within the last
+// second), else the sampled entry nearest to expiry.
 func (m *Memory) makeRoom(sh *memoryShard, now int64) {
+	if now-sh.swept >= sweepShardEvery && m.sweepShard(sh, now) > 0 {
+		return
+	}
 	var victim uint64
 	soonest, seen := int64(0), 0
 	for h, e := range sh.entries { // map iteration order is randomised
-		if sh.removeExpired(h, now) {
+		if m.removeExpired(sh, h, now) > 0 {
 			return
 		}
 		if seen == 0 || e.expires < soonest {
@@ -465,6 +482,11 @@ func (m *Memory) makeRoom(sh *memoryShard, now int64) {
 			sh.entries[victim] = e.next
 		}
 		sh.n--
+		m.count.Add(-1)
 		m.evictions.Add(1)
 	}
 }
+
+// sweepShardEvery is how often (µs) a full store may rescan a shard for
+// expired state before evicting live state from it.
+const sweepShardEvery = 1_000_000

@@ -64,7 +64,7 @@ func sameShardKeys(m *Memory, n int) []string {
 // drop the one just found).
 func TestMemoryDecideKeepsFoundEntries(t *testing.T) {
 	now := time.Date(2026, 3, 18, 10, 0, 0, 0, time.UTC).UnixMicro()
-	m := NewMemory(MemoryOptions{SweepInterval: -1, MaxKeys: 2 * memoryShards, Clock: func() int64 { return now }})
+	m := NewMemory(MemoryOptions{SweepInterval: -1, MaxKeys: 2, Clock: func() int64 { return now }})
 	defer m.Close()
 	keys := sameShardKeys(m, 3)
 	a, b, c := keys[0], keys[1], keys[2]
@@ -78,7 +78,7 @@ func TestMemoryDecideKeepsFoundEntries(t *testing.T) {
 	if d, _ := m.Decide(ctx, []Bucket{{Key: c, Limit: short, Cost: 1}}); !d.Allowed {
 		t.Fatal("c denied")
 	}
-	// The shard is full (a, c). Charge a (found, expired) and b (new) with
+	// The store is full (a, c). Charge a (found, expired) and b (new) with
 	// a long limit: room for b must come from c, never from a.
 	d, _ := m.Decide(ctx, []Bucket{{Key: b, Limit: long, Cost: 1}, {Key: a, Limit: long, Cost: 5}})
 	if !d.Allowed {
@@ -140,5 +140,29 @@ func TestMemoryEntryOwnsItsKey(t *testing.T) {
 		if n > 0 && unsafe.StringData(e.key) == unsafe.StringData(key) {
 			t.Fatalf("len %d: the entry shares the caller's key", n)
 		}
+	}
+}
+
+// TestMemoryFullStoreDropsExpiredFirst: at the cap, the inserting shard's
+// expired state goes before any live bucket is evicted, wherever the
+// expired entry sits in the shard.
+func TestMemoryFullStoreDropsExpiredFirst(t *testing.T) {
+	for trial := 0; trial < 20; trial++ {
+		now := time.Date(2026, 3, 18, 10, 0, 0, 0, time.UTC).UnixMicro()
+		m := NewMemory(MemoryOptions{SweepInterval: -1, MaxKeys: 32, Clock: func() int64 { return now }})
+		keys := sameShardKeys(m, 33)
+		short := rate.Limit{Algorithm: rate.GCRA, Count: 10, Period: time.Second}
+		long := rate.Limit{Algorithm: rate.GCRA, Count: 10, Period: time.Hour}
+		ctx := context.Background()
+		m.Decide(ctx, []Bucket{{Key: keys[0], Limit: short, Cost: 1}})
+		for _, k := range keys[1:32] {
+			m.Decide(ctx, []Bucket{{Key: k, Limit: long, Cost: 1}})
+		}
+		now += 2_000_000 // keys[0] has expired, unswept; the store is full
+		m.Decide(ctx, []Bucket{{Key: keys[32], Limit: long, Cost: 1}})
+		if m.Evictions() > 0 || m.Len() != 32 {
+			t.Fatalf("trial %d: %d live buckets evicted while an expired one stayed; %d tracked", trial, m.Evictions(), m.Len())
+		}
+		m.Close()
 	}
 }

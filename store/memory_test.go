@@ -80,6 +80,42 @@ func TestMemoryReconfigureRaisesTheCap(t *testing.T) {
 	}
 }
 
+// TestMemoryCapIsTheStoresNotAShards: below MaxKeys nothing is evicted,
+// however the keys spread over the shards; a small cap is held within one
+// bucket per shard.
+func TestMemoryCapIsTheStoresNotAShards(t *testing.T) {
+	clock := storetest.NewClock(time.Date(2026, 3, 18, 10, 0, 0, 0, time.UTC))
+	ctx := context.Background()
+	lim := rate.Limit{Algorithm: rate.GCRA, Count: 1, Period: time.Hour}
+	decide := func(m *store.Memory, i int) store.Decision {
+		d, err := m.Decide(ctx, []store.Bucket{{Key: fmt.Sprintf("{t|k%d}", i), Limit: lim, Cost: 1}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	m := store.NewMemory(store.MemoryOptions{Clock: clock.Now, SweepInterval: -1, MaxKeys: 1000})
+	defer m.Close()
+	for i := 0; i < 1000; i++ {
+		if !decide(m, i).Allowed {
+			t.Fatalf("bucket %d: first request refused", i)
+		}
+	}
+	for i := 0; i < 1000; i++ {
+		if decide(m, i).Allowed {
+			t.Fatalf("bucket %d of 1000 under MaxKeys 1000 was evicted and admitted again (%d evictions)", i, m.Evictions())
+		}
+	}
+	small := store.NewMemory(store.MemoryOptions{Clock: clock.Now, SweepInterval: -1, MaxKeys: 10})
+	defer small.Close()
+	for i := 0; i < 1000; i++ {
+		decide(small, i)
+	}
+	if n := small.Len(); n > 10+64 {
+		t.Fatalf("MaxKeys 10: %d buckets tracked, want at most one per shard over", n)
+	}
+}
+
 func TestMemorySweepDropsExpiredState(t *testing.T) {
 	clock := storetest.NewClock(time.Date(2026, 3, 18, 10, 0, 0, 0, time.UTC))
 	m := store.NewMemory(store.MemoryOptions{Clock: clock.Now, SweepInterval: -1})

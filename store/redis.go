@@ -122,6 +122,8 @@ type Redis struct {
 	clock   Clock // nil: Redis TIME
 	logger  *zap.Logger
 	batch   *batcher // sends decisions, batched under load
+
+	refunding sync.WaitGroup // refunds after a partial denial on a Cluster
 }
 
 // NewRedis connects to Redis and, unless opts.LazyLoad, loads the scripts
@@ -183,6 +185,14 @@ func NewRedis(ctx context.Context, opts RedisOptions) (*Redis, error) {
 	var client redis.UniversalClient
 	if isCluster {
 		co := uo.Cluster()
+		// A command whose reply is lost after Redis ran it (a reset
+		// connection) must not be sent again, on a Cluster as anywhere:
+		// the cluster client would otherwise resend it up to MaxRedirects
+		// times, charging a request or applying a refund several times.
+		// The price: a MOVED or ASK reply (a slot being migrated, the
+		// script not run) fails the decision to on_store_error instead of
+		// following the redirect; the client reloads the slot map at once.
+		co.MaxRedirects = -1
 		// Route each script by its first key, as Redis Cluster wants. The
 		// newer policy router would first fetch COMMAND info from a node
 		// with a fixed five-second timeout of its own, which a decision's
@@ -266,6 +276,7 @@ func (r *Redis) Ping(ctx context.Context) error {
 // Close closes the client and its connections.
 func (r *Redis) Close() error {
 	r.batch.close()
+	r.refunding.Wait()
 	return r.client.Close()
 }
 
@@ -307,7 +318,7 @@ func (r *Redis) Adjust(ctx context.Context, buckets []Bucket) error {
 	}
 	var err error
 	if groups != nil {
-		err = r.adjustSlots(ctx, buckets, groups, false, now, wall)
+		err = r.adjustSlots(ctx, buckets, groups, now, wall)
 	} else {
 		err = r.adjust(ctx, buckets, now, wall)
 	}
@@ -366,7 +377,7 @@ func decodeReply(reply string, results []rate.Result) error {
 // adjust runs lua.Adjust once over buckets, which must share one slot on a
 // Cluster.
 func (r *Redis) adjust(ctx context.Context, buckets []Bucket, now, wall int64) error {
-	keys, spec := r.encode(buckets, now, wall, false)
+	keys, spec := r.encode(buckets, now, wall, true)
 	return lua.Adjust.Run(ctx, r.client, keys, spec).Err()
 }
 
@@ -377,20 +388,21 @@ const (
 	codeCalendar = 2
 )
 
-// encode lays out the keys and the packed numbers of one decision or
-// adjustment as package lua documents: the clock, then per bucket its
-// algorithm code and its numbers, as little-endian float64s. refund sends
-// -Cost: it gives back what a decision charged.
-func (r *Redis) encode(buckets []Bucket, now, wall int64, refund bool) ([]string, []byte) {
+// encode lays out the keys and the packed numbers of one decision or, with
+// adjust, one correction, as package lua documents: the clock, then per
+// bucket its algorithm code and its numbers, as little-endian float64s. A
+// correction sends, in the capacity's place, the window its cost was
+// charged in (Limit.ChargeWindow of Bucket.Charged).
+func (r *Redis) encode(buckets []Bucket, now, wall int64, adjust bool) ([]string, []byte) {
 	keys := make([]string, len(buckets))
 	spec := make([]byte, 0, 8+len(buckets)*(1+4*8))
 	spec = appendFloat(spec, now)
 	for i, b := range buckets {
 		keys[i] = r.prefix + b.Key
 		l := b.Limit
-		cost := b.Cost
-		if refund {
-			cost = -cost
+		capacity := l.Capacity()
+		if adjust {
+			capacity = l.ChargeWindow(b.Charged)
 		}
 		code := byte(codeGCRA)
 		switch l.Algorithm {
@@ -402,8 +414,8 @@ func (r *Redis) encode(buckets []Bucket, now, wall int64, refund bool) ([]string
 		spec = append(spec, code)
 		spec = appendFloat(spec, l.Count)
 		spec = appendFloat(spec, l.Period.Microseconds())
-		spec = appendFloat(spec, l.Capacity())
-		spec = appendFloat(spec, cost)
+		spec = appendFloat(spec, capacity)
+		spec = appendFloat(spec, b.Cost)
 		if l.Algorithm == rate.Calendar {
 			// The previous, current and next windows around our clock: the
 			// script picks the one holding Redis's time, so a skew between
@@ -491,7 +503,13 @@ func (r *Redis) decideSlots(ctx context.Context, buckets []Bucket, groups [][]in
 			}
 		}
 		if !allowed && len(charged) > 0 {
-			r.refund(ctx, buckets, groups, charged, now, wall)
+			// Wait for the refund while the decision's own deadline
+			// allows (so a fast Redis has refunded by the time the
+			// request is answered), and not a moment longer.
+			select {
+			case <-r.refund(buckets, groups, charged, now, wall):
+			case <-ctx.Done():
+			}
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -513,29 +531,52 @@ func dryRun(b Bucket) Bucket {
 	return Bucket{Key: tag + "#dry-run", Limit: rate.Limit{Algorithm: rate.GCRA, Count: 1, Period: time.Second}, Cost: 2}
 }
 
-func (r *Redis) refund(ctx context.Context, buckets []Bucket, groups [][]int, charged []int, now, wall int64) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.timeout)
-	defer cancel()
-	sel := make([][]int, len(charged))
-	for i, g := range charged {
-		sel[i] = groups[g]
+// refund gives back what a decision charged to the slots that admitted it
+// (charged) when another slot refused or failed. It runs in the
+// background, bounded by its own timeout, so that it completes even when
+// the decision's deadline has passed; the returned channel is closed when
+// it is done. Close waits for it.
+func (r *Redis) refund(buckets []Bucket, groups [][]int, charged []int, now, wall int64) <-chan struct{} {
+	at := wall // when the charge was made, on the clock of ChargeWindow
+	if now != 0 {
+		at = now
 	}
-	if err := r.adjustSlots(ctx, buckets, sel, true, now, wall); err != nil && r.logger != nil {
-		r.logger.Warn("refund after a partial denial failed; the admitted slots stay charged until they drain",
-			zap.Error(err))
+	var refunds []Bucket // copies: Decide must not keep buckets
+	var sel [][]int
+	for _, g := range charged {
+		idx := make([]int, len(groups[g]))
+		for i, j := range groups[g] {
+			b := buckets[j]
+			b.Cost, b.Charged = -b.Cost, at
+			idx[i] = len(refunds)
+			refunds = append(refunds, b)
+		}
+		sel = append(sel, idx)
 	}
+	done := make(chan struct{})
+	r.refunding.Add(1)
+	go func() {
+		defer r.refunding.Done()
+		defer close(done)
+		ctx, cancel := context.WithTimeout(context.Background(), r.timeout)
+		defer cancel()
+		if err := r.adjustSlots(ctx, refunds, sel, now, wall); err != nil && r.logger != nil {
+			r.logger.Warn("refund after a partial denial failed; the admitted slots stay charged until they drain",
+				zap.Error(err))
+		}
+	}()
+	return done
 }
 
-// adjustSlots runs lua.Adjust once per slot group, in parallel. refund
-// negates every cost: it gives back what a decision charged.
-func (r *Redis) adjustSlots(ctx context.Context, buckets []Bucket, groups [][]int, refund bool, now, wall int64) error {
+// adjustSlots runs lua.Adjust once per slot group, in parallel.
+func (r *Redis) adjustSlots(ctx context.Context, buckets []Bucket, groups [][]int, now, wall int64) error {
 	errs := make([]error, len(groups))
 	var wg sync.WaitGroup
 	for g, idx := range groups {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			keys, spec := r.encode(pick(buckets, idx), now, wall, refund)
+			keys, spec := r.encode(pick(buckets, idx), now, wall, true)
 			errs[g] = lua.Adjust.Run(ctx, r.client, keys, spec).Err()
 		}()
 	}

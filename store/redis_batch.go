@@ -140,11 +140,15 @@ func (b *batcher) work() {
 	}
 }
 
-// send decides one batch and hands each call its reply.
+// send decides one batch and hands each call its reply. The batch waits
+// for Redis until the LATEST deadline of its calls (at most one timeout
+// from now): each call still gives up at its own deadline (do's timer),
+// and a decision that joined a batch late is not failed early because an
+// older one was about to expire.
 func (b *batcher) send(batch []*call, m *merger) {
 	live := batch[:0]
 	now := time.Now()
-	deadline := now.Add(b.timeout)
+	var deadline time.Time
 	for _, c := range batch {
 		err := c.ctx.Err()
 		if err == nil && !now.Before(c.deadline) {
@@ -158,13 +162,16 @@ func (b *batcher) send(batch []*call, m *merger) {
 		if d, ok := c.ctx.Deadline(); ok && d.Before(c.deadline) {
 			c.deadline = d
 		}
-		if c.deadline.Before(deadline) {
+		if c.deadline.After(deadline) {
 			deadline = c.deadline
 		}
 		live = append(live, c)
 	}
 	if len(live) == 0 {
 		return
+	}
+	if limit := now.Add(b.timeout); deadline.After(limit) {
+		deadline = limit
 	}
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"math/rand/v2"
 	"net"
@@ -484,6 +485,40 @@ func TestRedisUnavailable(t *testing.T) {
 		check(t, s)
 	})
 
+	t.Run("cluster hanging after a path's first slot admitted", func(t *testing.T) {
+		// The tenant's slot admits, then every master stops answering:
+		// the ceiling's slot times out, and the refund of the tenant's
+		// slot must not make the request wait a second timeout.
+		const timeout = time.Second
+		c := redistest.StartCluster(t, 3)
+		s := newRedis(t, store.RedisOptions{Addrs: c.Addrs(), KeyPrefix: prefix(t), Timeout: timeout})
+		path := []store.Bucket{
+			{Key: "{global}|all", Limit: gcra(100, time.Hour), Cost: 1},
+			{Key: "{tenant-a}|user", Limit: gcra(100, time.Hour), Cost: 1},
+		}
+		if _, err := s.Decide(context.Background(), path); err != nil { // connections warm
+			t.Fatal(err)
+		}
+		var once sync.Once
+		s.Client().AddHook(afterScript(func() {
+			once.Do(func() {
+				for _, m := range c.Masters {
+					m.Pause()
+				}
+			})
+		}))
+		defer func() {
+			for _, m := range c.Masters {
+				m.Resume()
+			}
+		}()
+		began := time.Now()
+		_, err := s.Decide(context.Background(), path)
+		if elapsed := time.Since(began); !errors.Is(err, store.ErrUnavailable) || elapsed > timeout+margin {
+			t.Fatalf("Decide: %v after %v; want ErrUnavailable within the %v timeout (+%v)", err, elapsed, timeout, margin)
+		}
+	})
+
 	t.Run("caller's context already done", func(t *testing.T) {
 		s := newRedis(t, store.RedisOptions{Addrs: []string{redistest.Shared(t).Addr()}, KeyPrefix: prefix(t)})
 		ctx, cancel := context.WithCancel(context.Background())
@@ -718,4 +753,83 @@ func commandStats(t testing.TB, addr string) map[string]cmdStat {
 		stats[strings.TrimPrefix(name, "cmdstat_")] = st
 	}
 	return stats
+}
+
+// lostReply lets every script run on the server, then reports the
+// connection lost (io.EOF) instead of its reply: a reset after Redis ran it.
+type lostReply struct{}
+
+func (lostReply) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (lostReply) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if n := cmd.Name(); err == nil && (n == "evalsha" || n == "eval") {
+			cmd.SetErr(io.EOF)
+			return io.EOF
+		}
+		return err
+	}
+}
+func (lostReply) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// TestRedisNeverResendsAScript: a script whose reply is lost after Redis
+// ran it is not sent again — a decision is charged once, a refund applied
+// once — on a standalone server and on a Cluster, whose client would
+// otherwise resend it on its own.
+func TestRedisNeverResendsAScript(t *testing.T) {
+	for _, mode := range []string{"standalone", "cluster"} {
+		t.Run(mode, func(t *testing.T) {
+			var s *store.Redis
+			p := prefix(t)
+			if mode == "cluster" {
+				s = newRedis(t, store.RedisOptions{Addrs: redistest.SharedCluster(t).Addrs(), KeyPrefix: p})
+			} else {
+				s = newRedis(t, store.RedisOptions{Addrs: []string{redistest.Shared(t).Addr()}, KeyPrefix: p})
+			}
+			ctx := context.Background()
+			b := []store.Bucket{{Key: "{resend}|k", Limit: gcra(100, time.Hour), Cost: 40}}
+			if d, err := s.Decide(ctx, b); err != nil || !d.Allowed {
+				t.Fatal(d, err)
+			}
+			hook := func(c *redis.Client) { c.AddHook(lostReply{}) }
+			if cc, ok := s.Client().(*redis.ClusterClient); ok {
+				cc.ForEachShard(ctx, func(_ context.Context, c *redis.Client) error { hook(c); return nil })
+			} else {
+				hook(s.Client().(*redis.Client))
+			}
+			b[0].Cost = 10
+			if _, err := s.Decide(ctx, b); !errors.Is(err, store.ErrUnavailable) {
+				t.Fatalf("Decide with its reply lost: %v, want ErrUnavailable", err)
+			}
+			if got := storedLevel(t, s, p+b[0].Key); math.Abs(got-50) > 0.1 {
+				t.Fatalf("level %v after 40 and one decision of 10 whose reply was lost; want 50 (charged once)", got)
+			}
+			b[0].Cost = -10
+			if err := s.Adjust(ctx, b); !errors.Is(err, store.ErrUnavailable) {
+				t.Fatalf("Adjust with its reply lost: %v, want ErrUnavailable", err)
+			}
+			if got := storedLevel(t, s, p+b[0].Key); math.Abs(got-40) > 0.1 {
+				t.Fatalf("level %v after a refund of 10 from 50 whose reply was lost; want 40 (refunded once)", got)
+			}
+		})
+	}
+}
+
+// afterScript is a hook that calls fn after each script a client runs.
+type afterScript func()
+
+func (h afterScript) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h afterScript) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if n := cmd.Name(); n == "evalsha" || n == "eval" {
+			h()
+		}
+		return err
+	}
+}
+func (h afterScript) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
 }

@@ -27,6 +27,12 @@ type Bucket struct {
 	// Cost is what this request costs in the limit's dimension. In Adjust it
 	// is the correction: negative refunds, positive adds debt.
 	Cost int64
+	// Charged is used by Adjust only: when (µs since the Unix epoch, on the
+	// wall clock, or the store's test clock) the cost being corrected was
+	// charged; 0 means unknown. A refund goes back to the window that cost
+	// was counted in, and nowhere once that window is over (see
+	// rate.Limit.Adjust).
+	Charged int64
 }
 
 // Decision is the outcome of Decide.

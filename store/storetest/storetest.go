@@ -61,6 +61,7 @@ type step struct {
 	at      time.Time      // or set it (when non-zero)
 	buckets []store.Bucket // the path and the costs
 	adjust  bool           // Adjust instead of Decide (Cost is the delta)
+	charged time.Time      // for Adjust: when the corrected cost was charged (zero: unknown)
 	repeat  int            // run the same step this many times (default 1)
 
 	allowed    bool
@@ -168,6 +169,27 @@ func scenarios() []scenario {
 			{buckets: []store.Bucket{b("r1", "tok", gcra(3000, time.Minute, 0), 100)}, allowed: false, remaining: []int64{0},
 				retry: 32*time.Second + time.Microsecond, retrySet: true, retryToo: true},
 		}},
+		{"a refund goes back to the calendar window that was charged, and nowhere else", []step{
+			{at: time.Date(2026, 1, 31, 23, 59, 0, 0, time.UTC), buckets: []store.Bucket{b("r3", "k", calendar(100, rate.Month, time.UTC), 90)}, allowed: true},
+			{advance: 2 * time.Minute, buckets: []store.Bucket{b("r3", "k", calendar(100, rate.Month, time.UTC), 50)}, allowed: true, remaining: []int64{50}},
+			// January's 90 turned out to be 1: February never held them.
+			{adjust: true, charged: time.Date(2026, 1, 31, 23, 59, 0, 0, time.UTC), buckets: []store.Bucket{b("r3", "k", calendar(100, rate.Month, time.UTC), -89)}},
+			{buckets: []store.Bucket{b("r3", "k", calendar(100, rate.Month, time.UTC), 51)}, allowed: false, remaining: []int64{50}},
+			// February's 50 turned out to be 20: refunded.
+			{adjust: true, charged: time.Date(2026, 2, 1, 0, 1, 0, 0, time.UTC), buckets: []store.Bucket{b("r3", "k", calendar(100, rate.Month, time.UTC), -30)}},
+			{buckets: []store.Bucket{b("r3", "k", calendar(100, rate.Month, time.UTC), 80)}, allowed: true, remaining: []int64{0}},
+		}},
+		{"a sliding window's refund comes off the window it was counted in", []step{
+			{at: time.Date(2026, 3, 18, 10, 0, 10, 0, time.UTC), buckets: []store.Bucket{b("r4", "k", sliding(10, time.Minute), 6)}, allowed: true},
+			// The window has slid: the 6 are the previous window's count.
+			{at: time.Date(2026, 3, 18, 10, 1, 0, 0, time.UTC), adjust: true, charged: time.Date(2026, 3, 18, 10, 0, 10, 0, time.UTC),
+				buckets: []store.Bucket{b("r4", "k", sliding(10, time.Minute), -5)}},
+			{buckets: []store.Bucket{b("r4", "k", sliding(10, time.Minute), 9)}, allowed: true, remaining: []int64{0}},
+			// Two windows on, the charge has slid out: nothing to refund.
+			{at: time.Date(2026, 3, 18, 10, 3, 0, 0, time.UTC), buckets: []store.Bucket{b("r4", "k", sliding(10, time.Minute), 10)}, allowed: true},
+			{adjust: true, charged: time.Date(2026, 3, 18, 10, 1, 0, 0, time.UTC), buckets: []store.Bucket{b("r4", "k", sliding(10, time.Minute), -9)}},
+			{buckets: []store.Bucket{b("r4", "k", sliding(10, time.Minute), 1)}, allowed: false},
+		}},
 		{"a refund never fills a bucket beyond capacity", []step{
 			{adjust: true, buckets: []store.Bucket{b("r2", "k", tenPerMin, -50)}},
 			{buckets: []store.Bucket{b("r2", "k", tenPerMin, 1)}, repeat: 10, allowed: true},
@@ -194,6 +216,11 @@ func Run(t *testing.T, open Opener) {
 				}
 				for j := 0; j < n; j++ {
 					if st.adjust {
+						if !st.charged.IsZero() {
+							for k := range st.buckets {
+								st.buckets[k].Charged = st.charged.UnixMicro()
+							}
+						}
 						if err := s.Adjust(ctx, st.buckets); err != nil {
 							t.Fatalf("step %d: Adjust: %v", i, err)
 						}

@@ -1,0 +1,61 @@
+package store
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/caddy-cascade/cascade/internal/redistest"
+	"github.com/caddy-cascade/cascade/lua"
+	"github.com/caddy-cascade/cascade/rate"
+)
+
+// latency delays every command by its duration (a slow link or a loaded
+// Redis), giving up when the command's context does, as a socket deadline
+// would.
+type latency time.Duration
+
+func (l latency) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (l latency) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		select {
+		case <-time.After(time.Duration(l)):
+		case <-ctx.Done():
+			cmd.SetErr(ctx.Err())
+			return ctx.Err()
+		}
+		return next(ctx, cmd)
+	}
+}
+func (l latency) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// TestBatchWaitsForItsLatestDeadline: a decision that shares a batch with
+// an older one about to expire is not failed with it. Redis answers after
+// 100 ms; the old call has 50 ms left, the fresh one 5 s.
+func TestBatchWaitsForItsLatestDeadline(t *testing.T) {
+	client := redis.NewClient(&redis.Options{Addr: redistest.Shared(t).Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
+	defer client.Close()
+	if err := client.Ping(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	client.AddHook(latency(100 * time.Millisecond))
+	r := &Redis{prefix: "batch-deadline:"}
+	lim := rate.Limit{Algorithm: rate.GCRA, Count: 100, Period: time.Hour}
+	mk := func(key string, deadline time.Time) *call {
+		keys, spec := r.encode([]Bucket{{Key: "{b}" + key, Limit: lim, Cost: 1}}, 0, WallClock(), false)
+		return &call{ctx: context.Background(), deadline: deadline, keys: keys, spec: spec, done: make(chan struct{})}
+	}
+	b := &batcher{client: client, script: lua.Decide, timeout: 5 * time.Second}
+	now := time.Now()
+	old := mk("old", now.Add(50*time.Millisecond))
+	fresh := mk("fresh", now.Add(5*time.Second))
+	b.send([]*call{old, fresh}, &merger{index: map[string]uint16{}})
+	<-fresh.done
+	if fresh.err != nil || len(fresh.reply) != 48 {
+		t.Fatalf("a call with 5 s left, batched with one with 50 ms left: %v after %v", fresh.err, time.Since(now))
+	}
+}
