@@ -1,6 +1,8 @@
 package cascade
 
 import (
+	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -10,6 +12,9 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/caddy-cascade/cascade/adaptive"
 )
 
 // TestAdaptiveThrottle: Caddy in front of an upstream that turns slow, then
@@ -162,5 +167,93 @@ http://127.0.0.1:%d {
 				t.Fatalf("floor 1, healthy upstream, mode %s: status %d %s", mode, r.status, r.body)
 			}
 		})
+	}
+}
+
+// TestStreamLatencyIsTimeToHeader: a streamed response whose header comes
+// at once is not a slow upstream, however long the stream lasts
+// (adaptive.Controller.Record records the time to the response header).
+func TestStreamLatencyIsTimeToHeader(t *testing.T) {
+	c, err := adaptive.New(adaptive.Config{MinRequests: 1, CPU: adaptive.Thresholds{Disabled: true},
+		Latency: adaptive.LatencyThresholds{Warn: 100 * time.Millisecond, Critical: 200 * time.Millisecond}}, adaptive.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &Handler{controller: c}
+	now := time.Now()
+	c.Sample(now)
+	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(200)
+		for range 3 {
+			time.Sleep(100 * time.Millisecond) // tokens trickling out: the stream lasts 0.3 s
+			w.Write([]byte("data: x\n\n"))
+		}
+		return nil
+	})
+	if err := h.pass(httptest.NewRecorder(), httptest.NewRequest("GET", "/", nil), next); err != nil {
+		t.Fatal(err)
+	}
+	if s := c.Sample(now.Add(time.Second)); s.LatencyP99.Value > 0.1 || s.Factor < 1 {
+		t.Fatalf("a stream whose header came at once was recorded as %.3f s of latency; factor %.3f (want ~0 s, factor 1)", s.LatencyP99.Value, s.Factor)
+	}
+}
+
+// TestReducedLimitIsNotImpossible: a cost that only the adaptive factor
+// puts above a limit's capacity is refused as limited, with a Retry-After,
+// not as impossible (which tells clients never to retry); a cost above the
+// full capacity is still impossible.
+func TestReducedLimitIsNotImpossible(t *testing.T) {
+	raw := `{"trees":[{"name":"api","tiers":[{"name":"user","key":"{http.request.header.X-User}","adaptive":true,
+		"limits":[{"count":100,"per":"min","dimension":"tokens"}]}]}],
+		"costs":[{"dimension":"tokens","value":"{http.request.header.X-Tokens}"}],
+		"store":{"memory":{"name":"reduced-not-impossible"}}}`
+	h := new(Handler)
+	if err := json.Unmarshal([]byte(raw), h); err != nil {
+		t.Fatal(err)
+	}
+	h.Trees[0].Tiers[0].Adaptive = false // provisioned without the cascade app...
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	defer cancel()
+	if err := h.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer h.Cleanup()
+	// ...then given a controller whose CPU is critical: the factor halves
+	// at each sample, down to its floor.
+	c, err := adaptive.New(adaptive.Config{}, adaptive.Options{CPU: adaptive.SourceFunc(func(time.Time) (float64, error) { return 99, nil })})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	for i := 0; i < 6; i++ {
+		c.Sample(now.Add(time.Duration(i) * time.Second))
+	}
+	h.controller, h.trees[0].Tiers[0].Adaptive = c, true
+	if f := c.FactorFor(h.priority); f > 0.2 {
+		t.Fatalf("factor %v, want the floor", f)
+	}
+	for _, tc := range []struct {
+		tokens string
+		reason string
+		retry  bool
+	}{
+		{"50", "limited", true},       // above 100 × factor, within 100
+		{"150", "impossible", false}, // above 100 whatever the factor
+	} {
+		r := httptest.NewRequest("GET", "/", nil)
+		r.Header.Set("X-User", "u")
+		r.Header.Set("X-Tokens", tc.tokens)
+		repl := caddyhttp.NewTestReplacer(r)
+		r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, repl))
+		w := httptest.NewRecorder()
+		if err := h.ServeHTTP(w, r, caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return nil })); err != nil {
+			t.Fatal(err)
+		}
+		reason, _ := repl.GetString("http.rate_limit.reason")
+		if w.Code != http.StatusTooManyRequests || reason != tc.reason || (w.Header().Get("Retry-After") != "") != tc.retry {
+			t.Errorf("%s tokens at the floor: %d, reason %q, Retry-After %q; want 429, %s, Retry-After %v",
+				tc.tokens, w.Code, reason, w.Header().Get("Retry-After"), tc.reason, tc.retry)
+		}
 	}
 }

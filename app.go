@@ -1,9 +1,12 @@
 package cascade
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
+	"reflect"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -37,7 +40,7 @@ var controllers = caddy.NewUsagePool()
 type App struct {
 	// Adaptive configures the controller: sampling interval, floor, the
 	// warn and critical thresholds of each signal.
-	Adaptive *adaptive.Config `json:"adaptive,omitempty"`
+	Adaptive *AdaptiveConfig `json:"adaptive,omitempty"`
 
 	// Share publishes this process's adaptive factor through Redis and
 	// applies the lowest fresh factor of every instance sharing it, so
@@ -54,6 +57,70 @@ func (App) CaddyModule() caddy.ModuleInfo {
 	return caddy.ModuleInfo{ID: "cascade", New: func() caddy.Module { return new(App) }}
 }
 
+// AdaptiveConfig is adaptive.Config as Caddy's JSON writes it: each
+// duration is a number of nanoseconds or, as everywhere in Caddy's config,
+// a string such as "2s", "1m30s" or "1d" (package adaptive does not depend
+// on Caddy, so its Config takes numbers only).
+type AdaptiveConfig struct {
+	adaptive.Config
+}
+
+// UnmarshalJSON turns the duration strings of the JSON into nanoseconds,
+// then decodes it strictly, as Caddy decodes modules.
+func (c *AdaptiveConfig) UnmarshalJSON(b []byte) error {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	var raw any
+	if err := dec.Decode(&raw); err != nil {
+		return err
+	}
+	if err := durationsToNanos(raw, reflect.TypeOf(c.Config), "adaptive"); err != nil {
+		return err
+	}
+	fixed, err := json.Marshal(raw)
+	if err != nil {
+		return err
+	}
+	dec = json.NewDecoder(bytes.NewReader(fixed))
+	dec.DisallowUnknownFields()
+	return dec.Decode(&c.Config)
+}
+
+// durationsToNanos replaces, in v (decoded JSON of a value of type t), each
+// string given to a time.Duration field by its nanoseconds.
+func durationsToNanos(v any, t reflect.Type, path string) error {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	obj, ok := v.(map[string]any)
+	if t.Kind() != reflect.Struct || !ok {
+		return nil // the strict decode reports a wrong type
+	}
+	for i := 0; i < t.NumField(); i++ {
+		f := t.Field(i)
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if name == "" || name == "-" {
+			continue
+		}
+		val, ok := obj[name]
+		if !ok {
+			continue
+		}
+		if s, isString := val.(string); isString && f.Type == reflect.TypeOf(time.Duration(0)) {
+			d, err := caddy.ParseDuration(s)
+			if err != nil {
+				return fmt.Errorf("%s.%s: %w", path, name, err)
+			}
+			obj[name] = int64(d)
+			continue
+		}
+		if err := durationsToNanos(val, f.Type, path+"."+name); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 type pooledController struct{ *adaptive.Controller }
 
 func (p pooledController) Destruct() error { p.Stop(); return nil }
@@ -64,7 +131,7 @@ func (p pooledController) Destruct() error { p.Stop(); return nil }
 func (a *App) Provision(ctx caddy.Context) error {
 	cfg := adaptive.Config{}
 	if a.Adaptive != nil {
-		cfg = *a.Adaptive
+		cfg = a.Adaptive.Config
 	}
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
@@ -164,13 +231,13 @@ func (a *App) Controller() *adaptive.Controller { return a.controller }
 //	    }
 //	}
 func parseGlobalOption(d *caddyfile.Dispenser, _ any) (any, error) {
-	app := &App{Adaptive: &adaptive.Config{}}
+	app := &App{Adaptive: &AdaptiveConfig{}}
 	d.Next()
 	for d.NextBlock(0) {
 		if d.Val() != "adaptive" {
 			return nil, d.Errf("cascade: unknown option %q: expected adaptive", d.Val())
 		}
-		cfg := app.Adaptive
+		cfg := &app.Adaptive.Config
 		for nesting := d.Nesting(); d.NextBlock(nesting); {
 			opt := d.Val()
 			if opt == "share" {

@@ -537,10 +537,12 @@ func (h *Handler) pass(w http.ResponseWriter, r *http.Request, next caddyhttp.Ha
 	if h.controller == nil {
 		return next.ServeHTTP(w, r)
 	}
-	sw := &statusWriter{ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w}}
-	start := time.Now()
+	sw := &statusWriter{ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, start: time.Now()}
 	err := next.ServeHTTP(sw, r)
-	status := sw.status
+	status, latency := sw.status, sw.latency
+	if status == 0 { // no response header written: the whole call
+		latency = time.Since(sw.start)
+	}
 	if err != nil {
 		status = http.StatusBadGateway
 		var he caddyhttp.HandlerError
@@ -550,26 +552,31 @@ func (h *Handler) pass(w http.ResponseWriter, r *http.Request, next caddyhttp.Ha
 	} else if status == 0 {
 		status = http.StatusOK
 	}
-	h.controller.Record(time.Since(start), status)
+	h.controller.Record(latency, status)
 	return err
 }
 
-// statusWriter remembers the status code of a response.
+// statusWriter remembers the status code of a response and how long the
+// upstream took to send its header: the latency the adaptive controller
+// records. A stream (an LLM's tokens, a WebSocket after its 101) then
+// counts for how soon it started, not for how long it lasted.
 type statusWriter struct {
 	*caddyhttp.ResponseWriterWrapper
-	status int
+	start   time.Time
+	status  int
+	latency time.Duration // from start to the response header
 }
 
 func (w *statusWriter) WriteHeader(code int) {
-	if w.status == 0 && code >= 200 {
-		w.status = code
+	if w.status == 0 && (code >= 200 || code == http.StatusSwitchingProtocols) {
+		w.status, w.latency = code, time.Since(w.start)
 	}
 	w.ResponseWriterWrapper.WriteHeader(code)
 }
 
 func (w *statusWriter) Write(b []byte) (int, error) {
 	if w.status == 0 {
-		w.status = http.StatusOK
+		w.status, w.latency = http.StatusOK, time.Since(w.start)
 	}
 	return w.ResponseWriterWrapper.Write(b)
 }
@@ -648,17 +655,20 @@ func (h *Handler) decide(r *http.Request, repl *caddy.Replacer, d *decision) (in
 		return 0, err
 	}
 	d.Decision = res
+	if res.Impossible && d.scaled {
+		h.reducedNotImpossible(d)
+	}
 	d.closest = closest(d)
 	switch {
-	case res.Allowed:
+	case d.Allowed:
 		d.reason = "ok"
-	case res.Impossible:
+	case d.Impossible:
 		d.reason = "impossible"
 	default:
 		d.reason = "limited"
 	}
-	if !res.Allowed {
-		for i, rr := range res.Results {
+	if !d.Allowed {
+		for i, rr := range d.Results {
 			if !rr.Allowed {
 				b := d.buckets[i]
 				d.blocked = b.Tree.Name + "/" + b.Tier.Name
@@ -666,12 +676,38 @@ func (h *Handler) decide(r *http.Request, repl *caddy.Replacer, d *decision) (in
 				break
 			}
 		}
-		d.retry = res.RetryAfter
+		d.retry = d.RetryAfter
 		if h.Jitter > 0 && d.retry > 0 {
 			d.retry += time.Duration(rand.Float64() * h.Jitter * float64(d.retry))
 		}
 	}
 	return 0, nil
+}
+
+// reducedNotImpossible turns an "impossible" decision back into a plain
+// denial when only the adaptive factor makes the cost exceed a capacity: the
+// limit is reduced for now, not too small for this request for ever, and a
+// client told "impossible" would give up for good. It is retried no sooner
+// than the controller's next sample, when the factor may rise.
+func (h *Handler) reducedNotImpossible(d *decision) {
+	retry := int64(h.controller.Config().Interval / time.Microsecond)
+	for i := range d.Results {
+		rr := &d.Results[i]
+		if rr.Impossible {
+			if d.costs[i] > d.buckets[i].Limit.Rate().Capacity() {
+				return // impossible even at full capacity
+			}
+		}
+		if !rr.Allowed && rr.RetryAfter > retry {
+			retry = rr.RetryAfter
+		}
+	}
+	for i := range d.Results {
+		if d.Results[i].Impossible {
+			d.Results[i].Impossible, d.Results[i].RetryAfter = false, retry
+		}
+	}
+	d.Impossible, d.RetryAfter = false, time.Duration(retry)*time.Microsecond
 }
 
 // sized returns buf cut to n, or a new slice when buf is too short.
