@@ -238,7 +238,7 @@ func TestReducedLimitIsNotImpossible(t *testing.T) {
 		reason string
 		retry  bool
 	}{
-		{"50", "limited", true},       // above 100 × factor, within 100
+		{"50", "limited", true},      // above 100 × factor, within 100
 		{"150", "impossible", false}, // above 100 whatever the factor
 	} {
 		r := httptest.NewRequest("GET", "/", nil)

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -463,5 +464,82 @@ func TestLLMBodyLimits(t *testing.T) {
 				t.Fatalf("LLM body of %d bytes: status %d, want %d", len(body), res.StatusCode, tc.want)
 			}
 		})
+	}
+}
+
+// TestEstimatorsOnlyWhereTheirDimensionCounts: a route where no limit
+// counts tokens never has its body read as a chat request, nor refused for
+// not being one; the /v1 route still is.
+func TestEstimatorsOnlyWhereTheirDimensionCounts(t *testing.T) {
+	port := freePort(t)
+	startCaddy(t, fmt.Sprintf(`
+http://127.0.0.1:%d {
+	rate_limit {
+		tree llm {
+			match {
+				path /v1/*
+			}
+			tier user {header.X-User} {
+				limit 100000 tokens/min
+			}
+		}
+		tree global {
+			tier all k {
+				limit 1000/min
+			}
+		}
+		cost tokens llm
+		%s
+	}
+	respond "ok" 200
+}
+`, port, memoryStore().block(t)))
+	post := func(path string, body []byte) int {
+		t.Helper()
+		req, _ := http.NewRequest("POST", fmt.Sprintf("http://127.0.0.1:%d%s", port, path), bytes.NewReader(body))
+		req.Header.Set("X-User", "u")
+		res, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, res.Body)
+		res.Body.Close()
+		return res.StatusCode
+	}
+	if code := post("/upload", []byte("a=1&b=2")); code != http.StatusOK {
+		t.Errorf("a form to /upload (no tokens counted there): %d", code)
+	}
+	if code := post("/upload", bytes.Repeat([]byte{0xff}, 9<<20)); code != http.StatusOK {
+		t.Errorf("a 9 MiB file to /upload: %d", code)
+	}
+	if code := post("/v1/chat/completions", []byte("a=1&b=2")); code != http.StatusBadRequest {
+		t.Errorf("a form to /v1/chat/completions (tokens counted): %d, want 400", code)
+	}
+}
+
+// TestReconcileNarrowsAcceptEncoding: on a route that reconciles, the
+// upstream is asked only for encodings the usage tap reads (gzip when the
+// client takes it, else identity), so that asking for br or zstd is no way
+// around paying for what was used; other routes forward it untouched.
+func TestReconcileNarrowsAcceptEncoding(t *testing.T) {
+	var seen atomic.Value
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		seen.Store(r.Header.Get("Accept-Encoding"))
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}`)
+	}))
+	defer up.Close()
+	url := llmSite(t, up.URL, memoryStore().block(t), "reconcile {\n provider openai\n }") + "/v1/chat/completions"
+	body := fmt.Sprintf(pythagoras, "")
+	for _, tc := range []struct{ client, upstream string }{
+		{"zstd, br, gzip;q=0.5", "gzip"},
+		{"br", "identity"},
+		{"zstd, gzip;q=0", "identity"},
+		{"gzip", "gzip"},
+	} {
+		post(t, url, body, "X-User: u", "Accept-Encoding: "+tc.client)
+		if got := seen.Load(); got != tc.upstream {
+			t.Errorf("client Accept-Encoding %q: upstream asked for %q, want %q", tc.client, got, tc.upstream)
+		}
 	}
 }

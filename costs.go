@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -110,28 +111,38 @@ func (c *Cost) provision() error {
 	return nil
 }
 
-// bodyLimit is how many body bytes the handler peeks for its estimators:
-// the largest any of them wants, 0 when none reads bodies.
-func bodyLimit(costs []*Cost) int64 {
-	var max int64
-	for _, c := range costs {
-		if l := cost.BodyLimit(c.estimator, 1<<20); l > max {
-			max = l
-		}
-	}
-	return max
-}
-
 // estimate returns each cost of the request, in h.Costs order. A client
 // error (malformed body, missing header…) comes back as *cost.InputError.
-func (h *Handler) estimate(r *http.Request, repl *caddy.Replacer) ([]int64, error) {
+// Only the costs of dimensions that some bucket of the path counts are
+// estimated (the others are 0): a route whose limits count no tokens never
+// has its body read as a chat request, nor refused for not being one.
+func (h *Handler) estimate(r *http.Request, repl *caddy.Replacer, buckets []hierarchy.Bucket) ([]int64, error) {
 	out := make([]int64, len(h.Costs))
 	if len(h.Costs) == 0 {
 		return out, nil
 	}
+	var needed [8]bool
+	need := needed[:0]
+	if len(h.Costs) > len(needed) {
+		need = make([]bool, 0, len(h.Costs))
+	}
+	var peek int64
+	for _, c := range h.Costs {
+		counted := false
+		for _, b := range buckets {
+			if b.Limit.Dimension == c.Dimension {
+				counted = true
+				break
+			}
+		}
+		need = append(need, counted)
+		if counted {
+			peek = max(peek, cost.BodyLimit(c.estimator, 1<<20))
+		}
+	}
 	req := &cost.Request{HTTP: r}
-	if h.peek > 0 {
-		body, truncated, err := cost.PeekBody(r, h.peek)
+	if peek > 0 {
+		body, truncated, err := cost.PeekBody(r, peek)
 		if err != nil {
 			var mbe *http.MaxBytesError
 			if errors.As(err, &mbe) {
@@ -147,6 +158,8 @@ func (h *Handler) estimate(r *http.Request, repl *caddy.Replacer) ([]int64, erro
 		var n int64
 		var err error
 		switch {
+		case !need[i]:
+			continue
 		case c.estimator == nil:
 			n, err = resolveCost(repl, c.Value, c.Default)
 			if err != nil {
@@ -183,16 +196,50 @@ type tapped struct {
 	idx  []int // the cost each tap reconciles
 }
 
-// tap wraps w for every cost that reconciles.
-func (h *Handler) tap(w http.ResponseWriter) tapped {
+// tap wraps w for every cost that reconciles a dimension counted on the
+// request's path.
+func (h *Handler) tap(w http.ResponseWriter, buckets []hierarchy.Bucket) tapped {
 	t := tapped{w: w}
 	for i, c := range h.Costs {
-		if c.Reconcile != nil {
+		if c.Reconcile != nil && slices.ContainsFunc(buckets, func(b hierarchy.Bucket) bool { return b.Limit.Dimension == c.Dimension }) {
 			tp := cost.NewTap(t.w, c.Reconcile.TapConfig)
 			t.w, t.taps, t.idx = tp, append(t.taps, tp), append(t.idx, i)
 		}
 	}
 	return t
+}
+
+// readableEncoding narrows a request's Accept-Encoding, which the proxy
+// forwards upstream, to what the usage tap can read: gzip when the client
+// accepts it, else identity. Otherwise a client could ask for br or zstd,
+// which the tap does not decode, and never pay for what it used beyond its
+// estimate. The client still gets an encoding it accepts.
+func readableEncoding(h http.Header) {
+	ae := h.Values("Accept-Encoding")
+	if len(ae) == 0 {
+		return // identity
+	}
+	gzip := false
+	for _, v := range ae {
+		for _, item := range strings.Split(v, ",") {
+			name, params, _ := strings.Cut(item, ";")
+			name = strings.ToLower(strings.TrimSpace(name))
+			if name != "gzip" && name != "x-gzip" {
+				continue
+			}
+			gzip = true
+			if q, ok := strings.CutPrefix(strings.ReplaceAll(params, " ", ""), "q="); ok {
+				if f, err := strconv.ParseFloat(q, 64); err == nil && f == 0 {
+					gzip = false // explicitly refused
+				}
+			}
+		}
+	}
+	if gzip {
+		h.Set("Accept-Encoding", "gzip")
+	} else {
+		h.Set("Accept-Encoding", "identity")
+	}
 }
 
 // reconcile adjusts every bucket on the path by actual − estimate for each

@@ -124,7 +124,6 @@ type Handler struct {
 
 	trees       []*Tree
 	costs       map[string]*Cost
-	peek        int64                       // body bytes the estimators read
 	policies    map[*hierarchy.Limit]string // each limit's RateLimit-Policy item, unscaled
 	headerCache *headerCache
 	adjusting   *sync.WaitGroup      // reconciliations under way
@@ -253,7 +252,6 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		}
 		h.costs[c.Dimension] = c
 	}
-	h.peek = bodyLimit(h.Costs)
 	h.adjusting = new(sync.WaitGroup)
 	h.storeErrors, h.storeErrorLogged = new(atomic.Int64), new(atomic.Int64)
 	for _, t := range h.trees {
@@ -474,8 +472,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	// bucket (a tree whose matcher did not apply, tiers skipped or
 	// unlimited) was charged nothing and is passed through untouched.
 	if d.Allowed && len(d.buckets) > 0 && d.estimates != nil && len(h.Costs) > 0 {
-		t := h.tap(w)
+		t := h.tap(w, d.buckets)
 		if len(t.taps) > 0 {
+			readableEncoding(r.Header)
 			err := h.pass(t.w, r, next)
 			h.reconcile(t, d, start.UnixMicro())
 			return err
@@ -618,7 +617,7 @@ func (h *Handler) decide(r *http.Request, repl *caddy.Replacer, d *decision) (in
 		return 0, nil
 	}
 
-	costs, err := h.estimate(r, repl)
+	costs, err := h.estimate(r, repl, d.buckets)
 	if err != nil {
 		var ie *cost.InputError
 		errors.As(err, &ie)

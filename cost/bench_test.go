@@ -222,3 +222,44 @@ func BenchmarkUsageJSON1MiB(b *testing.B) {
 		}
 	}
 }
+
+// nestedParts is a hostile chat body of about size bytes: one message whose
+// content nests `levels` content parts around a flat array of strings.
+func nestedParts(levels, size int) []byte {
+	var b strings.Builder
+	b.WriteString(`{"max_tokens":1,"messages":[{"role":"user","content":`)
+	for i := 0; i < levels; i++ {
+		b.WriteString(`[{"content":`)
+	}
+	b.WriteString(`[`)
+	for b.Len() < size {
+		b.WriteString(`"\n\n\n\n",`)
+	}
+	b.WriteString(`"x"]`)
+	for i := 0; i < levels; i++ {
+		b.WriteString(`}]`)
+	}
+	b.WriteString(`}]}`)
+	return []byte(b.String())
+}
+
+// BenchmarkLLMEstimateNested: a 1 MiB body costs about the same to
+// estimate flat and with 60 levels of nested content parts (the nesting is
+// read as parts only four deep), so a hostile body stays linear in size.
+func BenchmarkLLMEstimateNested(b *testing.B) {
+	for _, levels := range []int{0, 60} {
+		b.Run(fmt.Sprintf("levels=%d", levels), func(b *testing.B) {
+			body := nestedParts(levels, 1<<20)
+			l := &LLM{}
+			if err := l.Provision(); err != nil {
+				b.Fatal(err)
+			}
+			b.SetBytes(int64(len(body)))
+			for b.Loop() {
+				if _, err := l.Estimate(&Request{Body: body}); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -71,6 +71,7 @@ func NewRequest(r *http.Request, e Estimator, max int64) (*Request, error) {
 // A nil or http.NoBody body, or max <= 0, reads nothing: body is nil and
 // truncated reports whether the request may carry a body at all.
 func PeekBody(r *http.Request, max int64) (body []byte, truncated bool, err error) {
+	const peekPrealloc = 64 << 10
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil, false, nil
 	}
@@ -84,9 +85,12 @@ func PeekBody(r *http.Request, max int64) (body []byte, truncated bool, err erro
 	}
 	var buf bytes.Buffer
 	if r.ContentLength >= 0 && r.ContentLength < limit {
-		// Exact size known: one allocation. The +1 lets ReadFrom see EOF
-		// without growing the buffer.
-		buf.Grow(int(r.ContentLength) + 1)
+		// Size known: one allocation for the common body. The +1 lets
+		// ReadFrom see EOF without growing the buffer. A declared length
+		// is only a claim: beyond 64 KiB the buffer grows as bytes come,
+		// or a client declaring 8 MiB and sending nothing would hold
+		// 8 MiB per connection.
+		buf.Grow(int(min(r.ContentLength+1, peekPrealloc)))
 	} else {
 		buf.Grow(int(min(limit, 4096)))
 	}

@@ -319,3 +319,24 @@ func TestPeekBodyLimits(t *testing.T) {
 		t.Fatalf("read error: %v", err)
 	}
 }
+
+// TestPeekBodyDoesNotTrustContentLength: a declared length is a claim, not
+// bytes: a body that declares 8 MiB and sends none gets a small buffer, not
+// 8 MiB held for as long as the client keeps its connection open.
+func TestPeekBodyDoesNotTrustContentLength(t *testing.T) {
+	r := httptest.NewRequest("POST", "/", strings.NewReader(""))
+	r.ContentLength = 8<<20 - 1
+	body, _, err := PeekBody(r, DefaultLLMMaxBodyBytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(body) != 0 || cap(body) > 64<<10+1 {
+		t.Fatalf("0 bytes read, %d bytes reserved for a declared 8 MiB", cap(body))
+	}
+	// A body that does arrive is read whole, however large.
+	big := strings.Repeat("x", 3<<20)
+	r = httptest.NewRequest("POST", "/", strings.NewReader(big))
+	if body, _, err = PeekBody(r, DefaultLLMMaxBodyBytes); err != nil || string(body) != big {
+		t.Fatalf("a 3 MiB body: %d bytes, %v", len(body), err)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"mime"
 	"net/http"
+	"net/url"
 	"strings"
 
 	"github.com/vektah/gqlparser/v2/ast"
@@ -340,11 +341,7 @@ type gqlQuery struct {
 func (g *GraphQL) queries(req *Request) ([]gqlQuery, error) {
 	r := req.HTTP
 	if r != nil && (r.Method == http.MethodGet || r.Method == http.MethodHead) {
-		v := r.URL.Query()
-		q := gqlQuery{query: v.Get("query"), opName: v.Get("operationName")}
-		if s := v.Get("variables"); s != "" {
-			q.vars = []byte(s)
-		}
+		q := urlQuery(r.URL.Query())
 		if q.query == "" {
 			q.err = missingQuery()
 		}
@@ -406,6 +403,9 @@ func (g *GraphQL) queries(req *Request) ([]gqlQuery, error) {
 			err = inputErr(TypeGraphQLInvalidRequest, "Invalid GraphQL request", "the batch is empty")
 		}
 	case 0:
+		if r != nil && r.URL.Query().Get("query") != "" { // a POST with its query in the URL only
+			return []gqlQuery{urlQuery(r.URL.Query())}, nil
+		}
 		return nil, missingQuery()
 	default:
 		err = c.fail("a GraphQL request must be a JSON object or array")
@@ -420,7 +420,24 @@ func (g *GraphQL) queries(req *Request) ([]gqlQuery, error) {
 		}
 		return nil, err
 	}
+	// Some servers (graphql-go's handler, express-graphql) run a query in
+	// the URL even on a POST, in place of the body's: cost it as well, so
+	// that a cheap body never covers for an expensive URL.
+	if r != nil && r.URL.RawQuery != "" {
+		if v := r.URL.Query(); v.Get("query") != "" {
+			qs = append(qs, urlQuery(v))
+		}
+	}
 	return qs, nil
+}
+
+// urlQuery is the query of a URL's query string (a GET request's).
+func urlQuery(v url.Values) gqlQuery {
+	q := gqlQuery{query: v.Get("query"), opName: v.Get("operationName")}
+	if s := v.Get("variables"); s != "" {
+		q.vars = []byte(s)
+	}
+	return q
 }
 
 func missingQuery() *InputError {

@@ -543,3 +543,45 @@ func TestGraphQLConcurrentEstimates(t *testing.T) {
 		}
 	}
 }
+
+// TestGraphQLVariableSizeSpellings: a size a server would coerce to the Int
+// 100 costs as 100, however it is spelt: 100.0 and 1e2 (graphql-js,
+// graphql-ruby) or "100" (gqlgen). A fraction counts rounded up.
+func TestGraphQLVariableSizeSpellings(t *testing.T) {
+	g := provisioned(t, &GraphQL{})
+	q := `query($n: Int) { users(first: $n) { name } }`
+	cost := func(v string) int64 {
+		t.Helper()
+		n, err := g.Estimate(gqlPost(`{"query":"` + q + `","variables":{"n":` + v + `}}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	want := cost(`100`)
+	for _, v := range []string{`100.0`, `1e2`, `1E2`, `"100"`, `" 100 "`, `99.5`} {
+		if got := cost(v); got != want {
+			t.Errorf("n = %s: cost %d, want %d (as for n = 100)", v, got, want)
+		}
+	}
+	if got, fallback := cost(`1e400`), cost(`100`); got <= fallback {
+		t.Errorf("n = 1e400: cost %d, want it saturated above %d", got, fallback)
+	}
+}
+
+// TestGraphQLPostWithQueryInURL: a POST whose URL carries a query (which
+// graphql-go's handler and express-graphql run instead of the body's) is
+// charged for it too.
+func TestGraphQLPostWithQueryInURL(t *testing.T) {
+	g := provisioned(t, &GraphQL{})
+	expensive := `{ users(first: 1000) { friends(first: 1000) { name } } }`
+	want, err := g.Estimate(gqlPost(gqlBody(expensive, nil, "")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := gqlPost(`{"query":"{ __typename }"}`)
+	r.HTTP.URL.RawQuery = "query=" + url.QueryEscape(expensive)
+	if got, err := g.Estimate(r); err != nil || got < want {
+		t.Fatalf("POST ?query=<%d points> with a body of 1 point: charged %d, %v", want, got, err)
+	}
+}

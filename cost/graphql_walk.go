@@ -1,9 +1,11 @@
 package cost
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"strconv"
+	"strings"
 
 	"github.com/vektah/gqlparser/v2/ast"
 	"github.com/vektah/gqlparser/v2/parser"
@@ -315,8 +317,13 @@ func (w *walker) variable(name string) (int64, bool) {
 	return n, ok
 }
 
-// parseIntVars returns the integer members of a variables object. Anything
-// malformed yields no variables: sizes then fall back to the defaults.
+// parseIntVars returns the members of a variables object that a server
+// may read as an Int: integers, and also what common servers coerce to one
+// — a number written as 100.0 or 1e2 (graphql-js, graphql-ruby) or a
+// numeric string "100" (gqlgen) — so that spelling a size differently never
+// makes it cheaper. A fraction counts rounded up, a negative size as 0.
+// Anything malformed yields no variables: sizes then fall back to the
+// defaults.
 func parseIntVars(raw []byte) map[string]int64 {
 	c := &jsonCursor{b: raw}
 	if c.peek() != '{' {
@@ -326,9 +333,17 @@ func parseIntVars(raw []byte) map[string]int64 {
 	err := c.object(func(key []byte) error {
 		switch c.peek() {
 		case '-', '0', '1', '2', '3', '4', '5', '6', '7', '8', '9':
-			n, isInt, err := c.number()
-			if isInt {
+			span, err := c.span()
+			if n, ok := sizeOf(string(span)); ok && err == nil {
 				vars[string(key)] = n
+			}
+			return err
+		case '"':
+			raw, esc, err := c.str()
+			if err == nil && !esc {
+				if n, ok := sizeOf(strings.TrimSpace(string(raw))); ok {
+					vars[string(key)] = n
+				}
 			}
 			return err
 		}
@@ -338,6 +353,25 @@ func parseIntVars(raw []byte) map[string]int64 {
 		return nil
 	}
 	return vars
+}
+
+// sizeOf reads a number as a list size: exact for integers, rounded up for
+// other finite numbers, saturated at MaxInt64, 0 when negative.
+func sizeOf(s string) (int64, bool) {
+	if n, ok := parseSize(s); ok {
+		return n, true
+	}
+	f, err := strconv.ParseFloat(s, 64)
+	if err != nil && !errors.Is(err, strconv.ErrRange) || math.IsNaN(f) {
+		return 0, false
+	}
+	switch {
+	case f <= 0:
+		return 0, true
+	case f >= math.MaxInt64:
+		return math.MaxInt64, true
+	}
+	return int64(math.Ceil(f)), true
 }
 
 // schemaIndex holds what the walker needs from a schema: per type and field,

@@ -255,7 +255,15 @@ type llmWalk struct {
 	chars  int64 // code points, when tok is nil
 	tokens int64 // tokens counted by tok
 	media  int64 // non-text parts
+	nested int   // content parts being read inside other parts
 }
+
+// maxPartNesting bounds how deep content parts are read as parts (a tool
+// result's content is one level; real requests use two or three). A part
+// notes where its members are before reading them, so each level reads its
+// bytes once more: deeper content counts as its raw JSON text instead (an
+// overestimate), which keeps a hostile body linear in its size.
+const maxPartNesting = 4
 
 func (w *llmWalk) run(body []byte) (in, out int64, err error) {
 	c := &jsonCursor{b: body}
@@ -502,6 +510,12 @@ func (w *llmWalk) part(c *jsonCursor) error {
 		if slots[slot] == nil {
 			return nil
 		}
+		if w.nested >= maxPartNesting {
+			w.rawSpan(slots[slot])
+			return nil
+		}
+		w.nested++
+		defer func() { w.nested-- }()
 		return w.content(c.sub(slots[slot]))
 	}
 

@@ -245,3 +245,22 @@ func TestLLMValidate(t *testing.T) {
 		t.Fatalf("defaults: %+v %v", l, err)
 	}
 }
+
+// TestLLMDeepContentStillCounts: content nested deeper than parts are read
+// still counts (as its raw JSON text, an overestimate), never as nothing.
+func TestLLMDeepContentStillCounts(t *testing.T) {
+	l := &LLM{}
+	if err := l.Provision(); err != nil {
+		t.Fatal(err)
+	}
+	text := strings.Repeat("a", 4000)
+	body := `{"max_tokens":1,"messages":[{"role":"user","content":` +
+		strings.Repeat(`[{"type":"tool_result","content":`, 10) + `"` + text + `"` + strings.Repeat(`}]`, 10) + `}]}`
+	got, err := l.Estimate(&Request{Body: []byte(body)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got < 1000+1 { // 4000 characters / 4, plus max_tokens
+		t.Fatalf("estimate %d for 4000 characters nested ten parts deep", got)
+	}
+}
