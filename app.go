@@ -139,7 +139,7 @@ func (a *App) Provision(ctx caddy.Context) error {
 	}
 	var publisher adaptive.Publisher
 	if a.Share != nil {
-		s, key, err := (&StoreConfig{Redis: a.Share}).open(ctx, 0)
+		s, key, _, err := (&StoreConfig{Redis: a.Share}).open(ctx, 0)
 		if err != nil {
 			return fmt.Errorf("cascade: adaptive share: %w", err)
 		}

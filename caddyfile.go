@@ -13,6 +13,7 @@ import (
 
 	"github.com/caddy-cascade/cascade/cost"
 	"github.com/caddy-cascade/cascade/hierarchy"
+	"github.com/caddy-cascade/cascade/store"
 )
 
 func init() {
@@ -632,7 +633,14 @@ func parseRedis(d *caddyfile.Dispenser, r *RedisStoreConfig) error {
 		var err error
 		switch opt := d.Val(); opt {
 		case "address", "addresses":
-			r.Addresses = append(r.Addresses, d.RemainingArgs()...)
+			for _, a := range d.RemainingArgs() {
+				if !strings.Contains(a, "{") { // a placeholder is checked once resolved
+					if err := store.ValidateRedisAddress(a); err != nil {
+						return d.Err(err.Error())
+					}
+				}
+				r.Addresses = append(r.Addresses, a)
+			}
 			if len(r.Addresses) == 0 {
 				return d.Errf("address needs host:port, or the path of a Unix socket")
 			}

@@ -143,6 +143,9 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"cost usage", "rate_limit {\n cost tokens\n}", "usage: cost <dimension>"},
 		{"bad timeout", "rate_limit {\n store redis {\n  timeout soon\n }\n}", "timeout \"soon\""},
 		{"bad tz", "rate_limit {\n tree t {\n  tier a k {\n   limit 5/day calendar tz Mars/Base\n  }\n }\n}", "timezone \"Mars/Base\""},
+		{"redis URL", "rate_limit {\n store redis {\n  address redis://127.0.0.1:6379\n }\n}", "is a URL: write host:port"},
+		{"redis address without port", "rate_limit {\n store redis {\n  address 127.0.0.1\n }\n}", "missing port in address"},
+		{"redis addresses joined", "rate_limit {\n store redis {\n  address a:1,b:2\n }\n}", "give several addresses as separate arguments"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -167,6 +170,8 @@ func TestProvisionErrors(t *testing.T) {
 		{"bad cost", "tree t {\n tier a k {\n  limit 5 tokens/h\n }\n}\ncost tokens many", "neither a placeholder nor a non-negative integer"},
 		{"braces in prefix", "tree t {\n tier a k {\n  limit 5/h\n }\n}\nstore redis {\n key_prefix {x}\n}", "must not contain braces"},
 		{"zone name", "zone \"my zone\" {\n key static\n events 1\n window 1s\n}", "tree name \"my zone\""},
+		{"placeholder without namespace", "tree t {\n tier user {X-User} {\n  limit 5/h\n }\n}", "did you mean {header.X-User}"},
+		{"shorthand placeholders are fine", "tree t {\n tier ip {client_ip} {\n  limit 5/h\n }\n tier user {header.X-User} {\n  limit 5/h\n }\n tier p {env.NOPE}{path.0} {\n  limit 5/h\n }\n}\nmode bogus", "mode \"bogus\""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -653,3 +653,67 @@ http://127.0.0.1:%d {
 		t.Fatalf("limit 1/h, max_keys raised to 1000000 by the reload: the same user's 2nd request got %d (evicted at the old cap)", r.status)
 	}
 }
+
+// TestStoreSettingsApplyOnlyWhenLive: a reload that fails changes nothing
+// in the running store, and a handler that names a shared store without
+// settings does not reset those another handler gave it.
+func TestStoreSettingsApplyOnlyWhenLive(t *testing.T) {
+	port := freePort(t)
+	name := fmt.Sprintf("live%d", testSeq.Add(1))
+	config := func(maxKeys int, broken bool) string {
+		extra := ""
+		if broken { // a tree counting tokens with no cost: provisioning fails
+			extra = "rate_limit {\n tree b {\n tier all k {\n limit 10 tokens/min\n }\n }\n }"
+		}
+		return fmt.Sprintf(`
+http://127.0.0.1:%d {
+	route /a {
+		rate_limit {
+			tree t {
+				tier user {header.X-User} {
+					limit 1/h
+				}
+			}
+			store memory {
+				name %s
+				max_keys %d
+			}
+		}
+		%s
+		respond "a"
+	}
+	route /b {
+		rate_limit {
+			tree u {
+				tier user {header.X-User} {
+					limit 1/h
+				}
+			}
+			store memory {
+				name %s
+			}
+		}
+		respond "b"
+	}
+}`, port, name, maxKeys, extra, name)
+	}
+	startCaddy(t, config(1000000, false))
+	url := fmt.Sprintf("http://127.0.0.1:%d/", port)
+	do(t, "GET", url+"b", "X-User: warm") // /b, which sets nothing, serves first
+	cfg, err := adapt(t, fmt.Sprintf(globalOptions, "")+config(64, true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := caddy.Load(cfg, true); err == nil {
+		t.Fatal("the broken config loaded")
+	}
+	if r := do(t, "GET", url+"a", "X-User: victim"); r.status != 200 {
+		t.Fatalf("first request: %d", r.status)
+	}
+	for i := 0; i < 2000; i++ {
+		do(t, "GET", url+"b", fmt.Sprintf("X-User: u%d", i))
+	}
+	if r := do(t, "GET", url+"a", "X-User: victim"); r.status != http.StatusTooManyRequests {
+		t.Fatalf("max_keys 1000000 running, 64 in a reload that failed: the victim's 2nd request got %d (evicted)", r.status)
+	}
+}

@@ -125,6 +125,7 @@ type Handler struct {
 	trees       []*Tree
 	costs       map[string]*Cost
 	policies    map[*hierarchy.Limit]string // each limit's RateLimit-Policy item, unscaled
+	applyStore  *atomic.Pointer[func()]     // store settings to apply at the first request (see StoreConfig.open)
 	headerCache *headerCache
 	adjusting   *sync.WaitGroup      // reconciliations under way
 	controller  *adaptive.Controller // nil unless a tier is adaptive
@@ -272,11 +273,16 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if h.Store == nil {
 		h.Store = &StoreConfig{}
 	}
-	h.store, h.poolKey, err = h.Store.open(ctx, time.Duration(h.SweepInterval))
+	var apply func()
+	h.store, h.poolKey, apply, err = h.Store.open(ctx, time.Duration(h.SweepInterval))
 	if err != nil {
 		return fmt.Errorf("rate_limit: store: %w", err)
 	}
 	h.into, _ = h.store.(decideInto)
+	h.applyStore = new(atomic.Pointer[func()])
+	if apply != nil {
+		h.applyStore.Store(&apply)
+	}
 	return nil
 }
 
@@ -424,6 +430,11 @@ type decideInto interface {
 
 // ServeHTTP implements caddyhttp.MiddlewareHandler.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	if h.applyStore != nil && h.applyStore.Load() != nil {
+		if apply := h.applyStore.Swap(nil); apply != nil {
+			(*apply)() // this configuration is live: its store settings apply
+		}
+	}
 	repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	if repl == nil {
 		repl = caddy.NewReplacer()
@@ -476,7 +487,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		if len(t.taps) > 0 {
 			readableEncoding(r.Header)
 			err := h.pass(t.w, r, next)
-			h.reconcile(t, d, start.UnixMicro())
+			h.reconcile(t, d, d.At)
 			return err
 		}
 	}

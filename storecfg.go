@@ -82,17 +82,23 @@ type pooled struct{ store.Store }
 func (p pooled) Destruct() error { return p.Close() }
 
 // open returns the configured store from the pool, opening it if needed.
-func (c *StoreConfig) open(ctx caddy.Context, sweep time.Duration) (store.Store, string, error) {
+//
+// For a memory store already in use (a reload, or another handler naming
+// it), the settings this configuration gives explicitly are returned as
+// apply, for the handler to apply when it serves its first request: a
+// configuration that fails to load then changes nothing, and a handler that
+// leaves them unset does not reset another's.
+func (c *StoreConfig) open(ctx caddy.Context, sweep time.Duration) (s store.Store, poolKey string, apply func(), err error) {
 	if c.Memory != nil && c.Redis != nil {
-		return nil, "", errors.New("configure one store: memory or redis")
+		return nil, "", nil, errors.New("configure one store: memory or redis")
 	}
 	if c.Redis != nil {
 		opts, err := c.Redis.options(ctx.Logger())
 		if err != nil {
-			return nil, "", err
+			return nil, "", nil, err
 		}
 		key, _ := json.Marshal(c.Redis)
-		poolKey := "redis/" + string(key)
+		poolKey = "redis/" + string(key)
 		v, _, err := stores.LoadOrNew(poolKey, func() (caddy.Destructor, error) {
 			s, err := store.NewRedis(ctx, opts)
 			if errors.Is(err, store.ErrUnavailable) {
@@ -109,35 +115,35 @@ func (c *StoreConfig) open(ctx caddy.Context, sweep time.Duration) (store.Store,
 			return pooled{s}, nil
 		})
 		if err != nil {
-			return nil, "", err
+			return nil, "", nil, err
 		}
-		return v.(pooled).Store, poolKey, nil
+		return v.(pooled).Store, poolKey, nil, nil
 	}
 	m := c.Memory
 	if m == nil {
 		m = &MemoryStoreConfig{}
 	}
 	if m.MaxKeys < 0 {
-		return nil, "", fmt.Errorf("memory max_keys %d must not be negative", m.MaxKeys)
+		return nil, "", nil, fmt.Errorf("memory max_keys %d must not be negative", m.MaxKeys)
 	}
 	name := m.Name
 	if name == "" {
 		name = "default"
 	}
-	poolKey := "memory/" + name
+	poolKey = "memory/" + name
 	opts := store.MemoryOptions{MaxKeys: m.MaxKeys, SweepInterval: sweep}
 	v, loaded, err := stores.LoadOrNew(poolKey, func() (caddy.Destructor, error) {
 		return pooled{store.NewMemory(opts)}, nil
 	})
 	if err != nil {
-		return nil, "", err
+		return nil, "", nil, err
 	}
-	if mem, ok := v.(pooled).Store.(*store.Memory); ok && loaded {
+	if mem, ok := v.(pooled).Store.(*store.Memory); ok && loaded && (opts.MaxKeys > 0 || opts.SweepInterval > 0) {
 		// The store outlives reloads, with its state; the newest
-		// configuration sets its cap and sweep interval.
-		mem.Reconfigure(opts)
+		// configuration that sets its cap or sweep interval sets them.
+		apply = func() { mem.Reconfigure(opts) }
 	}
-	return v.(pooled).Store, poolKey, nil
+	return v.(pooled).Store, poolKey, apply, nil
 }
 
 // options translates the JSON config into store.RedisOptions.

@@ -1,6 +1,7 @@
 package cost
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"mime"
@@ -347,6 +348,32 @@ func (g *GraphQL) queries(req *Request) ([]gqlQuery, error) {
 		}
 		return []gqlQuery{q}, nil
 	}
+	// Some servers (graphql-go's handler, express-graphql) run a query in
+	// the URL even on a POST, in place of the body's, whatever the body
+	// holds: cost it as well, so that a cheap or malformed body never
+	// covers for an expensive URL.
+	var inURL []gqlQuery
+	if r != nil && r.URL.RawQuery != "" {
+		if v := r.URL.Query(); v.Get("query") != "" {
+			inURL = []gqlQuery{urlQuery(v)}
+		}
+	}
+	if inURL != nil && len(bytes.TrimSpace(req.Body)) == 0 && !req.Truncated {
+		return inURL, nil // the query is in the URL only
+	}
+	qs, err := g.bodyQueries(req)
+	if inURL == nil {
+		return qs, err
+	}
+	if err != nil {
+		qs = []gqlQuery{{err: err}} // charged (or refused) as the body alone would be
+	}
+	return append(qs, inURL...), nil
+}
+
+// bodyQueries extracts the queries of a request's body.
+func (g *GraphQL) bodyQueries(req *Request) ([]gqlQuery, error) {
+	r := req.HTTP
 	if req.Truncated || int64(len(req.Body)) > g.BodyLimit() { // see LLM.EstimateUsage
 		return nil, tooLarge(g.BodyLimit())
 	}
@@ -403,9 +430,6 @@ func (g *GraphQL) queries(req *Request) ([]gqlQuery, error) {
 			err = inputErr(TypeGraphQLInvalidRequest, "Invalid GraphQL request", "the batch is empty")
 		}
 	case 0:
-		if r != nil && r.URL.Query().Get("query") != "" { // a POST with its query in the URL only
-			return []gqlQuery{urlQuery(r.URL.Query())}, nil
-		}
 		return nil, missingQuery()
 	default:
 		err = c.fail("a GraphQL request must be a JSON object or array")
@@ -419,14 +443,6 @@ func (g *GraphQL) queries(req *Request) ([]gqlQuery, error) {
 			return nil, &InputError{Status: http.StatusBadRequest, Type: TypeMalformedJSON, Title: "Malformed JSON request body", Detail: se.Error(), Err: err}
 		}
 		return nil, err
-	}
-	// Some servers (graphql-go's handler, express-graphql) run a query in
-	// the URL even on a POST, in place of the body's: cost it as well, so
-	// that a cheap body never covers for an expensive URL.
-	if r != nil && r.URL.RawQuery != "" {
-		if v := r.URL.Query(); v.Get("query") != "" {
-			qs = append(qs, urlQuery(v))
-		}
 	}
 	return qs, nil
 }

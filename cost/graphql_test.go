@@ -585,3 +585,79 @@ func TestGraphQLPostWithQueryInURL(t *testing.T) {
 		t.Fatalf("POST ?query=<%d points> with a body of 1 point: charged %d, %v", want, got, err)
 	}
 }
+
+// TestGraphQLURLQueryWithGraphQLBody: graphql-go's handler runs the
+// URL's query in place of the body whatever the Content-Type. With
+// Content-Type application/graphql the URL query is not costed.
+func TestGraphQLURLQueryWithGraphQLBody(t *testing.T) {
+	g := provisioned(t, &GraphQL{})
+	expensive := `{ users(first: 1000) { friends(first: 1000) { name } } }`
+	want, err := g.Estimate(gqlPost(gqlBody(expensive, nil, "")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := gqlPost(`{ __typename }`)
+	r.HTTP.Header.Set("Content-Type", "application/graphql")
+	r.HTTP.URL.RawQuery = "query=" + url.QueryEscape(expensive)
+	got, err := g.Estimate(r)
+	if err != nil || got < want {
+		t.Fatalf("POST application/graphql ?query=<%d> with a 1-point body: charged %d, %v", want, got, err)
+	}
+}
+
+// TestGraphQLURLQueryWithMalformedBody: with on_malformed default, a
+// malformed body next to an expensive URL query is charged default_cost.
+func TestGraphQLURLQueryWithMalformedBody(t *testing.T) {
+	g := provisioned(t, &GraphQL{OnMalformed: OnMalformedDefault, DefaultCost: 1})
+	expensive := `{ users(first: 1000) { friends(first: 1000) { name } } }`
+	want, err := g.Estimate(gqlPost(gqlBody(expensive, nil, "")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := gqlPost(`not json`)
+	r.HTTP.URL.RawQuery = "query=" + url.QueryEscape(expensive)
+	got, err := g.Estimate(r)
+	if err != nil || got < want {
+		t.Fatalf("POST ?query=<%d> with a malformed body: charged %d, %v", want, got, err)
+	}
+}
+
+// TestGraphQLEscapedNumericString: gqlgen coerces the string "1000"
+// to the Int 1000 after JSON unescaping; the same string written with
+// escapes ("\u0031\u0030\u0030\u0030") costs the default list size.
+func TestGraphQLEscapedNumericString(t *testing.T) {
+	g := provisioned(t, &GraphQL{})
+	q := `query($n: Int) { users(first: $n) { name } }`
+	cost := func(v string) int64 {
+		t.Helper()
+		n, err := g.Estimate(gqlPost(`{"query":"` + q + `","variables":{"n":` + v + `}}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	want := cost(`"1000"`)
+	for _, v := range []string{`"\u0031\u0030\u0030\u0030"`, `"1\u0030\u0030\u0030"`} {
+		if got := cost(v); got != want {
+			t.Errorf("n = %s (the string \"1000\"): cost %d, want %d", v, got, want)
+		}
+	}
+}
+
+// TestGraphQLEscapedVariableName: the variable's name spelt with a
+// JSON escape.
+func TestGraphQLEscapedVariableName(t *testing.T) {
+	g := provisioned(t, &GraphQL{})
+	q := `query($n: Int) { users(first: $n) { name } }`
+	cost := func(vars string) int64 {
+		t.Helper()
+		n, err := g.Estimate(gqlPost(`{"query":"` + q + `","variables":` + vars + `}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if got, want := cost(`{"\u006e":1000}`), cost(`{"n":1000}`); got != want {
+		t.Errorf("escaped name: cost %d, want %d", got, want)
+	}
+}

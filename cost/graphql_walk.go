@@ -340,7 +340,10 @@ func parseIntVars(raw []byte) map[string]int64 {
 			return err
 		case '"':
 			raw, esc, err := c.str()
-			if err == nil && !esc {
+			if esc {
+				raw = unescapeJSON(nil, raw) // "\u0031\u0030\u0030" is "100" too
+			}
+			if err == nil {
 				if n, ok := sizeOf(strings.TrimSpace(string(raw))); ok {
 					vars[string(key)] = n
 				}

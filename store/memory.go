@@ -136,9 +136,11 @@ func (m *Memory) DecideInto(_ context.Context, buckets []Bucket, buf []rate.Resu
 		hashes[i] = maphash.String(m.seed, b.Key)
 	}
 	locked := m.lock(hashes[:n], lockBuf[:0])
-	m.decideLocked(buckets, hashes[:n], entries[:n], next[:n], results)
+	at := m.decideLocked(buckets, hashes[:n], entries[:n], next[:n], results)
 	m.unlock(locked)
-	return Combine(results), nil
+	d := Combine(results)
+	d.At = at
+	return d, nil
 }
 
 // decideLong decides a path too long for the stack buffers of DecideInto.
@@ -147,16 +149,18 @@ func (m *Memory) decideLong(buckets []Bucket, results []rate.Result) Decision {
 	hashes := m.hashesOf(buckets, make([]uint64, 0, n))
 	locked := m.lock(hashes, make([]uint8, 0, n))
 	defer m.unlock(locked)
-	m.decideLocked(buckets, hashes, make([]*memoryEntry, n), make([]rate.State, n), results)
-	return Combine(results)
+	at := m.decideLocked(buckets, hashes, make([]*memoryEntry, n), make([]rate.State, n), results)
+	d := Combine(results)
+	d.At = at
+	return d
 }
 
 // decideLocked applies every bucket's cost and, when all admit it, stores
 // the new states. Each key is looked up once: the entry found (nil for a
 // fresh bucket) is remembered for the write. The caller holds the shard
-// locks of every key.
-func (m *Memory) decideLocked(buckets []Bucket, hashes []uint64, entries []*memoryEntry, next []rate.State, results []rate.Result) {
-	now := m.clock()
+// locks of every key. It returns the time of the decision.
+func (m *Memory) decideLocked(buckets []Bucket, hashes []uint64, entries []*memoryEntry, next []rate.State, results []rate.Result) (now int64) {
+	now = m.clock()
 	allowed := true
 	for i := range buckets {
 		b := &buckets[i]
@@ -170,7 +174,7 @@ func (m *Memory) decideLocked(buckets []Bucket, hashes []uint64, entries []*memo
 		allowed = allowed && results[i].Allowed
 	}
 	if !allowed {
-		return
+		return now
 	}
 	// Entries found are updated first: making room for a new one may
 	// evict or drop entries of its shard, and so must not come between
@@ -184,7 +188,7 @@ func (m *Memory) decideLocked(buckets []Bucket, hashes []uint64, entries []*memo
 		}
 	}
 	if !fresh {
-		return
+		return now
 	}
 	for i := range buckets {
 		if entries[i] == nil {
@@ -193,6 +197,7 @@ func (m *Memory) decideLocked(buckets []Bucket, hashes []uint64, entries []*memo
 			m.store(hashes[i], buckets[i], next[i], now)
 		}
 	}
+	return now
 }
 
 // sizedResults returns buf cut to n, or a new slice when buf is too short.
@@ -229,20 +234,16 @@ func (m *Memory) hashesOf(buckets []Bucket, buf []uint64) []uint64 {
 func shardOf(hash uint64) uint8 { return uint8(hash % memoryShards) }
 
 // Reconfigure applies new options to a store in use (a reloaded
-// configuration), keeping its state. A lower MaxKeys applies to the buckets
-// inserted from now on: the store then shrinks as state expires, never by
-// dropping live buckets at once. SweepInterval takes effect at the next
-// tick (zero means one minute, negative keeps the current one); a store
+// configuration), keeping its state; a zero or negative option keeps the
+// current setting. A lower MaxKeys applies to the buckets inserted from now
+// on: the store then shrinks as state expires, never by dropping live
+// buckets at once. SweepInterval takes effect at the next tick; a store
 // created without a sweeper stays without one. Clock is ignored.
 func (m *Memory) Reconfigure(opts MemoryOptions) {
-	if opts.MaxKeys <= 0 {
-		opts.MaxKeys = 1_000_000
+	if opts.MaxKeys > 0 {
+		m.maxKeys.Store(int64(opts.MaxKeys))
 	}
-	m.maxKeys.Store(int64(opts.MaxKeys))
-	if opts.SweepInterval == 0 {
-		opts.SweepInterval = time.Minute
-	}
-	if opts.SweepInterval < 0 {
+	if opts.SweepInterval <= 0 {
 		return
 	}
 	for { // keep only the newest interval

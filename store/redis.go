@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -121,9 +123,47 @@ type Redis struct {
 	timeout time.Duration
 	clock   Clock // nil: Redis TIME
 	logger  *zap.Logger
-	batch   *batcher // sends decisions, batched under load
+	batch   *batchers // send decisions, batched under load
 
 	refunding sync.WaitGroup // refunds after a partial denial on a Cluster
+	closing   sync.Mutex     // orders starting a refund before Close's wait
+	closed    bool
+}
+
+// dialAttempts is how many times a connection is dialled before a call
+// fails: once. go-redis would try five times, 100 ms apart, so that in the
+// first moments of an outage each decision waited out its whole timeout
+// instead of going straight to the failure policy; the next decision dials
+// again anyway.
+const dialAttempts = 1
+
+// ValidateRedisAddress checks that a is an address the store can dial:
+// host:port (the host may be empty, for localhost), or the absolute path of
+// a Unix socket. Its error says what to write instead.
+func ValidateRedisAddress(a string) error {
+	if strings.HasPrefix(a, "/") {
+		return nil
+	}
+	fix := "write host:port (e.g. 127.0.0.1:6379) or the absolute path of a Unix socket"
+	switch {
+	case strings.Contains(a, "://"):
+		return fmt.Errorf("redis address %q is a URL: %s", a, fix)
+	case strings.Contains(a, ","):
+		return fmt.Errorf("redis address %q holds a comma: give several addresses as separate arguments", a)
+	}
+	_, port, err := net.SplitHostPort(a)
+	if err != nil {
+		why := err.Error()
+		var ae *net.AddrError
+		if errors.As(err, &ae) {
+			why = ae.Err
+		}
+		return fmt.Errorf("redis address %q: %s: %s", a, why, fix)
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return fmt.Errorf("redis address %q: port %q is not a number from 1 to 65535", a, port)
+	}
+	return nil
 }
 
 // NewRedis connects to Redis and, unless opts.LazyLoad, loads the scripts
@@ -152,6 +192,9 @@ func NewRedis(ctx context.Context, opts RedisOptions) (*Redis, error) {
 		return nil, errors.New("redis store: master_name (Sentinel) and cluster are exclusive")
 	}
 	for _, a := range addrs {
+		if err := ValidateRedisAddress(a); err != nil {
+			return nil, fmt.Errorf("redis store: %w", err)
+		}
 		if strings.HasPrefix(a, "/") && (isCluster || opts.MasterName != "") {
 			return nil, fmt.Errorf("redis store: %q is a Unix socket, which reaches a single server: Sentinel and Cluster addresses are host:port", a)
 		}
@@ -198,9 +241,16 @@ func NewRedis(ctx context.Context, opts RedisOptions) (*Redis, error) {
 		// with a fixed five-second timeout of its own, which a decision's
 		// deadline cannot shorten: a hung node would hang requests.
 		co.DisableRoutingPolicies = true
+		co.DialerRetries = dialAttempts
 		client = redis.NewClusterClient(co)
+	} else if opts.MasterName != "" {
+		fo := uo.Failover()
+		fo.DialerRetries = dialAttempts
+		client = redis.NewFailoverClient(fo)
 	} else {
-		client = redis.NewUniversalClient(uo)
+		so := uo.Simple()
+		so.DialerRetries = dialAttempts
+		client = redis.NewClient(so)
 	}
 	r := &Redis{
 		client:  client,
@@ -210,7 +260,7 @@ func NewRedis(ctx context.Context, opts RedisOptions) (*Redis, error) {
 		logger:  opts.Logger,
 	}
 	r.cluster, _ = client.(*redis.ClusterClient)
-	r.batch = newBatcher(client, lua.Decide, opts.Timeout, r.cluster != nil)
+	r.batch = newBatchers(client, lua.Decide, opts.Timeout)
 	if !opts.LazyLoad {
 		if err := r.load(ctx); err != nil {
 			r.Close()
@@ -276,6 +326,9 @@ func (r *Redis) Ping(ctx context.Context) error {
 // Close closes the client and its connections.
 func (r *Redis) Close() error {
 	r.batch.close()
+	r.closing.Lock()
+	r.closed = true
+	r.closing.Unlock()
 	r.refunding.Wait()
 	return r.client.Close()
 }
@@ -300,7 +353,18 @@ func (r *Redis) Decide(ctx context.Context, buckets []Bucket) (Decision, error) 
 	if err := r.decide(ctx, time.Now().Add(r.timeout), buckets, now, wall, results); err != nil {
 		return Decision{}, fmt.Errorf("redis store: decide: %w: %w", ErrUnavailable, err)
 	}
-	return Combine(results), nil
+	d := Combine(results)
+	d.At = chargedAt(now, wall)
+	return d, nil
+}
+
+// chargedAt is the time a decision sent at (now, wall) counts as made, for
+// Bucket.Charged: the test clock when there is one, else this process's.
+func chargedAt(now, wall int64) int64 {
+	if now != 0 {
+		return now
+	}
+	return wall
 }
 
 // Adjust implements Store. On a Cluster, buckets of different slots are
@@ -344,7 +408,11 @@ func (r *Redis) now() (now, wall int64) {
 // results. It waits until deadline at most.
 func (r *Redis) decide(ctx context.Context, deadline time.Time, buckets []Bucket, now, wall int64, results []rate.Result) error {
 	keys, spec := r.encode(buckets, now, wall, false)
-	reply, err := r.batch.do(ctx, deadline, keys, spec)
+	b, err := r.batch.forKey(ctx, keys[0])
+	if err != nil {
+		return err
+	}
+	reply, err := b.do(ctx, deadline, keys, spec)
 	if err != nil {
 		return err
 	}
@@ -517,7 +585,9 @@ func (r *Redis) decideSlots(ctx context.Context, buckets []Bucket, groups [][]in
 	}
 	// On a refused leaf, Combine sees its denial: the decision is a denial,
 	// and every bucket reports what it had before.
-	return Combine(results), nil
+	d := Combine(results)
+	d.At = chargedAt(now, wall)
+	return d, nil
 }
 
 // dryRun is a bucket in b's hash slot that can never admit: added to a
@@ -537,10 +607,7 @@ func dryRun(b Bucket) Bucket {
 // the decision's deadline has passed; the returned channel is closed when
 // it is done. Close waits for it.
 func (r *Redis) refund(buckets []Bucket, groups [][]int, charged []int, now, wall int64) <-chan struct{} {
-	at := wall // when the charge was made, on the clock of ChargeWindow
-	if now != 0 {
-		at = now
-	}
+	at := chargedAt(now, wall)
 	var refunds []Bucket // copies: Decide must not keep buckets
 	var sel [][]int
 	for _, g := range charged {
@@ -554,6 +621,12 @@ func (r *Redis) refund(buckets []Bucket, groups [][]int, charged []int, now, wal
 		sel = append(sel, idx)
 	}
 	done := make(chan struct{})
+	r.closing.Lock()
+	defer r.closing.Unlock()
+	if r.closed {
+		close(done)
+		return done
+	}
 	r.refunding.Add(1)
 	go func() {
 		defer r.refunding.Done()

@@ -28,14 +28,83 @@ import (
 // outcome is that of the decisions sent one by one, in queue order, at one
 // instant.
 type batcher struct {
-	client  redis.UniversalClient
+	client  redis.UniversalClient // the server's, or one Cluster master's
 	script  *redis.Script
 	timeout time.Duration
-	cluster bool // group batches by hash slot
+	cluster bool // a Cluster master's: group batches by hash slot
 	queue   chan *call
 	stop    chan struct{}
 	done    sync.WaitGroup
 	once    sync.Once
+}
+
+// batchers are the batchers of a store: one for a single server (or a
+// Sentinel's master), and one per master of a Cluster, so that a slow or
+// stalled master holds up only the decisions whose slots it serves: its own
+// workers wait for it, never another master's.
+type batchers struct {
+	single  *batcher             // nil on a Cluster
+	cluster *redis.ClusterClient // nil unless a Cluster
+	script  *redis.Script
+	timeout time.Duration
+
+	mu     sync.Mutex
+	byNode map[string]*batcher // by master address
+	closed bool
+}
+
+func newBatchers(client redis.UniversalClient, script *redis.Script, timeout time.Duration) *batchers {
+	bs := &batchers{script: script, timeout: timeout, byNode: map[string]*batcher{}}
+	if cc, ok := client.(*redis.ClusterClient); ok {
+		bs.cluster = cc
+	} else {
+		bs.single = newBatcher(client, script, timeout, false)
+	}
+	return bs
+}
+
+// forKey returns the batcher of the master serving key's slot, from the
+// client's slot map (which it loads if it has none).
+func (bs *batchers) forKey(ctx context.Context, key string) (*batcher, error) {
+	if bs.single != nil {
+		return bs.single, nil
+	}
+	node, err := bs.cluster.MasterForKey(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	addr := node.Options().Addr
+	bs.mu.Lock()
+	defer bs.mu.Unlock()
+	if bs.closed {
+		return nil, redis.ErrClosed
+	}
+	b := bs.byNode[addr]
+	if b == nil {
+		// A node's calls of several slots are grouped by slot: one
+		// script call per slot, pipelined to the node.
+		b = newBatcher(node, bs.script, bs.timeout, true)
+		bs.byNode[addr] = b
+	}
+	return b, nil
+}
+
+// close stops every batcher; calls still queued fail.
+func (bs *batchers) close() {
+	if bs.single != nil {
+		bs.single.close()
+		return
+	}
+	bs.mu.Lock()
+	bs.closed = true
+	all := make([]*batcher, 0, len(bs.byNode))
+	for _, b := range bs.byNode {
+		all = append(all, b)
+	}
+	bs.mu.Unlock()
+	for _, b := range all {
+		b.close()
+	}
 }
 
 // call is one decision waiting for its reply.
@@ -185,8 +254,8 @@ func (b *batcher) send(batch []*call, m *merger) {
 		deliver(live, reply, err)
 		return
 	}
-	// Several slots of a Cluster: one script call per slot, pipelined (the
-	// client sends each to its node).
+	// Several slots of a Cluster master: one script call per slot,
+	// pipelined.
 	pipe := b.client.Pipeline()
 	cmds := make([]*redis.Cmd, len(groups))
 	keys := make([][]string, len(groups))

@@ -444,7 +444,15 @@ func TestRedisUnavailable(t *testing.T) {
 			t.Fatalf("NewRedis on a closed port: %v, want an error wrapping store.ErrUnavailable", err)
 		}
 		t.Logf("NewRedis failed after %v: %v", time.Since(began), err)
-		check(t, newRedis(t, store.RedisOptions{Addrs: []string{addr}, Timeout: timeout, LazyLoad: true}))
+		s := newRedis(t, store.RedisOptions{Addrs: []string{addr}, Timeout: timeout, LazyLoad: true})
+		check(t, s)
+		// A refused connection fails the decision at once (one dial, no
+		// retries 100 ms apart): the failure policy applies without
+		// waiting out the timeout.
+		began = time.Now()
+		if _, err := s.Decide(context.Background(), bucket); !errors.Is(err, store.ErrUnavailable) || time.Since(began) > timeout/2 {
+			t.Errorf("Decide on a refused port: %v after %v, want ErrUnavailable well within the %v timeout", err, time.Since(began), timeout)
+		}
 	})
 
 	t.Run("killed server, then restarted", func(t *testing.T) {
@@ -500,13 +508,17 @@ func TestRedisUnavailable(t *testing.T) {
 			t.Fatal(err)
 		}
 		var once sync.Once
-		s.Client().AddHook(afterScript(func() {
+		hook := afterScript(func() {
 			once.Do(func() {
 				for _, m := range c.Masters {
 					m.Pause()
 				}
 			})
-		}))
+		})
+		s.Client().(*redis.ClusterClient).ForEachShard(context.Background(), func(_ context.Context, n *redis.Client) error {
+			n.AddHook(hook) // scripts go to each master's own client
+			return nil
+		})
 		defer func() {
 			for _, m := range c.Masters {
 				m.Resume()
@@ -680,6 +692,12 @@ func TestRedisOptionsRejected(t *testing.T) {
 		{"socket on a cluster", store.RedisOptions{Addrs: []string{"/run/redis.sock"}, Cluster: true}, "Unix socket"},
 		{"socket among cluster seeds", store.RedisOptions{Addrs: []string{"a:1", "/run/redis.sock"}}, "Unix socket"},
 		{"socket as a sentinel", store.RedisOptions{Addrs: []string{"/run/redis.sock"}, MasterName: "m"}, "Unix socket"},
+		{"a URL", store.RedisOptions{Addrs: []string{"redis://127.0.0.1:6379"}}, "is a URL"},
+		{"a socket URL", store.RedisOptions{Addrs: []string{"unix:///run/redis.sock"}}, "is a URL"},
+		{"no port", store.RedisOptions{Addrs: []string{"127.0.0.1"}}, "missing port"},
+		{"a relative socket path", store.RedisOptions{Addrs: []string{"redis.sock"}}, "absolute path of a Unix socket"},
+		{"addresses joined by a comma", store.RedisOptions{Addrs: []string{"127.0.0.1:1,127.0.0.1:2"}}, "separate arguments"},
+		{"a port that is not one", store.RedisOptions{Addrs: []string{"localhost:redis"}}, "not a number"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -832,4 +850,63 @@ func (h afterScript) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 }
 func (h afterScript) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
+}
+
+// TestRedisClusterStalledMasterHoldsUpOnlyItsSlots: while one master of a
+// Cluster hangs, decisions for slots on the other masters are still
+// answered: each master has its own batch workers.
+func TestRedisClusterStalledMasterHoldsUpOnlyItsSlots(t *testing.T) {
+	c := redistest.StartCluster(t, 3)
+	s := newRedis(t, store.RedisOptions{Addrs: c.Addrs(), KeyPrefix: prefix(t), Timeout: time.Second})
+	ctx := context.Background()
+	cc := s.Client().(*redis.ClusterClient)
+	// Two tenants whose slots are on different masters.
+	masterOf := func(tag string) string {
+		n, err := cc.MasterForKey(ctx, tag)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n.Options().Addr
+	}
+	stalled, healthy := "{t0}", ""
+	for i := 1; healthy == ""; i++ {
+		if tag := fmt.Sprintf("{t%d}", i); masterOf(tag) != masterOf(stalled) {
+			healthy = tag
+		}
+	}
+	path := func(tag string) []store.Bucket {
+		return []store.Bucket{{Key: tag + "|user", Limit: gcra(1_000_000, time.Hour), Cost: 1}}
+	}
+	for _, tag := range []string{stalled, healthy} { // connections warm
+		if _, err := s.Decide(ctx, path(tag)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var paused *redistest.Server
+	for _, m := range c.Masters {
+		if m.Addr() == masterOf(stalled) {
+			paused = m
+		}
+	}
+	paused.Pause()
+	defer paused.Resume()
+	var wg sync.WaitGroup
+	for i := 0; i < 8; i++ { // more than a node's workers: all stuck on it
+		wg.Add(1)
+		go func() { defer wg.Done(); s.Decide(ctx, path(stalled)) }()
+	}
+	time.Sleep(50 * time.Millisecond) // let them reach the stalled master (not timing the test)
+	// Queued behind the stalled master's calls, they would wait out most
+	// of its 1 s timeout; on their own master's workers they are answered
+	// at once.
+	began := time.Now()
+	for i := 0; i < 5; i++ {
+		if d, err := s.Decide(ctx, path(healthy)); err != nil || !d.Allowed {
+			t.Fatalf("a tenant on a healthy master while another master hangs: %+v, %v", d, err)
+		}
+	}
+	if elapsed := time.Since(began); elapsed > 500*time.Millisecond {
+		t.Fatalf("5 decisions on a healthy master took %v while another master hung", elapsed)
+	}
+	wg.Wait()
 }

@@ -49,6 +49,12 @@ type Decision struct {
 	// could admit the cost: the maximum over buckets. Zero when Allowed or
 	// Impossible.
 	RetryAfter time.Duration
+	// At is when the decision was made (µs since the Unix epoch), on the
+	// clock that Bucket.Charged is read on: the value to give as Charged
+	// when correcting this decision's costs. The memory store reports its
+	// own clock; the Redis store, which decides at Redis's TIME, reports
+	// this process's clock when it sent the decision.
+	At int64
 }
 
 // Store is the contract both stores fulfil.
