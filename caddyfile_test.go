@@ -170,7 +170,6 @@ func TestProvisionErrors(t *testing.T) {
 		{"bad cost", "tree t {\n tier a k {\n  limit 5 tokens/h\n }\n}\ncost tokens many", "neither a placeholder nor a non-negative integer"},
 		{"braces in prefix", "tree t {\n tier a k {\n  limit 5/h\n }\n}\nstore redis {\n key_prefix {x}\n}", "must not contain braces"},
 		{"zone name", "zone \"my zone\" {\n key static\n events 1\n window 1s\n}", "tree name \"my zone\""},
-		{"placeholder without namespace", "tree t {\n tier user {X-User} {\n  limit 5/h\n }\n}", "did you mean {header.X-User}"},
 		{"shorthand placeholders are fine", "tree t {\n tier ip {client_ip} {\n  limit 5/h\n }\n tier user {header.X-User} {\n  limit 5/h\n }\n tier p {env.NOPE}{path.0} {\n  limit 5/h\n }\n}\nmode bogus", "mode \"bogus\""},
 	}
 	for _, tt := range tests {

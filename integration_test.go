@@ -717,3 +717,51 @@ http://127.0.0.1:%d {
 		t.Fatalf("max_keys 1000000 running, 64 in a reload that failed: the victim's 2nd request got %d (evicted)", r.status)
 	}
 }
+
+// TestSharedStoreSettingsApplyOnFirstLoad: handlers of one configuration
+// that share a memory store apply its settings at once, whichever comes
+// first: /c's max_keys 64 holds although only /b serves.
+func TestSharedStoreSettingsApplyOnFirstLoad(t *testing.T) {
+	port := freePort(t)
+	name := fmt.Sprintf("firstload%d", testSeq.Add(1))
+	startCaddy(t, fmt.Sprintf(`
+http://127.0.0.1:%d {
+	route /b {
+		rate_limit {
+			tree u {
+				tier user {header.X-User} {
+					limit 1/h
+				}
+			}
+			store memory {
+				name %s
+			}
+		}
+		respond "b"
+	}
+	route /c {
+		rate_limit {
+			tree t {
+				tier user {header.X-User} {
+					limit 1/h
+				}
+			}
+			store memory {
+				name %s
+				max_keys 64
+			}
+		}
+		respond "c"
+	}
+}`, port, name, name))
+	url := fmt.Sprintf("http://127.0.0.1:%d/b", port)
+	if r := do(t, "GET", url, "X-User: victim"); r.status != 200 {
+		t.Fatalf("first: %d", r.status)
+	}
+	for i := 0; i < 2000; i++ {
+		do(t, "GET", url, fmt.Sprintf("X-User: u%d", i))
+	}
+	if r := do(t, "GET", url, "X-User: victim"); r.status == http.StatusTooManyRequests {
+		t.Fatal("the store still holds the first of 2001 users: max_keys 64 of another handler of the same config is not in force")
+	}
+}

@@ -221,6 +221,11 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		t.header = make([]string, len(t.Tiers))
 		for i, tier := range t.Tiers {
 			t.dynamic[i] = strings.ContainsRune(tier.Key, '{')
+			for _, name := range hierarchy.BarePlaceholders(tier.Key) {
+				h.logger.Warn("rate_limit: a key placeholder has no namespace: unless a handler before this one sets it (as map does), it is empty and every request is refused as having no key",
+					zap.String("tree", t.Name), zap.String("tier", tier.Name), zap.String("key", tier.Key),
+					zap.String("did_you_mean", "{header."+name+"}"))
+			}
 			if name, ok := strings.CutPrefix(tier.Key, "{http.request.header."); ok && strings.HasSuffix(name, "}") &&
 				!strings.ContainsAny(name[:len(name)-1], "{}:") {
 				t.header[i] = http.CanonicalHeaderKey(name[:len(name)-1])

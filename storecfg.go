@@ -1,6 +1,7 @@
 package cascade
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
@@ -77,17 +78,23 @@ type RedisTLS struct {
 }
 
 // pooled is a store in the usage pool.
-type pooled struct{ store.Store }
+type pooled struct {
+	store.Store
+	// config is the context of the configuration that opened the store:
+	// its other handlers apply their settings at once, a later
+	// configuration's wait until it is live (see open).
+	config context.Context
+}
 
 func (p pooled) Destruct() error { return p.Close() }
 
 // open returns the configured store from the pool, opening it if needed.
 //
-// For a memory store already in use (a reload, or another handler naming
-// it), the settings this configuration gives explicitly are returned as
-// apply, for the handler to apply when it serves its first request: a
-// configuration that fails to load then changes nothing, and a handler that
-// leaves them unset does not reset another's.
+// For a memory store a previous configuration opened (a reload), the
+// settings this configuration gives explicitly are returned as apply, for
+// the handler to apply when it serves its first request: a configuration
+// that fails to load then changes nothing. Settings left unset never reset
+// another handler's.
 func (c *StoreConfig) open(ctx caddy.Context, sweep time.Duration) (s store.Store, poolKey string, apply func(), err error) {
 	if c.Memory != nil && c.Redis != nil {
 		return nil, "", nil, errors.New("configure one store: memory or redis")
@@ -112,7 +119,7 @@ func (c *StoreConfig) open(ctx caddy.Context, sweep time.Duration) (s store.Stor
 			if err != nil {
 				return nil, err
 			}
-			return pooled{s}, nil
+			return pooled{Store: s}, nil
 		})
 		if err != nil {
 			return nil, "", nil, err
@@ -133,15 +140,21 @@ func (c *StoreConfig) open(ctx caddy.Context, sweep time.Duration) (s store.Stor
 	poolKey = "memory/" + name
 	opts := store.MemoryOptions{MaxKeys: m.MaxKeys, SweepInterval: sweep}
 	v, loaded, err := stores.LoadOrNew(poolKey, func() (caddy.Destructor, error) {
-		return pooled{store.NewMemory(opts)}, nil
+		return pooled{Store: store.NewMemory(opts), config: ctx.Context}, nil
 	})
 	if err != nil {
 		return nil, "", nil, err
 	}
 	if mem, ok := v.(pooled).Store.(*store.Memory); ok && loaded && (opts.MaxKeys > 0 || opts.SweepInterval > 0) {
 		// The store outlives reloads, with its state; the newest
-		// configuration that sets its cap or sweep interval sets them.
+		// configuration that sets its cap or sweep interval sets them:
+		// at once when it opened the store itself (another handler of
+		// it came first), else once it is live.
 		apply = func() { mem.Reconfigure(opts) }
+		if v.(pooled).config == ctx.Context {
+			apply()
+			apply = nil
+		}
 	}
 	return v.(pooled).Store, poolKey, apply, nil
 }

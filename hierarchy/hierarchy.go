@@ -200,17 +200,19 @@ func (t *Tree) Compile() error {
 	return nil
 }
 
-// checkPlaceholders refuses a key template with a placeholder Caddy cannot
-// know: every one has a namespace ({http.request.header.X-User},
-// {env.TENANT}; the Caddyfile's shorthands, {header.X-User} or {client_ip},
-// are expanded before this). {X-User} would resolve to nothing, and every
-// request would be refused as having no key.
-func checkPlaceholders(key string) error {
+// BarePlaceholders returns the placeholders of a key template that have no
+// namespace, such as {X-User}. Caddy's own placeholders all have one
+// ({http.request.header.X-User}, {env.TENANT}; the Caddyfile's shorthands,
+// {header.X-User} or {client_ip}, are expanded before a config loads), so
+// such a name resolves only if a handler defines it (map's outputs, as
+// {tenant}); else it is empty, and every request has no key.
+func BarePlaceholders(key string) []string {
+	var names []string
 	rest := key
 	for {
 		open := strings.IndexByte(rest, '{')
 		if open < 0 {
-			return nil
+			return names
 		}
 		if open > 0 && rest[open-1] == '\\' { // an escaped brace
 			rest = rest[open+1:]
@@ -218,11 +220,10 @@ func checkPlaceholders(key string) error {
 		}
 		end := strings.IndexByte(rest[open:], '}')
 		if end < 0 {
-			return fmt.Errorf("key %q: unclosed placeholder", key)
+			return names
 		}
-		name := rest[open+1 : open+end]
-		if !strings.Contains(name, ".") {
-			return fmt.Errorf("key %q: {%s} is not a placeholder Caddy knows (they have a namespace): did you mean {header.%s} (Caddyfile) or {http.request.header.%s}?", key, name, name, name)
+		if name := rest[open+1 : open+end]; name != "" && !strings.Contains(name, ".") {
+			names = append(names, name)
 		}
 		rest = rest[open+end+1:]
 	}
@@ -233,9 +234,6 @@ func (tier *Tier) compile() error {
 		return fmt.Errorf("no key: say which placeholder identifies the %s, e.g. key {http.request.header.X-%s}", tier.Name, tier.Name)
 	}
 	tier.dynamic = isDynamic(tier.Key)
-	if err := checkPlaceholders(tier.Key); err != nil {
-		return err
-	}
 	switch tier.Missing {
 	case "":
 		tier.Missing = MissingDeny

@@ -288,3 +288,21 @@ func TestQualifyPolicies(t *testing.T) {
 		t.Errorf("a alone: policy %q, want user", p)
 	}
 }
+
+// TestBarePlaceholders: placeholders without a namespace are found (map's
+// outputs, or a mistake for {header.X-User}); Caddy's own are not.
+func TestBarePlaceholders(t *testing.T) {
+	for key, want := range map[string]string{
+		"{X-User}":                       "X-User",
+		"{http.request.header.X-User}":   "",
+		"{env.T}/{tenant}":               "tenant",
+		`\{literal}{http.vars.x}`:        "",
+		"static":                         "",
+		"a{b":                            "",
+		"{http.regexp.name.1}{a}{b.c}{}": "a",
+	} {
+		if got := strings.Join(BarePlaceholders(key), ","); got != want {
+			t.Errorf("BarePlaceholders(%q) = %q, want %q", key, got, want)
+		}
+	}
+}

@@ -408,7 +408,7 @@ func (r *Redis) now() (now, wall int64) {
 // results. It waits until deadline at most.
 func (r *Redis) decide(ctx context.Context, deadline time.Time, buckets []Bucket, now, wall int64, results []rate.Result) error {
 	keys, spec := r.encode(buckets, now, wall, false)
-	b, err := r.batch.forKey(ctx, keys[0])
+	b, err := r.batch.forKey(ctx, deadline, keys[0])
 	if err != nil {
 		return err
 	}

@@ -32,10 +32,14 @@ type batcher struct {
 	script  *redis.Script
 	timeout time.Duration
 	cluster bool // a Cluster master's: group batches by hash slot
-	queue   chan *call
-	stop    chan struct{}
-	done    sync.WaitGroup
-	once    sync.Once
+	// slots is the Cluster client whose slot map is reloaded when the
+	// master answers MOVED or ASK (a slot moved away: the script did not
+	// run, and the next decision must go to the new owner).
+	slots *redis.ClusterClient
+	queue chan *call
+	stop  chan struct{}
+	done  sync.WaitGroup
+	once  sync.Once
 }
 
 // batchers are the batchers of a store: one for a single server (or a
@@ -64,11 +68,13 @@ func newBatchers(client redis.UniversalClient, script *redis.Script, timeout tim
 }
 
 // forKey returns the batcher of the master serving key's slot, from the
-// client's slot map (which it loads if it has none).
-func (bs *batchers) forKey(ctx context.Context, key string) (*batcher, error) {
+// client's slot map (which it loads, by deadline, if it has none).
+func (bs *batchers) forKey(ctx context.Context, deadline time.Time, key string) (*batcher, error) {
 	if bs.single != nil {
 		return bs.single, nil
 	}
+	ctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
 	node, err := bs.cluster.MasterForKey(ctx, key)
 	if err != nil {
 		return nil, err
@@ -80,10 +86,17 @@ func (bs *batchers) forKey(ctx context.Context, key string) (*batcher, error) {
 		return nil, redis.ErrClosed
 	}
 	b := bs.byNode[addr]
+	if b != nil && b.client != node {
+		// The cluster client replaced the node's client (the node left
+		// the slot map and came back): the old one is closed.
+		go b.close()
+		b = nil
+	}
 	if b == nil {
 		// A node's calls of several slots are grouped by slot: one
 		// script call per slot, pipelined to the node.
 		b = newBatcher(node, bs.script, bs.timeout, true)
+		b.slots = bs.cluster
 		bs.byNode[addr] = b
 	}
 	return b, nil
@@ -251,6 +264,7 @@ func (b *batcher) send(batch []*call, m *merger) {
 	if len(groups) == 1 { // one script call: Run sends EVALSHA, then EVAL on NOSCRIPT
 		keys, args := m.merge(live)
 		reply, err := b.script.Run(ctx, b.client, keys, args...).Text()
+		b.moved(err)
 		deliver(live, reply, err)
 		return
 	}
@@ -271,6 +285,7 @@ func (b *batcher) send(batch []*call, m *merger) {
 			// The node's script cache was flushed: this call loads it again.
 			reply, err = b.script.Run(ctx, b.client, keys[i], args[i]...).Text()
 		}
+		b.moved(err)
 		deliver(g, reply, err)
 	}
 }
@@ -286,6 +301,18 @@ func bySlot(calls []*call) [][]*call {
 		}
 	}
 	return groups
+}
+
+// moved has the Cluster client reload its slot map when a master answers
+// that a slot has moved: the store does not follow redirects (a script is
+// never sent twice), so the map must catch up for the next decisions.
+func (b *batcher) moved(err error) {
+	if err == nil || b.slots == nil {
+		return
+	}
+	if msg := err.Error(); strings.HasPrefix(msg, "MOVED ") || strings.HasPrefix(msg, "ASK ") {
+		b.slots.ReloadState(context.Background())
+	}
 }
 
 // deliver cuts a batch's reply into each call's part (six float64s per

@@ -531,6 +531,17 @@ func TestRedisUnavailable(t *testing.T) {
 		}
 	})
 
+	t.Run("cluster hanging before its slot map is known", func(t *testing.T) {
+		c := redistest.StartCluster(t, 3)
+		for _, m := range c.Masters {
+			m.Pause()
+			defer m.Resume()
+		}
+		// Started lazily (as Caddy does when Redis is down at start-up):
+		// the first decision must load the slot map within its timeout.
+		check(t, newRedis(t, store.RedisOptions{Addrs: c.Addrs(), Timeout: timeout, LazyLoad: true}))
+	})
+
 	t.Run("caller's context already done", func(t *testing.T) {
 		s := newRedis(t, store.RedisOptions{Addrs: []string{redistest.Shared(t).Addr()}, KeyPrefix: prefix(t)})
 		ctx, cancel := context.WithCancel(context.Background())
@@ -909,4 +920,56 @@ func TestRedisClusterStalledMasterHoldsUpOnlyItsSlots(t *testing.T) {
 		t.Fatalf("5 decisions on a healthy master took %v while another master hung", elapsed)
 	}
 	wg.Wait()
+}
+
+// TestRedisClusterFollowsAMovedSlot: the store does not follow redirects
+// (a script is never sent twice), but a MOVED reply has the client reload
+// its slot map, so only the decisions already on their way fail.
+func TestRedisClusterFollowsAMovedSlot(t *testing.T) {
+	c := redistest.StartCluster(t, 3)
+	s := newRedis(t, store.RedisOptions{Addrs: c.Addrs(), KeyPrefix: prefix(t), Timeout: time.Second})
+	ctx := context.Background()
+	cc := s.Client().(*redis.ClusterClient)
+	tag := "{t0}"
+	n, err := cc.MasterForKey(ctx, tag)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var src, dst *redistest.Server
+	for _, m := range c.Masters {
+		if m.Addr() == n.Options().Addr {
+			src = m
+		} else if dst == nil {
+			dst = m
+		}
+	}
+	path := []store.Bucket{{Key: tag + "|user", Limit: gcra(1_000_000, time.Hour), Cost: 1}}
+	if _, err := s.Decide(ctx, path); err != nil {
+		t.Fatal(err)
+	}
+	// Move the (emptied) slot to dst, telling every master.
+	slot := strconv.Itoa(store.RedisKeySlot(prefix(t) + path[0].Key))
+	keys, _ := redistest.Do(src.Addr(), "CLUSTER", "GETKEYSINSLOT", slot, "1000")
+	for _, k := range strings.Fields(keys) {
+		redistest.Do(src.Addr(), "DEL", k)
+	}
+	id, err := redistest.Do(dst.Addr(), "CLUSTER", "MYID")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range c.Masters {
+		if _, err := redistest.Do(m.Addr(), "CLUSTER", "SETSLOT", slot, "NODE", strings.TrimSpace(id)); err != nil {
+			t.Fatalf("SETSLOT on %s: %v", m.Addr(), err)
+		}
+	}
+	failed := 0
+	for i := 0; i < 50; i++ {
+		if _, err := s.Decide(ctx, path); err != nil {
+			failed++
+		}
+		time.Sleep(20 * time.Millisecond) // decisions spread over a second, as traffic is
+	}
+	if failed > 2 {
+		t.Fatalf("%d of 50 decisions failed after their slot moved; want only the first (MOVED, then a reloaded map)", failed)
+	}
 }
