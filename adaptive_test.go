@@ -125,11 +125,7 @@ http://127.0.0.1:%d {
 	}
 
 	// A reload keeps the controller, and so the throttling, in place.
-	cfg, err := adapt(t, fmt.Sprintf(globalOptions, global)+sites)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := caddy.Load(cfg, true); err != nil {
+	if err := reload(t, sites, global); err != nil {
 		t.Fatal(err)
 	}
 	if q := quota(); q > 250 {

@@ -121,3 +121,15 @@ func loadJSON(t testing.TB, cfg []byte) {
 	}
 	t.Cleanup(func() { _ = caddy.Stop() })
 }
+
+// reload loads new site blocks (and global options) into the Caddy that
+// startCaddy runs, as `caddy reload` does, and returns the error of a
+// config that fails to load.
+func reload(t testing.TB, sites string, global ...string) error {
+	t.Helper()
+	cfg, err := adapt(t, fmt.Sprintf(globalOptions, strings.Join(global, "\n"))+sites)
+	if err != nil {
+		t.Fatalf("adapting Caddyfile: %v\n%s", err, sites)
+	}
+	return caddy.Load(cfg, true)
+}

@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
 	"golang.org/x/crypto/bcrypt"
 )
 
@@ -439,11 +438,7 @@ http://127.0.0.1:%d {
 	if got := admitN(t, 2, url, "X-User: u"); got != 2 {
 		t.Fatalf("admitted %d before reload", got)
 	}
-	cfg, err := adapt(t, fmt.Sprintf(globalOptions, "")+config("v2"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := caddy.Load(cfg, true); err != nil {
+	if err := reload(t, config("v2")); err != nil {
 		t.Fatal(err)
 	}
 	if r := do(t, "GET", url, "X-User: u"); r.status != 200 || r.body != "v2" {
@@ -635,11 +630,7 @@ http://127.0.0.1:%d {
 }`, port, name, maxKeys)
 	}
 	startCaddy(t, config(64))
-	cfg, err := adapt(t, fmt.Sprintf(globalOptions, "")+config(1000000))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := caddy.Load(cfg, true); err != nil {
+	if err := reload(t, config(1000000)); err != nil {
 		t.Fatal(err)
 	}
 	url := fmt.Sprintf("http://127.0.0.1:%d/", port)
@@ -700,11 +691,7 @@ http://127.0.0.1:%d {
 	startCaddy(t, config(1000000, false))
 	url := fmt.Sprintf("http://127.0.0.1:%d/", port)
 	do(t, "GET", url+"b", "X-User: warm") // /b, which sets nothing, serves first
-	cfg, err := adapt(t, fmt.Sprintf(globalOptions, "")+config(64, true))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := caddy.Load(cfg, true); err == nil {
+	if err := reload(t, config(64, true)); err == nil {
 		t.Fatal("the broken config loaded")
 	}
 	if r := do(t, "GET", url+"a", "X-User: victim"); r.status != 200 {

@@ -546,107 +546,10 @@ func TestGraphQLConcurrentEstimates(t *testing.T) {
 
 // TestGraphQLVariableSizeSpellings: a size a server would coerce to the Int
 // 100 costs as 100, however it is spelt: 100.0 and 1e2 (graphql-js,
-// graphql-ruby) or "100" (gqlgen). A fraction counts rounded up.
+// graphql-ruby), "100" (gqlgen, also with JSON escapes), and whatever the
+// spelling of the variable's name. A fraction counts rounded up; a size
+// too large for an int64 saturates.
 func TestGraphQLVariableSizeSpellings(t *testing.T) {
-	g := provisioned(t, &GraphQL{})
-	q := `query($n: Int) { users(first: $n) { name } }`
-	cost := func(v string) int64 {
-		t.Helper()
-		n, err := g.Estimate(gqlPost(`{"query":"` + q + `","variables":{"n":` + v + `}}`))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
-	want := cost(`100`)
-	for _, v := range []string{`100.0`, `1e2`, `1E2`, `"100"`, `" 100 "`, `99.5`} {
-		if got := cost(v); got != want {
-			t.Errorf("n = %s: cost %d, want %d (as for n = 100)", v, got, want)
-		}
-	}
-	if got, fallback := cost(`1e400`), cost(`100`); got <= fallback {
-		t.Errorf("n = 1e400: cost %d, want it saturated above %d", got, fallback)
-	}
-}
-
-// TestGraphQLPostWithQueryInURL: a POST whose URL carries a query (which
-// graphql-go's handler and express-graphql run instead of the body's) is
-// charged for it too.
-func TestGraphQLPostWithQueryInURL(t *testing.T) {
-	g := provisioned(t, &GraphQL{})
-	expensive := `{ users(first: 1000) { friends(first: 1000) { name } } }`
-	want, err := g.Estimate(gqlPost(gqlBody(expensive, nil, "")))
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := gqlPost(`{"query":"{ __typename }"}`)
-	r.HTTP.URL.RawQuery = "query=" + url.QueryEscape(expensive)
-	if got, err := g.Estimate(r); err != nil || got < want {
-		t.Fatalf("POST ?query=<%d points> with a body of 1 point: charged %d, %v", want, got, err)
-	}
-}
-
-// TestGraphQLURLQueryWithGraphQLBody: graphql-go's handler runs the
-// URL's query in place of the body whatever the Content-Type. With
-// Content-Type application/graphql the URL query is not costed.
-func TestGraphQLURLQueryWithGraphQLBody(t *testing.T) {
-	g := provisioned(t, &GraphQL{})
-	expensive := `{ users(first: 1000) { friends(first: 1000) { name } } }`
-	want, err := g.Estimate(gqlPost(gqlBody(expensive, nil, "")))
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := gqlPost(`{ __typename }`)
-	r.HTTP.Header.Set("Content-Type", "application/graphql")
-	r.HTTP.URL.RawQuery = "query=" + url.QueryEscape(expensive)
-	got, err := g.Estimate(r)
-	if err != nil || got < want {
-		t.Fatalf("POST application/graphql ?query=<%d> with a 1-point body: charged %d, %v", want, got, err)
-	}
-}
-
-// TestGraphQLURLQueryWithMalformedBody: with on_malformed default, a
-// malformed body next to an expensive URL query is charged default_cost.
-func TestGraphQLURLQueryWithMalformedBody(t *testing.T) {
-	g := provisioned(t, &GraphQL{OnMalformed: OnMalformedDefault, DefaultCost: 1})
-	expensive := `{ users(first: 1000) { friends(first: 1000) { name } } }`
-	want, err := g.Estimate(gqlPost(gqlBody(expensive, nil, "")))
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := gqlPost(`not json`)
-	r.HTTP.URL.RawQuery = "query=" + url.QueryEscape(expensive)
-	got, err := g.Estimate(r)
-	if err != nil || got < want {
-		t.Fatalf("POST ?query=<%d> with a malformed body: charged %d, %v", want, got, err)
-	}
-}
-
-// TestGraphQLEscapedNumericString: gqlgen coerces the string "1000"
-// to the Int 1000 after JSON unescaping; the same string written with
-// escapes ("\u0031\u0030\u0030\u0030") costs the default list size.
-func TestGraphQLEscapedNumericString(t *testing.T) {
-	g := provisioned(t, &GraphQL{})
-	q := `query($n: Int) { users(first: $n) { name } }`
-	cost := func(v string) int64 {
-		t.Helper()
-		n, err := g.Estimate(gqlPost(`{"query":"` + q + `","variables":{"n":` + v + `}}`))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
-	want := cost(`"1000"`)
-	for _, v := range []string{`"\u0031\u0030\u0030\u0030"`, `"1\u0030\u0030\u0030"`} {
-		if got := cost(v); got != want {
-			t.Errorf("n = %s (the string \"1000\"): cost %d, want %d", v, got, want)
-		}
-	}
-}
-
-// TestGraphQLEscapedVariableName: the variable's name spelt with a
-// JSON escape.
-func TestGraphQLEscapedVariableName(t *testing.T) {
 	g := provisioned(t, &GraphQL{})
 	q := `query($n: Int) { users(first: $n) { name } }`
 	cost := func(vars string) int64 {
@@ -657,7 +560,47 @@ func TestGraphQLEscapedVariableName(t *testing.T) {
 		}
 		return n
 	}
-	if got, want := cost(`{"\u006e":1000}`), cost(`{"n":1000}`); got != want {
-		t.Errorf("escaped name: cost %d, want %d", got, want)
+	want := cost(`{"n":100}`)
+	for _, vars := range []string{`{"n":100.0}`, `{"n":1e2}`, `{"n":1E2}`, `{"n":"100"}`, `{"n":" 100 "}`,
+		`{"n":99.5}`, `{"n":"\u0031\u0030\u0030"}`, `{"n":"1\u0030\u0030"}`, `{"\u006e":100}`} {
+		if got := cost(vars); got != want {
+			t.Errorf("variables %s: cost %d, want %d (as for n = 100)", vars, got, want)
+		}
+	}
+	if got := cost(`{"n":1e400}`); got <= want {
+		t.Errorf("n = 1e400: cost %d, want it saturated above %d", got, want)
+	}
+}
+
+// TestGraphQLQueryInURLOfAPost: a POST whose URL carries a query (which
+// graphql-go's handler and express-graphql run instead of the body's) is
+// charged for it, whatever the body: a cheap one, an application/graphql
+// one, a malformed one under on_malformed default, or none.
+func TestGraphQLQueryInURLOfAPost(t *testing.T) {
+	expensive := `{ users(first: 1000) { friends(first: 1000) { name } } }`
+	for _, tc := range []struct {
+		name, body, contentType string
+		g                       *GraphQL
+	}{
+		{"cheap JSON body", `{"query":"{ __typename }"}`, "", &GraphQL{}},
+		{"application/graphql body", `{ __typename }`, "application/graphql", &GraphQL{}},
+		{"malformed body, on_malformed default", `not json`, "", &GraphQL{OnMalformed: OnMalformedDefault, DefaultCost: 1}},
+		{"no body", ``, "", &GraphQL{}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := provisioned(t, tc.g)
+			want, err := g.Estimate(gqlPost(gqlBody(expensive, nil, "")))
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := gqlPost(tc.body)
+			if tc.contentType != "" {
+				r.HTTP.Header.Set("Content-Type", tc.contentType)
+			}
+			r.HTTP.URL.RawQuery = "query=" + url.QueryEscape(expensive)
+			if got, err := g.Estimate(r); err != nil || got < want {
+				t.Fatalf("POST ?query=<%d points>: charged %d, %v", want, got, err)
+			}
+		})
 	}
 }
