@@ -707,41 +707,40 @@ http://127.0.0.1:%d {
 
 // TestSharedStoreSettingsApplyOnFirstLoad: handlers of one configuration
 // that share a memory store apply its settings at once, whichever comes
-// first: /c's max_keys 64 holds although only /b serves.
+// first, on one server or on two (each server has its own context): the
+// max_keys 64 of one site holds although only the other serves.
 func TestSharedStoreSettingsApplyOnFirstLoad(t *testing.T) {
-	port := freePort(t)
+	port, other := freePort(t), freePort(t)
 	name := fmt.Sprintf("firstload%d", testSeq.Add(1))
 	startCaddy(t, fmt.Sprintf(`
 http://127.0.0.1:%d {
-	route /b {
-		rate_limit {
-			tree u {
-				tier user {header.X-User} {
-					limit 1/h
-				}
-			}
-			store memory {
-				name %s
+	rate_limit {
+		tree u {
+			tier user {header.X-User} {
+				limit 1/h
 			}
 		}
-		respond "b"
+		store memory {
+			name %s
+		}
 	}
-	route /c {
-		rate_limit {
-			tree t {
-				tier user {header.X-User} {
-					limit 1/h
-				}
-			}
-			store memory {
-				name %s
-				max_keys 64
+	respond "b"
+}
+http://127.0.0.1:%d {
+	rate_limit {
+		tree t {
+			tier user {header.X-User} {
+				limit 1/h
 			}
 		}
-		respond "c"
+		store memory {
+			name %s
+			max_keys 64
+		}
 	}
-}`, port, name, name))
-	url := fmt.Sprintf("http://127.0.0.1:%d/b", port)
+	respond "c"
+}`, port, name, other, name))
+	url := fmt.Sprintf("http://127.0.0.1:%d/", port)
 	if r := do(t, "GET", url, "X-User: victim"); r.status != 200 {
 		t.Fatalf("first: %d", r.status)
 	}

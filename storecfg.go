@@ -1,7 +1,6 @@
 package cascade
 
 import (
-	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
@@ -80,10 +79,12 @@ type RedisTLS struct {
 // pooled is a store in the usage pool.
 type pooled struct {
 	store.Store
-	// config is the context of the configuration that opened the store:
-	// its other handlers apply their settings at once, a later
-	// configuration's wait until it is live (see open).
-	config context.Context
+	// config identifies the configuration that opened the store (the
+	// Done channel of its context, which every server's context of that
+	// configuration shares, and no other configuration's): its other
+	// handlers apply their settings at once, a later configuration's wait
+	// until it is live (see open).
+	config <-chan struct{}
 }
 
 func (p pooled) Destruct() error { return p.Close() }
@@ -140,7 +141,7 @@ func (c *StoreConfig) open(ctx caddy.Context, sweep time.Duration) (s store.Stor
 	poolKey = "memory/" + name
 	opts := store.MemoryOptions{MaxKeys: m.MaxKeys, SweepInterval: sweep}
 	v, loaded, err := stores.LoadOrNew(poolKey, func() (caddy.Destructor, error) {
-		return pooled{Store: store.NewMemory(opts), config: ctx.Context}, nil
+		return pooled{Store: store.NewMemory(opts), config: ctx.Done()}, nil
 	})
 	if err != nil {
 		return nil, "", nil, err
@@ -151,7 +152,7 @@ func (c *StoreConfig) open(ctx caddy.Context, sweep time.Duration) (s store.Stor
 		// at once when it opened the store itself (another handler of
 		// it came first), else once it is live.
 		apply = func() { mem.Reconfigure(opts) }
-		if v.(pooled).config == ctx.Context {
+		if v.(pooled).config == ctx.Done() {
 			apply()
 			apply = nil
 		}

@@ -190,10 +190,21 @@ func (b *batcher) do(ctx context.Context, deadline time.Time, keys []string, spe
 	}
 }
 
-// close stops the workers; calls still queued fail.
+// close stops the workers; calls still queued fail at once with
+// redis.ErrClosed (one that slips into the queue as it closes fails at its
+// deadline).
 func (b *batcher) close() {
 	b.once.Do(func() { close(b.stop) })
 	b.done.Wait()
+	for {
+		select {
+		case c := <-b.queue:
+			c.err = redis.ErrClosed
+			close(c.done)
+		default:
+			return
+		}
+	}
 }
 
 func (b *batcher) work() {

@@ -2,6 +2,8 @@ package store
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -57,5 +59,75 @@ func TestBatchWaitsForItsLatestDeadline(t *testing.T) {
 	<-fresh.done
 	if fresh.err != nil || len(fresh.reply) != 48 {
 		t.Fatalf("a call with 5 s left, batched with one with 50 ms left: %v after %v", fresh.err, time.Since(now))
+	}
+}
+
+// hold delays every command until release is closed.
+type hold struct{ release chan struct{} }
+
+func (h hold) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h hold) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		select {
+		case <-h.release:
+		case <-ctx.Done():
+			cmd.SetErr(ctx.Err())
+			return ctx.Err()
+		}
+		return next(ctx, cmd)
+	}
+}
+func (h hold) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// TestClosedBatcherFailsQueuedCalls: closing a batcher (the store closing,
+// or a Cluster master's batcher replaced) fails the calls still queued at
+// once, rather than leaving them to their deadline; the calls on the wire
+// get their replies.
+func TestClosedBatcherFailsQueuedCalls(t *testing.T) {
+	r := &Redis{prefix: "batch-closed:"}
+	lim := rate.Limit{Algorithm: rate.GCRA, Count: 100, Period: time.Hour}
+	for run := 0; run < 5; run++ {
+		client := redis.NewClient(&redis.Options{Addr: redistest.Shared(t).Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
+		defer client.Close()
+		h := hold{release: make(chan struct{})}
+		client.AddHook(h)
+		b := newBatcher(client, lua.Decide, 5*time.Second, false)
+		deadline := time.Now().Add(5 * time.Second)
+		errs := make(chan error, 12)
+		for i := 0; i < 12; i++ {
+			keys, spec := r.encode([]Bucket{{Key: fmt.Sprintf("{b%d}k%d", run, i), Limit: lim, Cost: 1}}, 0, WallClock(), false)
+			go func() {
+				_, err := b.do(context.Background(), deadline, keys, spec)
+				errs <- err
+			}()
+			if i < 2 {
+				time.Sleep(20 * time.Millisecond) // each worker takes one call (setting up, not timing)
+			}
+		}
+		time.Sleep(50 * time.Millisecond) // the other ten are queued
+		go b.close()
+		time.Sleep(20 * time.Millisecond)
+		close(h.release) // the two on the wire finish
+		replied, closed := 0, 0
+		for i := 0; i < 12; i++ {
+			select {
+			case err := <-errs:
+				switch {
+				case err == nil:
+					replied++
+				case errors.Is(err, redis.ErrClosed):
+					closed++
+				default:
+					t.Fatalf("run %d: %v", run, err)
+				}
+			case <-time.After(3 * time.Second):
+				t.Fatalf("run %d: a queued call was left to its deadline after close (%d replied, %d failed so far)", run, replied, closed)
+			}
+		}
+		if replied < 2 {
+			t.Fatalf("run %d: %d calls replied, want at least the two on the wire", run, replied)
+		}
 	}
 }
