@@ -1,7 +1,9 @@
 package cascade
 
 import (
+	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -187,6 +189,19 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			return err
 		}
 	}
+	// A dimension counted with no cost line would cost every request 0 of
+	// it: name the limit that counts it (Provision checks JSON configs).
+	dims := make([]string, 0, len(h.counted))
+	for dim := range h.counted {
+		dims = append(dims, dim)
+	}
+	slices.Sort(dims)
+	for _, dim := range dims {
+		if !slices.ContainsFunc(h.Costs, func(c *Cost) bool { return c.Dimension == dim }) {
+			c := h.counted[dim]
+			return c.pos.errorf("tree %s counts %s, but no cost says what a request costs in %s: add 'cost %s <number or placeholder>' (or llm, graphql, body_size)", c.tree, dim, dim, dim)
+		}
+	}
 	return nil
 }
 
@@ -351,18 +366,39 @@ func parseReconcile(d *caddyfile.Dispenser) (*Reconcile, error) {
 	return r, nil
 }
 
+// position is where a token was, for an error found once its block is read.
+type position struct {
+	file string
+	line int
+}
+
+func at(d *caddyfile.Dispenser) position { return position{d.File(), d.Line()} }
+
+// errorf is d.Errf for the token at p.
+func (p position) errorf(format string, args ...any) error {
+	return fmt.Errorf("%s, at %s:%d", fmt.Sprintf(format, args...), p.file, p.line)
+}
+
 func (h *Handler) parseTree(d *caddyfile.Dispenser) error {
 	if !d.NextArg() {
 		return d.Errf("usage: tree <name> { tier ... }")
 	}
 	t := &Tree{Tree: hierarchy.Tree{Name: d.Val()}}
+	for _, other := range h.Trees {
+		if other.Name == t.Name {
+			return d.Errf("tree %s defined twice: give each tree its own name", t.Name)
+		}
+	}
+	if _, dup := h.RateLimits[t.Name]; dup {
+		return d.Errf("tree %s has the name of a zone: give each its own name", t.Name)
+	}
 	if d.NextArg() {
 		return d.Errf("tree %s: unexpected argument %q; tiers go in the block", t.Name, d.Val())
 	}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		switch d.Val() {
 		case "tier":
-			tier, err := parseTier(d)
+			tier, err := h.parseTier(d, t.Name, t.Tiers)
 			if err != nil {
 				return err
 			}
@@ -384,11 +420,18 @@ func (h *Handler) parseTree(d *caddyfile.Dispenser) error {
 	return nil
 }
 
-func parseTier(d *caddyfile.Dispenser) (*hierarchy.Tier, error) {
+// parseTier parses one tier of a tree whose tiers so far are before.
+func (h *Handler) parseTier(d *caddyfile.Dispenser, tree string, before []*hierarchy.Tier) (*hierarchy.Tier, error) {
 	if !d.NextArg() {
 		return nil, d.Errf("usage: tier <name> [<key>] { limit ... }")
 	}
 	tier := &hierarchy.Tier{Name: d.Val()}
+	start := at(d)
+	for _, other := range before {
+		if other.Name == tier.Name {
+			return nil, d.Errf("tier %s appears twice in its tree: give each tier its own name", tier.Name)
+		}
+	}
 	if d.NextArg() {
 		tier.Key = d.Val()
 	}
@@ -409,13 +452,13 @@ func parseTier(d *caddyfile.Dispenser) (*hierarchy.Tier, error) {
 			}
 			tier.Missing = hierarchy.Missing(v)
 		case "limit":
-			l, err := parseLimit(d)
+			l, err := h.parseLimitOf(d, tree)
 			if err != nil {
 				return nil, err
 			}
 			tier.Limits = append(tier.Limits, l)
 		case "value":
-			if err := parseValue(d, tier); err != nil {
+			if err := h.parseValue(d, tree, tier); err != nil {
 				return nil, err
 			}
 		case "adaptive":
@@ -425,13 +468,16 @@ func parseTier(d *caddyfile.Dispenser) (*hierarchy.Tier, error) {
 		}
 	}
 	if tier.Key == "" {
-		return nil, d.Errf("tier %s has no key: write tier %s {header.X-%s}, or key <placeholder> in its block", tier.Name, tier.Name, tier.Name)
+		return nil, start.errorf("tier %s has no key: write tier %s {header.X-%s}, or key <placeholder> in its block", tier.Name, tier.Name, tier.Name)
+	}
+	if len(tier.Limits) == 0 && len(tier.Values) == 0 {
+		return nil, start.errorf("tier %s has no limits: add one in its block, e.g. limit 1000/h", tier.Name)
 	}
 	return tier, nil
 }
 
 // parseValue parses `value <v...> { limit ... }` or `value <v...> unlimited`.
-func parseValue(d *caddyfile.Dispenser, tier *hierarchy.Tier) error {
+func (h *Handler) parseValue(d *caddyfile.Dispenser, tree string, tier *hierarchy.Tier) error {
 	vals := d.RemainingArgs()
 	unlimited := len(vals) > 1 && vals[len(vals)-1] == "unlimited"
 	if unlimited {
@@ -445,7 +491,7 @@ func parseValue(d *caddyfile.Dispenser, tier *hierarchy.Tier) error {
 		if d.Val() != "limit" {
 			return d.Errf("value %s: unknown option %q: only limit", vals[0], d.Val())
 		}
-		l, err := parseLimit(d)
+		l, err := h.parseLimitOf(d, tree)
 		if err != nil {
 			return err
 		}
@@ -472,6 +518,30 @@ func parseValue(d *caddyfile.Dispenser, tier *hierarchy.Tier) error {
 		tier.Values[v] = o
 	}
 	return nil
+}
+
+// parseLimitOf parses a limit of tree, noting where the tree first counts a
+// dimension other than requests: a cost must say what a request costs in
+// it (checked once the whole block is read).
+func (h *Handler) parseLimitOf(d *caddyfile.Dispenser, tree string) (*hierarchy.Limit, error) {
+	pos := at(d)
+	l, err := parseLimit(d)
+	if err != nil || l.Dimension == "" || l.Dimension == hierarchy.Requests {
+		return l, err
+	}
+	if h.counted == nil {
+		h.counted = map[string]countedAt{}
+	}
+	if _, seen := h.counted[l.Dimension]; !seen {
+		h.counted[l.Dimension] = countedAt{tree, pos}
+	}
+	return l, nil
+}
+
+// countedAt is where a tree first counts a dimension.
+type countedAt struct {
+	tree string
+	pos  position
 }
 
 // parseLimit parses `limit <count>[ <dimension>]/<per> [burst <n>] [algorithm] [tz <zone>]`.
@@ -535,6 +605,9 @@ func (h *Handler) parseZone(d *caddyfile.Dispenser) error {
 		return d.Errf("usage: zone <name> { key ... events ... window ... }")
 	}
 	name := d.Val()
+	if slices.ContainsFunc(h.Trees, func(t *Tree) bool { return t.Name == name }) {
+		return d.Errf("zone %s has the name of a tree: give each its own name", name)
+	}
 	z := &Zone{}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		switch d.Val() {

@@ -319,3 +319,31 @@ func TestMholtJSONLoads(t *testing.T) {
 		t.Fatalf("decoded %+v", h)
 	}
 }
+
+// TestCaddyfileErrorsNameTheLine: mistakes that are only visible once a
+// block is read are reported at the line that makes them.
+func TestCaddyfileErrorsNameTheLine(t *testing.T) {
+	tests := []struct{ name, input, want string }{
+		{"tier twice", "rate_limit {\n tree t {\n  tier a k {\n   limit 5/h\n  }\n  tier a j {\n   limit 5/h\n  }\n }\n}",
+			"tier a appears twice in its tree: give each tier its own name, at Testfile:6"},
+		{"tree twice", "rate_limit {\n tree t {\n  tier a k {\n   limit 5/h\n  }\n }\n tree t {\n  tier a k {\n   limit 5/h\n  }\n }\n}",
+			"tree t defined twice: give each tree its own name, at Testfile:7"},
+		{"tier without limits", "rate_limit {\n tree t {\n  tier a k {\n   missing skip\n  }\n }\n}",
+			"tier a has no limits: add one in its block, e.g. limit 1000/h, at Testfile:3"},
+		{"tier without key", "rate_limit {\n tree t {\n  tier user {\n   limit 5/h\n  }\n }\n}",
+			"tier user has no key: write tier user {header.X-user}, or key <placeholder> in its block, at Testfile:3"},
+		{"dimension without cost", "rate_limit {\n tree t {\n  tier a k {\n   limit 5/h\n   limit 500 tokens/h\n  }\n }\n}",
+			"tree t counts tokens, but no cost says what a request costs in tokens: add 'cost tokens <number or placeholder>' (or llm, graphql, body_size), at Testfile:5"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if _, err := parse(t, tt.input); err == nil || err.Error() != tt.want {
+				t.Fatalf("error = %v\nwant    %s", err, tt.want)
+			}
+		})
+	}
+	// A cost line after the tree that needs it is fine.
+	if _, err := parse(t, "rate_limit {\n tree t {\n  tier a k {\n   limit 500 tokens/h\n  }\n }\n cost tokens 5\n}"); err != nil {
+		t.Fatal(err)
+	}
+}

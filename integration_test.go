@@ -653,8 +653,8 @@ func TestStoreSettingsApplyOnlyWhenLive(t *testing.T) {
 	name := fmt.Sprintf("live%d", testSeq.Add(1))
 	config := func(maxKeys int, broken bool) string {
 		extra := ""
-		if broken { // a tree counting tokens with no cost: provisioning fails
-			extra = "rate_limit {\n tree b {\n tier all k {\n limit 10 tokens/min\n }\n }\n }"
+		if broken { // a key prefix with braces: provisioning fails
+			extra = "rate_limit {\n tree b {\n tier all k {\n limit 10/min\n }\n }\n store redis {\n key_prefix {x}\n }\n }"
 		}
 		return fmt.Sprintf(`
 http://127.0.0.1:%d {

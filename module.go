@@ -125,6 +125,7 @@ type Handler struct {
 	trees       []*Tree
 	costs       map[string]*Cost
 	policies    map[*hierarchy.Limit]string // each limit's RateLimit-Policy item, unscaled
+	counted     map[string]countedAt        // Caddyfile parsing: where each non-request dimension is first counted
 	applyStore  *atomic.Pointer[func()]     // store settings to apply at the first request (see StoreConfig.open)
 	headerCache *headerCache
 	adjusting   *sync.WaitGroup      // reconciliations under way
