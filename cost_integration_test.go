@@ -535,6 +535,8 @@ func TestReconcileNarrowsAcceptEncoding(t *testing.T) {
 		{"zstd, br, gzip;q=0.5", "gzip"},
 		{"br", "identity"},
 		{"zstd, gzip;q=0", "identity"},
+		{"gzip;Q=0, br", "identity"},
+		{"gzip;level=1; q=0, br", "identity"},
 		{"gzip", "gzip"},
 	} {
 		post(t, url, body, "X-User: u", "Accept-Encoding: "+tc.client)

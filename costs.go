@@ -228,9 +228,12 @@ func readableEncoding(h http.Header) {
 				continue
 			}
 			gzip = true
-			if q, ok := strings.CutPrefix(strings.ReplaceAll(params, " ", ""), "q="); ok {
-				if f, err := strconv.ParseFloat(q, 64); err == nil && f == 0 {
-					gzip = false // explicitly refused
+			for _, param := range strings.Split(params, ";") {
+				k, v, _ := strings.Cut(param, "=")
+				if strings.EqualFold(strings.TrimSpace(k), "q") {
+					if f, err := strconv.ParseFloat(strings.TrimSpace(v), 64); err == nil && f == 0 {
+						gzip = false // explicitly refused
+					}
 				}
 			}
 		}

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
 	"golang.org/x/crypto/bcrypt"
 )
 
@@ -750,4 +751,66 @@ http://127.0.0.1:%d {
 	if r := do(t, "GET", url, "X-User: victim"); r.status == http.StatusTooManyRequests {
 		t.Fatal("the store still holds the first of 2001 users: max_keys 64 of another handler of the same config is not in force")
 	}
+}
+
+// TestStoreSettingsOfTheLiveConfig: after a reload, a shared memory
+// store's settings are those of the live configuration as a whole: a
+// setting it drops returns to its default, and one set on a route that has
+// not served yet applies as soon as any route of it serves. Two handlers
+// of one configuration cannot disagree.
+func TestStoreSettingsOfTheLiveConfig(t *testing.T) {
+	config := func(port int, name, a, b string) string {
+		route := func(path, opt string) string {
+			return fmt.Sprintf(`
+	route /%s {
+		rate_limit {
+			tree %s {
+				tier user {header.X-User} {
+					limit 1/h
+				}
+			}
+			store memory {
+				name %s
+				%s
+			}
+		}
+		respond "%s"
+	}`, path, path, name, opt, path)
+		}
+		return fmt.Sprintf("http://127.0.0.1:%d {%s%s\n}", port, route("a", a), route("b", b))
+	}
+	for _, tc := range []struct {
+		name         string
+		first, after [2]string // the max_keys lines of /a and /b
+	}{
+		{"a setting dropped returns to its default", [2]string{"max_keys 64", ""}, [2]string{"", ""}},
+		{"a setting on a route that has not served", [2]string{"max_keys 64", ""}, [2]string{"max_keys 1000000", ""}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			port, name := freePort(t), fmt.Sprintf("live%d", testSeq.Add(1))
+			startCaddy(t, config(port, name, tc.first[0], tc.first[1]))
+			if err := reload(t, config(port, name, tc.after[0], tc.after[1])); err != nil {
+				t.Fatal(err)
+			}
+			url := fmt.Sprintf("http://127.0.0.1:%d/b", port) // only /b serves
+			if r := do(t, "GET", url, "X-User: victim"); r.status != 200 {
+				t.Fatalf("first request: %d", r.status)
+			}
+			for i := 0; i < 2000; i++ {
+				do(t, "GET", url, fmt.Sprintf("X-User: u%d", i))
+			}
+			if r := do(t, "GET", url, "X-User: victim"); r.status != http.StatusTooManyRequests {
+				t.Fatalf("the live config caps the store at 1,000,000: the victim's 2nd request got %d (evicted at the old cap 64)", r.status)
+			}
+		})
+	}
+	t.Run("two handlers disagree", func(t *testing.T) {
+		cfg, err := adapt(t, fmt.Sprintf(globalOptions, "")+config(freePort(t), "disagree", "max_keys 64", "max_keys 128"))
+		if err == nil {
+			err = caddy.Validate(mustConfig(t, cfg))
+		}
+		if err == nil || !strings.Contains(err.Error(), "max_keys 128 here, 64 in another handler") {
+			t.Fatalf("error %v, want one naming both values", err)
+		}
+	})
 }

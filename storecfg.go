@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -79,23 +80,88 @@ type RedisTLS struct {
 // pooled is a store in the usage pool.
 type pooled struct {
 	store.Store
-	// config identifies the configuration that opened the store (the
-	// Done channel of its context, which every server's context of that
-	// configuration shares, and no other configuration's): its other
-	// handlers apply their settings at once, a later configuration's wait
-	// until it is live (see open).
-	config <-chan struct{}
+	settings *memorySettings // a memory store's, per configuration
+}
+
+// memorySettings are the settings each configuration gives a shared memory
+// store. A configuration is identified by the Done channel of its context,
+// which all its servers' contexts share and no other configuration's.
+//
+// The handlers of one configuration agree on the store's settings (a value
+// set by one of them, the default when none does; two different values are
+// a configuration error). They apply at once when the configuration opened
+// the store, else when any of its handlers serves its first request: a
+// configuration that fails to load changes nothing, and one that drops a
+// setting restores its default.
+type memorySettings struct {
+	mem     *store.Memory
+	created <-chan struct{} // the configuration that opened the store
+
+	mu      sync.Mutex
+	configs map[<-chan struct{}]*configSettings
+}
+
+// configSettings are one configuration's settings of a memory store.
+type configSettings struct {
+	maxKeys int           // 0: not set
+	sweep   time.Duration // 0: not set
+	once    sync.Once
+}
+
+// options are the store options the settings mean, defaults filled in.
+func (c *configSettings) options() store.MemoryOptions {
+	o := store.MemoryOptions{MaxKeys: c.maxKeys, SweepInterval: c.sweep}
+	if o.MaxKeys == 0 {
+		o.MaxKeys = 1_000_000
+	}
+	if o.SweepInterval == 0 {
+		o.SweepInterval = time.Minute
+	}
+	return o
+}
+
+// add merges one handler's settings into its configuration's, and returns
+// what the handler must run at its first request (nil when nothing waits).
+func (s *memorySettings) add(config <-chan struct{}, name string, maxKeys int, sweep time.Duration) (func(), error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c := s.configs[config]
+	if c == nil {
+		for done := range s.configs { // forget configurations no longer loaded
+			select {
+			case <-done:
+				delete(s.configs, done)
+			default:
+			}
+		}
+		c = &configSettings{}
+		s.configs[config] = c
+	}
+	if maxKeys > 0 {
+		if c.maxKeys != 0 && c.maxKeys != maxKeys {
+			return nil, fmt.Errorf("memory store %s: max_keys %d here, %d in another handler: give them one value", name, maxKeys, c.maxKeys)
+		}
+		c.maxKeys = maxKeys
+	}
+	if sweep > 0 {
+		if c.sweep != 0 && c.sweep != sweep {
+			return nil, fmt.Errorf("memory store %s: sweep_interval %v here, %v in another handler: give them one value", name, sweep, c.sweep)
+		}
+		c.sweep = sweep
+	}
+	if config == s.created {
+		s.mem.Reconfigure(c.options()) // the store is this configuration's own
+		return nil, nil
+	}
+	return func() { c.once.Do(func() { s.mem.Reconfigure(c.options()) }) }, nil
 }
 
 func (p pooled) Destruct() error { return p.Close() }
 
 // open returns the configured store from the pool, opening it if needed.
-//
-// For a memory store a previous configuration opened (a reload), the
-// settings this configuration gives explicitly are returned as apply, for
-// the handler to apply when it serves its first request: a configuration
-// that fails to load then changes nothing. Settings left unset never reset
-// another handler's.
+// For a memory store that a previous configuration opened (a reload), it
+// returns apply, for the handler to run at its first request (see
+// memorySettings).
 func (c *StoreConfig) open(ctx caddy.Context, sweep time.Duration) (s store.Store, poolKey string, apply func(), err error) {
 	if c.Memory != nil && c.Redis != nil {
 		return nil, "", nil, errors.New("configure one store: memory or redis")
@@ -139,25 +205,22 @@ func (c *StoreConfig) open(ctx caddy.Context, sweep time.Duration) (s store.Stor
 		name = "default"
 	}
 	poolKey = "memory/" + name
-	opts := store.MemoryOptions{MaxKeys: m.MaxKeys, SweepInterval: sweep}
-	v, loaded, err := stores.LoadOrNew(poolKey, func() (caddy.Destructor, error) {
-		return pooled{Store: store.NewMemory(opts), config: ctx.Done()}, nil
+	v, _, err := stores.LoadOrNew(poolKey, func() (caddy.Destructor, error) {
+		mem := store.NewMemory(store.MemoryOptions{MaxKeys: m.MaxKeys, SweepInterval: sweep})
+		return pooled{Store: mem, settings: &memorySettings{mem: mem, created: ctx.Done(), configs: map[<-chan struct{}]*configSettings{}}}, nil
 	})
 	if err != nil {
 		return nil, "", nil, err
 	}
-	if mem, ok := v.(pooled).Store.(*store.Memory); ok && loaded && (opts.MaxKeys > 0 || opts.SweepInterval > 0) {
-		// The store outlives reloads, with its state; the newest
-		// configuration that sets its cap or sweep interval sets them:
-		// at once when it opened the store itself (another handler of
-		// it came first), else once it is live.
-		apply = func() { mem.Reconfigure(opts) }
-		if v.(pooled).config == ctx.Done() {
-			apply()
-			apply = nil
-		}
+	p := v.(pooled)
+	if p.settings == nil { // not a memory store: the pool key says it is
+		return p.Store, poolKey, nil, nil
 	}
-	return v.(pooled).Store, poolKey, apply, nil
+	if apply, err = p.settings.add(ctx.Done(), name, m.MaxKeys, sweep); err != nil {
+		stores.Delete(poolKey)
+		return nil, "", nil, err
+	}
+	return p.Store, poolKey, apply, nil
 }
 
 // options translates the JSON config into store.RedisOptions.
