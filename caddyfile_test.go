@@ -347,3 +347,15 @@ func TestCaddyfileErrorsNameTheLine(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestLooksLikeHeader: constant keys that are probably header names
+// written without their placeholder draw a warning; others do not.
+func TestLooksLikeHeader(t *testing.T) {
+	for key, want := range map[string]bool{
+		"X-User": true, "x-api-key": true, "Authorization": true, "global": false, "all": false, "x": false, "premium-tier": false,
+	} {
+		if got := looksLikeHeader(key); got != want {
+			t.Errorf("looksLikeHeader(%q) = %v, want %v", key, got, want)
+		}
+	}
+}

@@ -222,6 +222,11 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		t.header = make([]string, len(t.Tiers))
 		for i, tier := range t.Tiers {
 			t.dynamic[i] = strings.ContainsRune(tier.Key, '{')
+			if !t.dynamic[i] && looksLikeHeader(tier.Key) {
+				h.logger.Warn("rate_limit: a tier's key is a constant that looks like a header name: every request shares one bucket",
+					zap.String("tree", t.Name), zap.String("tier", tier.Name), zap.String("key", tier.Key),
+					zap.String("did_you_mean", "{header."+tier.Key+"}"))
+			}
 			for _, name := range hierarchy.BarePlaceholders(tier.Key) {
 				h.logger.Warn("rate_limit: a key placeholder has no namespace: unless a handler before this one sets it (as map does), it is empty and every request is refused as having no key",
 					zap.String("tree", t.Name), zap.String("tier", tier.Name), zap.String("key", tier.Key),
@@ -418,6 +423,19 @@ func (d *decision) release() {
 	clear(sc.limits[:n])
 	d.scratch, d.buckets, d.limits, d.costs, d.Results = nil, nil, nil, nil, nil
 	scratchPool.Put(sc)
+}
+
+// looksLikeHeader tells whether a constant key is probably a header name
+// written without its placeholder (tier user X-User).
+func looksLikeHeader(key string) bool {
+	if len(key) > 2 && strings.EqualFold(key[:2], "x-") {
+		return true
+	}
+	switch strings.ToLower(key) {
+	case "authorization", "cookie", "host", "user-agent", "x-forwarded-for":
+		return true
+	}
+	return false
 }
 
 // atFloor tells whether the adaptive factor of this handler's class has
