@@ -391,11 +391,14 @@ func TestStreamIsNotBuffered(t *testing.T) {
 	}
 }
 
-// TestNoBucketNoReconcile: a request that no limit applies to (the tree's
-// matcher does not match) is passed through untouched, its usage report
-// included; nothing was charged, so nothing is reconciled (this panicked).
-func TestNoBucketNoReconcile(t *testing.T) {
+// TestRequestsOutsideACostsTree: a tree counts tokens under /v1 only, a
+// requests-only tree counts /upload. A request no limit applies to is passed
+// through untouched, its usage report included (reconciling it panicked:
+// nothing was charged); one whose limits count no tokens never has its body
+// read as a chat request, nor refused for not being one; /v1 still is.
+func TestRequestsOutsideACostsTree(t *testing.T) {
 	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
 		w.Header().Set("Content-Type", "application/json")
 		io.WriteString(w, `{"id":"x","object":"chat.completion","choices":[],"usage":{"prompt_tokens":10,"completion_tokens":20,"total_tokens":30}}`)
 	}))
@@ -408,9 +411,16 @@ http://127.0.0.1:%d {
 			match {
 				path /v1/*
 			}
-			tier key {header.Authorization} {
-				limit 500/min
-				limit 200000 tokens/min
+			tier user {header.X-User} {
+				limit 100000 tokens/min
+			}
+		}
+		tree uploads {
+			match {
+				path /upload*
+			}
+			tier all k {
+				limit 1000/min
 			}
 		}
 		cost tokens llm {
@@ -422,14 +432,29 @@ http://127.0.0.1:%d {
 	}
 	reverse_proxy %s
 }`, port, memoryStore().block(t), strings.TrimPrefix(upstream.URL, "http://")))
-	res, err := client.Post(fmt.Sprintf("http://127.0.0.1:%d/health", port), "application/json", strings.NewReader(`{}`))
-	if err != nil {
-		t.Fatalf("a request outside the tree's matcher: %v", err)
+	post := func(path string, body []byte) (int, string) {
+		t.Helper()
+		req, _ := http.NewRequest("POST", fmt.Sprintf("http://127.0.0.1:%d%s", port, path), bytes.NewReader(body))
+		req.Header.Set("X-User", "u")
+		res, err := client.Do(req)
+		if err != nil {
+			t.Fatalf("POST %s: %v", path, err)
+		}
+		b, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		return res.StatusCode, string(b)
 	}
-	body, _ := io.ReadAll(res.Body)
-	res.Body.Close()
-	if res.StatusCode != 200 || !strings.Contains(string(body), `"total_tokens":30`) {
-		t.Fatalf("status %d body %s", res.StatusCode, body)
+	if code, body := post("/health", []byte(`{}`)); code != 200 || !strings.Contains(body, `"total_tokens":30`) {
+		t.Errorf("/health (no limit applies): %d %s", code, body)
+	}
+	if code, _ := post("/upload", []byte("a=1&b=2")); code != http.StatusOK {
+		t.Errorf("a form to /upload (no tokens counted there): %d", code)
+	}
+	if code, _ := post("/upload", bytes.Repeat([]byte{0xff}, 9<<20)); code != http.StatusOK {
+		t.Errorf("a 9 MiB file to /upload: %d", code)
+	}
+	if code, _ := post("/v1/chat/completions", []byte("a=1&b=2")); code != http.StatusBadRequest {
+		t.Errorf("a form to /v1/chat/completions (tokens counted): %d, want 400", code)
 	}
 }
 
@@ -464,56 +489,6 @@ func TestLLMBodyLimits(t *testing.T) {
 				t.Fatalf("LLM body of %d bytes: status %d, want %d", len(body), res.StatusCode, tc.want)
 			}
 		})
-	}
-}
-
-// TestEstimatorsOnlyWhereTheirDimensionCounts: a route where no limit
-// counts tokens never has its body read as a chat request, nor refused for
-// not being one; the /v1 route still is.
-func TestEstimatorsOnlyWhereTheirDimensionCounts(t *testing.T) {
-	port := freePort(t)
-	startCaddy(t, fmt.Sprintf(`
-http://127.0.0.1:%d {
-	rate_limit {
-		tree llm {
-			match {
-				path /v1/*
-			}
-			tier user {header.X-User} {
-				limit 100000 tokens/min
-			}
-		}
-		tree global {
-			tier all k {
-				limit 1000/min
-			}
-		}
-		cost tokens llm
-		%s
-	}
-	respond "ok" 200
-}
-`, port, memoryStore().block(t)))
-	post := func(path string, body []byte) int {
-		t.Helper()
-		req, _ := http.NewRequest("POST", fmt.Sprintf("http://127.0.0.1:%d%s", port, path), bytes.NewReader(body))
-		req.Header.Set("X-User", "u")
-		res, err := client.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		io.Copy(io.Discard, res.Body)
-		res.Body.Close()
-		return res.StatusCode
-	}
-	if code := post("/upload", []byte("a=1&b=2")); code != http.StatusOK {
-		t.Errorf("a form to /upload (no tokens counted there): %d", code)
-	}
-	if code := post("/upload", bytes.Repeat([]byte{0xff}, 9<<20)); code != http.StatusOK {
-		t.Errorf("a 9 MiB file to /upload: %d", code)
-	}
-	if code := post("/v1/chat/completions", []byte("a=1&b=2")); code != http.StatusBadRequest {
-		t.Errorf("a form to /v1/chat/completions (tokens counted): %d, want 400", code)
 	}
 }
 

@@ -608,162 +608,13 @@ func TestPolicyHeaderNamesAndWindows(t *testing.T) {
 	}
 }
 
-// TestMemoryStoreOptionsFollowReload: a reload that raises max_keys applies
-// to the store in use (whose state it keeps).
-func TestMemoryStoreOptionsFollowReload(t *testing.T) {
-	port := freePort(t)
-	name := fmt.Sprintf("reloadcap%d", testSeq.Add(1))
-	config := func(maxKeys int) string {
-		return fmt.Sprintf(`
-http://127.0.0.1:%d {
-	rate_limit {
-		tree t {
-			tier user {header.X-User} {
-				limit 1/h
-			}
-		}
-		store memory {
-			name %s
-			max_keys %d
-		}
-	}
-	respond "ok"
-}`, port, name, maxKeys)
-	}
-	startCaddy(t, config(64))
-	if err := reload(t, config(1000000)); err != nil {
-		t.Fatal(err)
-	}
-	url := fmt.Sprintf("http://127.0.0.1:%d/", port)
-	if r := do(t, "GET", url, "X-User: victim"); r.status != 200 {
-		t.Fatalf("first request: %d", r.status)
-	}
-	for i := 0; i < 2000; i++ {
-		do(t, "GET", url, fmt.Sprintf("X-User: u%d", i))
-	}
-	if r := do(t, "GET", url, "X-User: victim"); r.status != http.StatusTooManyRequests {
-		t.Fatalf("limit 1/h, max_keys raised to 1000000 by the reload: the same user's 2nd request got %d (evicted at the old cap)", r.status)
-	}
-}
-
-// TestStoreSettingsApplyOnlyWhenLive: a reload that fails changes nothing
-// in the running store, and a handler that names a shared store without
-// settings does not reset those another handler gave it.
-func TestStoreSettingsApplyOnlyWhenLive(t *testing.T) {
-	port := freePort(t)
-	name := fmt.Sprintf("live%d", testSeq.Add(1))
-	config := func(maxKeys int, broken bool) string {
-		extra := ""
-		if broken { // a key prefix with braces: provisioning fails
-			extra = "rate_limit {\n tree b {\n tier all k {\n limit 10/min\n }\n }\n store redis {\n key_prefix {x}\n }\n }"
-		}
-		return fmt.Sprintf(`
-http://127.0.0.1:%d {
-	route /a {
-		rate_limit {
-			tree t {
-				tier user {header.X-User} {
-					limit 1/h
-				}
-			}
-			store memory {
-				name %s
-				max_keys %d
-			}
-		}
-		%s
-		respond "a"
-	}
-	route /b {
-		rate_limit {
-			tree u {
-				tier user {header.X-User} {
-					limit 1/h
-				}
-			}
-			store memory {
-				name %s
-			}
-		}
-		respond "b"
-	}
-}`, port, name, maxKeys, extra, name)
-	}
-	startCaddy(t, config(1000000, false))
-	url := fmt.Sprintf("http://127.0.0.1:%d/", port)
-	do(t, "GET", url+"b", "X-User: warm") // /b, which sets nothing, serves first
-	if err := reload(t, config(64, true)); err == nil {
-		t.Fatal("the broken config loaded")
-	}
-	if r := do(t, "GET", url+"a", "X-User: victim"); r.status != 200 {
-		t.Fatalf("first request: %d", r.status)
-	}
-	for i := 0; i < 2000; i++ {
-		do(t, "GET", url+"b", fmt.Sprintf("X-User: u%d", i))
-	}
-	if r := do(t, "GET", url+"a", "X-User: victim"); r.status != http.StatusTooManyRequests {
-		t.Fatalf("max_keys 1000000 running, 64 in a reload that failed: the victim's 2nd request got %d (evicted)", r.status)
-	}
-}
-
-// TestSharedStoreSettingsApplyOnFirstLoad: handlers of one configuration
-// that share a memory store apply its settings at once, whichever comes
-// first, on one server or on two (each server has its own context): the
-// max_keys 64 of one site holds although only the other serves.
-func TestSharedStoreSettingsApplyOnFirstLoad(t *testing.T) {
-	port, other := freePort(t), freePort(t)
-	name := fmt.Sprintf("firstload%d", testSeq.Add(1))
-	startCaddy(t, fmt.Sprintf(`
-http://127.0.0.1:%d {
-	rate_limit {
-		tree u {
-			tier user {header.X-User} {
-				limit 1/h
-			}
-		}
-		store memory {
-			name %s
-		}
-	}
-	respond "b"
-}
-http://127.0.0.1:%d {
-	rate_limit {
-		tree t {
-			tier user {header.X-User} {
-				limit 1/h
-			}
-		}
-		store memory {
-			name %s
-			max_keys 64
-		}
-	}
-	respond "c"
-}`, port, name, other, name))
-	url := fmt.Sprintf("http://127.0.0.1:%d/", port)
-	if r := do(t, "GET", url, "X-User: victim"); r.status != 200 {
-		t.Fatalf("first: %d", r.status)
-	}
-	for i := 0; i < 2000; i++ {
-		do(t, "GET", url, fmt.Sprintf("X-User: u%d", i))
-	}
-	if r := do(t, "GET", url, "X-User: victim"); r.status == http.StatusTooManyRequests {
-		t.Fatal("the store still holds the first of 2001 users: max_keys 64 of another handler of the same config is not in force")
-	}
-}
-
-// TestStoreSettingsOfTheLiveConfig: after a reload, a shared memory
-// store's settings are those of the live configuration as a whole: a
-// setting it drops returns to its default, and one set on a route that has
-// not served yet applies as soon as any route of it serves. Two handlers
-// of one configuration cannot disagree.
-func TestStoreSettingsOfTheLiveConfig(t *testing.T) {
-	config := func(port int, name, a, b string) string {
-		route := func(path, opt string) string {
-			return fmt.Sprintf(`
-	route /%s {
-		rate_limit {
+// storeSites is a Caddyfile of two rate_limit handlers, /a and /b, that
+// share the memory store name, with the given option lines (max_keys …)
+// each. They are routes of one server, or with twoServers two sites on
+// ports[0] and ports[1]; extra goes into /a's route (a broken handler).
+func storeSites(ports [2]int, twoServers bool, name string, opts [2]string, extra string) string {
+	handler := func(tree, opt string) string {
+		return fmt.Sprintf(`rate_limit {
 			tree %s {
 				tier user {header.X-User} {
 					limit 1/h
@@ -773,39 +624,78 @@ func TestStoreSettingsOfTheLiveConfig(t *testing.T) {
 				name %s
 				%s
 			}
-		}
-		respond "%s"
-	}`, path, path, name, opt, path)
-		}
-		return fmt.Sprintf("http://127.0.0.1:%d {%s%s\n}", port, route("a", a), route("b", b))
+		}`, tree, name, opt)
 	}
+	if twoServers {
+		return fmt.Sprintf("http://127.0.0.1:%d {\n\t%s\n\t%s\n\trespond \"a\"\n}\nhttp://127.0.0.1:%d {\n\t%s\n\trespond \"b\"\n}",
+			ports[0], handler("a", opts[0]), extra, ports[1], handler("b", opts[1]))
+	}
+	return fmt.Sprintf("http://127.0.0.1:%d {\n\troute /a {\n\t%s\n\t%s\n\trespond \"a\"\n\t}\n\troute /b {\n\t%s\n\trespond \"b\"\n\t}\n}",
+		ports[0], handler("a", opts[0]), extra, handler("b", opts[1]))
+}
+
+// evicted tells whether a user's bucket (limit 1/h) is lost once 2,000
+// other users have come: whether the store's cap is far below 2,000.
+func evicted(t *testing.T, url string) bool {
+	t.Helper()
+	if r := do(t, "GET", url, "X-User: victim"); r.status != 200 {
+		t.Fatalf("first request: %d", r.status)
+	}
+	for i := 0; i < 2000; i++ {
+		do(t, "GET", url, fmt.Sprintf("X-User: u%d", i))
+	}
+	return do(t, "GET", url, "X-User: victim").status != http.StatusTooManyRequests
+}
+
+// TestStoreSettingsOfTheLiveConfig: a shared memory store's settings are
+// those of the live configuration as a whole. On a first load they apply
+// at once, whichever handler gives them and on whichever server (each has
+// its own context). After a reload they apply once any handler of the new
+// configuration serves: a raised cap, a dropped setting (back to its
+// default), a setting on a route that has not served yet. A reload that
+// fails changes nothing, and two handlers of one configuration cannot
+// disagree.
+func TestStoreSettingsOfTheLiveConfig(t *testing.T) {
+	const brokenHandler = "rate_limit {\n tree x {\n tier all k {\n limit 10/min\n }\n }\n store redis {\n key_prefix {x}\n }\n }"
 	for _, tc := range []struct {
 		name         string
-		first, after [2]string // the max_keys lines of /a and /b
+		twoServers   bool
+		first, after [2]string // the option lines of /a and /b, before and after the reload
+		reload       bool
+		broken       bool   // the reload fails to provision
+		serve        string // the handler that serves: a or b
+		evicted      bool
 	}{
-		{"a setting dropped returns to its default", [2]string{"max_keys 64", ""}, [2]string{"", ""}},
-		{"a setting on a route that has not served", [2]string{"max_keys 64", ""}, [2]string{"max_keys 1000000", ""}},
+		{"first load: a cap set by a handler that does not serve", true, [2]string{"", "max_keys 64"}, [2]string{}, false, false, "a", true},
+		{"reload raises the cap", false, [2]string{"max_keys 64", ""}, [2]string{"max_keys 1000000", ""}, true, false, "a", false},
+		{"reload drops the setting: the default", false, [2]string{"max_keys 64", ""}, [2]string{"", ""}, true, false, "b", false},
+		{"reload sets it on a route that has not served", false, [2]string{"max_keys 64", ""}, [2]string{"max_keys 1000000", ""}, true, false, "b", false},
+		{"a reload that fails changes nothing", false, [2]string{"max_keys 1000000", ""}, [2]string{"max_keys 64", ""}, true, true, "b", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			port, name := freePort(t), fmt.Sprintf("live%d", testSeq.Add(1))
-			startCaddy(t, config(port, name, tc.first[0], tc.first[1]))
-			if err := reload(t, config(port, name, tc.after[0], tc.after[1])); err != nil {
-				t.Fatal(err)
+			ports, name := [2]int{freePort(t), freePort(t)}, fmt.Sprintf("live%d", testSeq.Add(1))
+			startCaddy(t, storeSites(ports, tc.twoServers, name, tc.first, ""))
+			if tc.reload {
+				extra := ""
+				if tc.broken {
+					extra = brokenHandler
+				}
+				if err := reload(t, storeSites(ports, tc.twoServers, name, tc.after, extra)); (err != nil) != tc.broken {
+					t.Fatalf("reload: %v (want it to fail: %v)", err, tc.broken)
+				}
 			}
-			url := fmt.Sprintf("http://127.0.0.1:%d/b", port) // only /b serves
-			if r := do(t, "GET", url, "X-User: victim"); r.status != 200 {
-				t.Fatalf("first request: %d", r.status)
+			url := fmt.Sprintf("http://127.0.0.1:%d/%s", ports[0], tc.serve)
+			if tc.twoServers && tc.serve == "b" {
+				url = fmt.Sprintf("http://127.0.0.1:%d/", ports[1])
 			}
-			for i := 0; i < 2000; i++ {
-				do(t, "GET", url, fmt.Sprintf("X-User: u%d", i))
-			}
-			if r := do(t, "GET", url, "X-User: victim"); r.status != http.StatusTooManyRequests {
-				t.Fatalf("the live config caps the store at 1,000,000: the victim's 2nd request got %d (evicted at the old cap 64)", r.status)
+			if got := evicted(t, url); got != tc.evicted {
+				t.Fatalf("a user's bucket evicted after 2,000 others: %v, want %v", got, tc.evicted)
 			}
 		})
 	}
 	t.Run("two handlers disagree", func(t *testing.T) {
-		cfg, err := adapt(t, fmt.Sprintf(globalOptions, "")+config(freePort(t), "disagree", "max_keys 64", "max_keys 128"))
+		sites := storeSites([2]int{freePort(t)}, false, "disagree", [2]string{"max_keys 64", "max_keys 128"}, "")
+		cfg, err := adapt(t, fmt.Sprintf(globalOptions, "")+sites)
 		if err == nil {
 			err = caddy.Validate(mustConfig(t, cfg))
 		}

@@ -21,18 +21,33 @@ func TestMemoryConformance(t *testing.T) {
 	})
 }
 
-func TestMemoryCapEvictsNearestExpiry(t *testing.T) {
+// newMemory is a memory store of at most maxKeys buckets (0: the
+// default) on a test clock, without a sweeper, closed when t ends.
+func newMemory(t *testing.T, maxKeys int) (*store.Memory, *storetest.Clock) {
 	clock := storetest.NewClock(time.Date(2026, 3, 18, 10, 0, 0, 0, time.UTC))
-	m := store.NewMemory(store.MemoryOptions{Clock: clock.Now, SweepInterval: -1, MaxKeys: 64})
-	defer m.Close()
-	ctx := context.Background()
-	lim := rate.Limit{Algorithm: rate.GCRA, Count: 10, Period: time.Hour}
-	for i := 0; i < 1000; i++ {
-		if _, err := m.Decide(ctx, []store.Bucket{{Key: fmt.Sprintf("{t|k%d}", i), Limit: lim, Cost: 1}}); err != nil {
-			t.Fatal(err)
-		}
+	m := store.NewMemory(store.MemoryOptions{Clock: clock.Now, SweepInterval: -1, MaxKeys: maxKeys})
+	t.Cleanup(func() { m.Close() })
+	return m, clock
+}
+
+// decideUser decides user i's one-bucket path under limit l at cost n.
+func decideUser(t *testing.T, m *store.Memory, i int, l rate.Limit, n int64) store.Decision {
+	t.Helper()
+	d, err := m.Decide(context.Background(), []store.Bucket{{Key: fmt.Sprintf("{t|k%d}", i), Limit: l, Cost: n}})
+	if err != nil {
+		t.Fatal(err)
 	}
-	if n := m.Len(); n > 64+64 { // at most one entry per shard over the cap's share
+	return d
+}
+
+var perHour = rate.Limit{Algorithm: rate.GCRA, Count: 1, Period: time.Hour}
+
+func TestMemoryCapEvictsNearestExpiry(t *testing.T) {
+	m, _ := newMemory(t, 64)
+	for i := 0; i < 1000; i++ {
+		decideUser(t, m, i, perHour, 1)
+	}
+	if n := m.Len(); n > 64+64 { // at most one entry per shard over the cap
 		t.Fatalf("%d keys tracked with MaxKeys 64", n)
 	}
 	if m.Evictions() == 0 {
@@ -43,24 +58,18 @@ func TestMemoryCapEvictsNearestExpiry(t *testing.T) {
 // TestMemoryReconfigureRaisesTheCap: a reloaded configuration's max_keys
 // applies to the store in use, whose state is kept.
 func TestMemoryReconfigureRaisesTheCap(t *testing.T) {
-	clock := storetest.NewClock(time.Date(2026, 3, 18, 10, 0, 0, 0, time.UTC))
-	m := store.NewMemory(store.MemoryOptions{Clock: clock.Now, SweepInterval: -1, MaxKeys: 64})
-	defer m.Close()
-	ctx := context.Background()
-	lim := rate.Limit{Algorithm: rate.GCRA, Count: 1, Period: time.Hour}
+	m, _ := newMemory(t, 64)
 	fill := func(from, to int) {
 		for i := from; i < to; i++ {
-			if _, err := m.Decide(ctx, []store.Bucket{{Key: fmt.Sprintf("{t|k%d}", i), Limit: lim, Cost: 1}}); err != nil {
-				t.Fatal(err)
-			}
+			decideUser(t, m, i, perHour, 1)
 		}
 	}
 	fill(0, 1000)
 	if m.Evictions() == 0 {
 		t.Fatal("no evictions at the first cap")
 	}
-	keep := []store.Bucket{{Key: "{t|keep}", Limit: lim, Cost: 1}}
-	if d, _ := m.Decide(ctx, keep); !d.Allowed {
+	const keep = -1 // the newest bucket: the last an eviction would pick
+	if !decideUser(t, m, keep, perHour, 1).Allowed {
 		t.Fatal("a new bucket was refused")
 	}
 	m.Reconfigure(store.MemoryOptions{MaxKeys: 100_000})
@@ -70,7 +79,7 @@ func TestMemoryReconfigureRaisesTheCap(t *testing.T) {
 		t.Fatalf("after raising the cap to 100000: %d keys, %d more evictions", m.Len(), m.Evictions()-evicted)
 	}
 	// The state kept across the reconfiguration still counts.
-	if d, _ := m.Decide(ctx, keep); d.Allowed {
+	if decideUser(t, m, keep, perHour, 1).Allowed {
 		t.Fatal("a bucket filled before the reconfiguration was admitted again")
 	}
 	m.Reconfigure(store.MemoryOptions{MaxKeys: 64})
@@ -84,32 +93,20 @@ func TestMemoryReconfigureRaisesTheCap(t *testing.T) {
 // however the keys spread over the shards; a small cap is held within one
 // bucket per shard.
 func TestMemoryCapIsTheStoresNotAShards(t *testing.T) {
-	clock := storetest.NewClock(time.Date(2026, 3, 18, 10, 0, 0, 0, time.UTC))
-	ctx := context.Background()
-	lim := rate.Limit{Algorithm: rate.GCRA, Count: 1, Period: time.Hour}
-	decide := func(m *store.Memory, i int) store.Decision {
-		d, err := m.Decide(ctx, []store.Bucket{{Key: fmt.Sprintf("{t|k%d}", i), Limit: lim, Cost: 1}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return d
-	}
-	m := store.NewMemory(store.MemoryOptions{Clock: clock.Now, SweepInterval: -1, MaxKeys: 1000})
-	defer m.Close()
+	m, _ := newMemory(t, 1000)
 	for i := 0; i < 1000; i++ {
-		if !decide(m, i).Allowed {
+		if !decideUser(t, m, i, perHour, 1).Allowed {
 			t.Fatalf("bucket %d: first request refused", i)
 		}
 	}
 	for i := 0; i < 1000; i++ {
-		if decide(m, i).Allowed {
+		if decideUser(t, m, i, perHour, 1).Allowed {
 			t.Fatalf("bucket %d of 1000 under MaxKeys 1000 was evicted and admitted again (%d evictions)", i, m.Evictions())
 		}
 	}
-	small := store.NewMemory(store.MemoryOptions{Clock: clock.Now, SweepInterval: -1, MaxKeys: 10})
-	defer small.Close()
+	small, _ := newMemory(t, 10)
 	for i := 0; i < 1000; i++ {
-		decide(small, i)
+		decideUser(t, small, i, perHour, 1)
 	}
 	if n := small.Len(); n > 10+64 {
 		t.Fatalf("MaxKeys 10: %d buckets tracked, want at most one per shard over", n)
@@ -117,12 +114,10 @@ func TestMemoryCapIsTheStoresNotAShards(t *testing.T) {
 }
 
 func TestMemorySweepDropsExpiredState(t *testing.T) {
-	clock := storetest.NewClock(time.Date(2026, 3, 18, 10, 0, 0, 0, time.UTC))
-	m := store.NewMemory(store.MemoryOptions{Clock: clock.Now, SweepInterval: -1})
-	defer m.Close()
+	m, clock := newMemory(t, 0)
 	lim := rate.Limit{Algorithm: rate.GCRA, Count: 10, Period: time.Minute}
 	for i := 0; i < 100; i++ {
-		m.Decide(context.Background(), []store.Bucket{{Key: fmt.Sprintf("{t|k%d}", i), Limit: lim, Cost: 5}})
+		decideUser(t, m, i, lim, 5)
 	}
 	if m.Len() != 100 {
 		t.Fatalf("Len = %d", m.Len())

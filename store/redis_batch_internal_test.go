@@ -14,25 +14,40 @@ import (
 	"github.com/caddy-cascade/cascade/rate"
 )
 
-// latency delays every command by its duration (a slow link or a loaded
-// Redis), giving up when the command's context does, as a socket deadline
-// would.
-type latency time.Duration
+// waitHook holds every command until wait returns (nil, or the error the
+// command then fails with).
+type waitHook func(ctx context.Context) error
 
-func (l latency) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (l latency) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+func (h waitHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h waitHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		select {
-		case <-time.After(time.Duration(l)):
-		case <-ctx.Done():
-			cmd.SetErr(ctx.Err())
-			return ctx.Err()
+		if err := h(ctx); err != nil {
+			cmd.SetErr(err)
+			return err
 		}
 		return next(ctx, cmd)
 	}
 }
-func (l latency) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+func (h waitHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
+}
+
+// until holds commands until ch is ready (a timer, or a closed channel),
+// giving up when the command's context does, as a socket deadline would.
+func until[T any](ch <-chan T) waitHook {
+	return func(ctx context.Context) error {
+		select {
+		case <-ch:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// latency delays every command by d (a slow link or a loaded Redis).
+func latency(d time.Duration) waitHook {
+	return func(ctx context.Context) error { return until(time.After(d))(ctx) }
 }
 
 // TestBatchWaitsForItsLatestDeadline: a decision that shares a batch with
@@ -62,25 +77,6 @@ func TestBatchWaitsForItsLatestDeadline(t *testing.T) {
 	}
 }
 
-// hold delays every command until release is closed.
-type hold struct{ release chan struct{} }
-
-func (h hold) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h hold) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		select {
-		case <-h.release:
-		case <-ctx.Done():
-			cmd.SetErr(ctx.Err())
-			return ctx.Err()
-		}
-		return next(ctx, cmd)
-	}
-}
-func (h hold) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
-
 // TestClosedBatcherFailsQueuedCalls: closing a batcher (the store closing,
 // or a Cluster master's batcher replaced) fails the calls still queued at
 // once, rather than leaving them to their deadline; the calls on the wire
@@ -91,8 +87,8 @@ func TestClosedBatcherFailsQueuedCalls(t *testing.T) {
 	for run := 0; run < 5; run++ {
 		client := redis.NewClient(&redis.Options{Addr: redistest.Shared(t).Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
 		defer client.Close()
-		h := hold{release: make(chan struct{})}
-		client.AddHook(h)
+		release := make(chan struct{})
+		client.AddHook(until(release))
 		b := newBatcher(client, lua.Decide, 5*time.Second, false)
 		deadline := time.Now().Add(5 * time.Second)
 		errs := make(chan error, 12)
@@ -109,7 +105,7 @@ func TestClosedBatcherFailsQueuedCalls(t *testing.T) {
 		time.Sleep(50 * time.Millisecond) // the other ten are queued
 		go b.close()
 		time.Sleep(20 * time.Millisecond)
-		close(h.release) // the two on the wire finish
+		close(release) // the two on the wire finish
 		replied, closed := 0, 0
 		for i := 0; i < 12; i++ {
 			select {
