@@ -248,9 +248,10 @@ func readableEncoding(h http.Header) {
 // reconcile adjusts every bucket on the path by actual − estimate for each
 // cost whose usage the upstream reported, in one store call, off the
 // request's critical path. No report (a stream cut short) leaves the
-// estimate standing. charged is when the estimate was charged (µs): a
-// refund goes back to the window that held it (see store.Bucket.Charged).
-func (h *Handler) reconcile(t tapped, d *decision, charged int64) {
+// estimate standing. Each bucket's correction names when its estimate was
+// charged (its Result's At): a refund goes back to the window, or the very
+// charge, that held it (see store.Bucket.Charged).
+func (h *Handler) reconcile(t tapped, d *decision) {
 	if len(d.estimates) != len(h.Costs) {
 		return // nothing was estimated, so nothing was charged
 	}
@@ -267,7 +268,7 @@ func (h *Handler) reconcile(t tapped, d *decision, charged int64) {
 		}
 		for i, b := range d.buckets {
 			if b.Limit.Dimension == c.Dimension {
-				adjust = append(adjust, store.Bucket{Key: b.Key, Limit: d.limits[i].Limit, Cost: delta, Charged: charged})
+				adjust = append(adjust, store.Bucket{Key: b.Key, Limit: d.limits[i].Limit, Cost: delta, Charged: d.Results[i].At})
 			}
 		}
 	}

@@ -511,7 +511,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		if len(t.taps) > 0 {
 			readableEncoding(r.Header)
 			err := h.pass(t.w, r, next)
-			h.reconcile(t, d, d.At)
+			h.reconcile(t, d)
 			return err
 		}
 	}

@@ -98,7 +98,9 @@ type Limit struct {
 	Dimension string `json:"dimension,omitempty"`
 	// Burst is the GCRA capacity; default Count.
 	Burst int64 `json:"burst,omitempty"`
-	// Algorithm is "gcra" (default), "sliding" or "calendar".
+	// Algorithm is "gcra" (default), "sliding" (exact: at most Count in
+	// any window of Per), "sliding_approx" (the two-counter estimate, in
+	// constant memory) or "calendar".
 	Algorithm string `json:"algorithm,omitempty"`
 	// Timezone aligns calendar windows; default UTC.
 	Timezone string `json:"timezone,omitempty"`
@@ -167,7 +169,11 @@ func (l *Limit) String() string {
 	if l.Burst > 0 {
 		b.WriteString(" burst " + strconv.FormatInt(l.Burst, 10))
 	}
-	if l.Algorithm != "" && l.Algorithm != string(rate.GCRA) {
+	switch l.Algorithm {
+	case "", string(rate.GCRA):
+	case string(rate.SlidingApprox):
+		b.WriteString(" sliding approx")
+	default:
 		b.WriteString(" " + l.Algorithm)
 	}
 	return b.String()
@@ -349,7 +355,7 @@ func (l *Limit) compile() error {
 	} else {
 		per = strconv.FormatInt(period.Microseconds(), 10)
 	}
-	l.id = l.Dimension + "." + string(r.Algorithm) + "." + per
+	l.id = l.Dimension + "." + r.Algorithm.StateName() + "." + per
 	return nil
 }
 

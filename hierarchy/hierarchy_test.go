@@ -99,10 +99,10 @@ func TestGlobalCeilingHasItsOwnTag(t *testing.T) {
 	}
 	var p Plan
 	tree.Resolve([]string{"all", "billing"}, &p)
-	if got := p.Buckets[0].Key; got != "{notify|global=all}global=all#requests.sliding.1800000000" {
+	if got := p.Buckets[0].Key; got != "{notify|global=all}global=all#requests.sliding-log.1800000000" {
 		t.Errorf("global key = %s", got)
 	}
-	if got := p.Buckets[1].Key; got != "{notify|category=billing}global=all/category=billing#requests.sliding.1800000000" {
+	if got := p.Buckets[1].Key; got != "{notify|category=billing}global=all/category=billing#requests.sliding-log.1800000000" {
 		t.Errorf("category key = %s", got)
 	}
 }

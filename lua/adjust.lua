@@ -15,8 +15,9 @@ for i = 1, #KEYS do
   i0, alg, count, period, charged, delta, w0, w1, w2, w3 = spec(argv, i0)
   local start, stop
   if alg == CALENDAR then start, stop = window(now, w0, w1, w2, w3) end
-  local a, b, t, e = decode(values[i])
-  a, b, t = adjust(alg, count, period, delta, a, b, t, now, start, charged)
-  put(KEYS[i], a, b, t, e, now, ttl(alg, count, period, a, t, now, stop))
+  local a, b, t, e, log = decode(values[i])
+  -- w0 is an exact sliding window's tick (see spec)
+  a, b, t, log = adjust(alg, count, period, delta, a, b, t, log, now, start, charged, w0)
+  put(KEYS[i], a, b, t, log, e, now, ttl(alg, count, period, a, b, t, now, stop))
 end
 return #KEYS

@@ -4,7 +4,8 @@
 -- the decisions, one packed string each (see lua.go): the test clock (µs)
 -- or 0 for Redis TIME, then per bucket its algorithm code, count, period
 -- (µs), capacity, cost and, for a calendar limit, the bounds w0 < w1 < w2 <
--- w3 of the previous, current and next windows. ARGV[1] says which key each
+-- w3 of the previous, current and next windows, for an exact sliding
+-- window its tick. ARGV[1] says which key each
 -- bucket of each decision uses: one little-endian uint16 (an index into
 -- KEYS, from 1) per bucket, in order; empty means bucket j of the call (all
 -- decisions counted together) uses KEYS[j].
@@ -16,14 +17,15 @@
 -- by several decisions (a team's or an organisation's bucket) is read and
 -- written once per call, which is what makes batching cheap for Redis.
 --
--- The reply is one string of six little-endian doubles per bucket, every
--- decision's buckets in order: allowed, impossible, remaining, before, retry
--- (µs), reset (µs).
+-- The reply is one string: for each decision in order, six little-endian
+-- doubles per bucket (allowed, impossible, remaining, before, retry (µs),
+-- reset (µs)), then one double, the decision's time (µs): what a refund
+-- of its charges gives as charged.
 --
 -- GCRA, the common algorithm, is rate.lua's apply and ttl written out in the
 -- loop (the same operations in the same order): a call with a dozen
 -- arguments and results costs more than its arithmetic.
-local floor, ceil, pack, unpk = math.floor, math.ceil, struct.pack, struct.unpack
+local floor, ceil, pack, unpk, sub = math.floor, math.ceil, struct.pack, struct.unpack, string.sub
 local values = redis.call('MGET', unpack(KEYS))
 -- values[k] is key k's state as the decisions so far left it (a packed
 -- string, or false for no key), and act[k] what to do with it at the end:
@@ -33,8 +35,8 @@ local values = redis.call('MGET', unpack(KEYS))
 -- a Lua table one entry at a time costs more than a bucket's arithmetic.
 -- Longer calls still work; they grow.
 local act = {nil, nil, nil, nil, nil, nil, nil, nil}
--- reply holds one packed result per bucket.
-local reply = {'', '', '', '', '', '', ''}
+-- reply holds one packed result per bucket, and each decision's time.
+local reply = {'', '', '', '', '', '', '', ''}
 local nr = 0
 -- pend holds the current decision's writes, three entries per bucket: the
 -- key's index, its new state and the expiry action.
@@ -59,9 +61,10 @@ for d = 2, #ARGV do
     if map == '' then k = nr + 1 else k, m0 = unpk('<H', map, m0) end
     local a, b, t, e = 0, 0, 0, 0
     local v = values[k]
-    if v and #v == 32 then a, b, t, e = unpk('<dddd', v) end
+    if v and #v >= 32 then a, b, t, e = unpk('<dddd', v) end
     local ok, tl, res
-    if alg ~= SLIDING and alg ~= CALENDAR then
+    local log = '' -- an exact sliding window's log, after the 32-byte header
+    if alg ~= SLIDING and alg ~= CALENDAR and alg ~= LOG then
       -- gcra: level, then Limit.gcra
       local perUnit = period / count
       local elapsed = now - t
@@ -97,17 +100,20 @@ for d = 2, #ARGV do
       end
     else
       if not apply then apply, _, ttl, window = algorithms() end
-      local start, stop
+      local start, stop, g
       if alg == CALENDAR then
         local w0, w1, w2, w3
         w0, w1, w2, w3, i0 = unpk('<dddd', argv, i0)
         start, stop = window(now, w0, w1, w2, w3)
+      elseif alg == LOG then
+        g, i0 = unpk('<d', argv, i0)
+        if v then log = sub(v, 33) end
       end
       local impossible, remaining, before, retry, reset
-      ok, impossible, remaining, before, retry, reset, a, b, t =
-        apply(alg, count, period, cap, n, a, b, t, now, start, stop)
+      ok, impossible, remaining, before, retry, reset, a, b, t, log =
+        apply(alg, count, period, cap, n, a, b, t, log, now, start, stop, g)
       res = pack('<dddddd', ok, impossible, remaining, before, retry, reset)
-      if ok == 1 then tl = ttl(alg, count, period, a, t, now, stop) end
+      if ok == 1 then tl = ttl(alg, count, period, a, b, t, now, stop) end
     end
     nr = nr + 1
     reply[nr] = res
@@ -126,10 +132,14 @@ for d = 2, #ARGV do
         ms = ceil((tl + margin) / 1000)
         e = now + (ms - 1) * 1000
       end
-      pend[np + 1], pend[np + 2], pend[np + 3] = k, ms and pack('<dddd', a, b, t, e), ms
+      local val = ms and pack('<dddd', a, b, t, e)
+      if val and log ~= '' then val = val .. log end
+      pend[np + 1], pend[np + 2], pend[np + 3] = k, val, ms
       np = np + 3
     end
   end
+  nr = nr + 1
+  reply[nr] = pack('<d', now)
   if admit then
     for j = 1, np, 3 do
       local k, ms = pend[j], pend[j + 2]

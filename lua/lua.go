@@ -12,9 +12,10 @@
 //
 // # Mirroring package rate
 //
-// rate.lua holds the arithmetic of rate/rate.go (GCRA in level form, the
-// two-counter sliding window, the calendar quota), function for function and
-// operation for operation. Lua numbers are IEEE-754 doubles like Go's
+// rate.lua holds the arithmetic of rate/rate.go and rate/log.go (GCRA in
+// level form, the exact sliding window's log, the two-counter sliding
+// window, the calendar quota), function for function and operation for
+// operation. Lua numbers are IEEE-754 doubles like Go's
 // float64, so the same operations in the same order give bit-identical
 // results: the memory store and the Redis store reach the same decisions,
 // remaining counts and retry times. decide.lua writes GCRA out in its loop
@@ -39,8 +40,9 @@
 //
 //	float64        the test clock in µs, or 0 for Redis TIME
 //	then for each bucket, in order:
-//	byte           the algorithm: 0 gcra, 1 sliding, 2 calendar
-//	               (any other code is gcra, as in rate.Limit.Apply)
+//	byte           the algorithm: 0 gcra, 1 sliding_approx, 2 calendar,
+//	               3 sliding (exact; any other code is gcra, as in
+//	               rate.Limit.Apply)
 //	float64 × 4    count     Limit.Count
 //	               period    Limit.Period in µs (0 for calendar)
 //	               capacity  Limit.Capacity()
@@ -49,6 +51,7 @@
 //	               current and next calendar windows around the Go clock
 //	               (Limit.Window); the script uses the one holding its own
 //	               time, so clock skew at a boundary never matters
+//	float64        for an exact sliding window only: its tick (Limit.Tick)
 //
 // The script reads it with struct.unpack at a moving offset. One packed
 // argument, rather than decimal strings (tonumber) or one argument per
@@ -67,11 +70,12 @@
 // index into KEYS (from 1) per bucket, or the empty string when bucket j of
 // the call is simply KEYS[j] (a lone decision). Decide writes a key only if
 // a decision that admits charges it, and each key at most once per call. It
-// replies with ONE string of six little-endian float64s per bucket, every
-// decision's buckets in order: allowed (0/1), impossible (0/1), remaining,
-// before, retry (µs), reset (µs) — the fields of rate.Result, each a whole
-// number. A binary string costs Redis far less to build and send than a
-// table of 6·n integers.
+// replies with ONE string: for each decision in order, six little-endian
+// float64s per bucket — allowed (0/1), impossible (0/1), remaining,
+// before, retry (µs), reset (µs): the fields of rate.Result, each a whole
+// number — then the time the decision was made at (µs; Result.At), which
+// a refund of its charges names. A binary string costs Redis far less to
+// build and send than a table of 6·n integers.
 //
 // # Batches
 //
@@ -95,7 +99,9 @@
 //
 // A bucket's state is one 32-byte string of little-endian float64s: A, B, T
 // (rate.State, exact) and E, the time until which the key's expiry is known
-// to keep it. Every key has an expiry of at least rate.Limit.TTL: a write
+// to keep it; an exact sliding window's is followed by its log (rate.Log's
+// AppendBinary: H, then 10 bytes per entry), at most MaxExact + 1 entries
+// for a coarse window, Count (and the debts) for a fine one. Every key has an expiry of at least rate.Limit.TTL: a write
 // sets one an eighth (at least a second) longer than needed (SET … PX), and later writes whose
 // TTL fits before E keep it (SET … KEEPTTL), which saves Redis a good part
 // of a write's cost. A state with no TTL (a full bucket) is deleted.

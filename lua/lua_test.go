@@ -50,7 +50,8 @@ func TestScriptsLoad(t *testing.T) {
 // args lays out ARGV as the package doc says: one string of little-endian
 // float64s (the algorithm code a byte) holding the clock, then per bucket
 // the algorithm code, count, period, capacity, cost and, for calendars,
-// the previous, current and next windows around wall. It is written here
+// the previous, current and next windows around wall, for exact sliding
+// windows the tick. It is written here
 // independently of the store's encoder, so the two check each other
 // against the doc.
 func args(now, wall int64, buckets ...bucketArgs) []any {
@@ -59,10 +60,12 @@ func args(now, wall int64, buckets ...bucketArgs) []any {
 		l := b.limit
 		code := byte(0)
 		switch l.Algorithm {
-		case rate.Sliding:
+		case rate.SlidingApprox:
 			code = 1
 		case rate.Calendar:
 			code = 2
+		case rate.Sliding:
+			code = 3
 		}
 		spec = append(spec, code)
 		third := l.Capacity()
@@ -70,6 +73,9 @@ func args(now, wall int64, buckets ...bucketArgs) []any {
 			third = l.ChargeWindow(b.charged)
 		}
 		nums := []int64{l.Count, l.Period.Microseconds(), third, b.cost}
+		if l.Algorithm == rate.Sliding {
+			nums = append(nums, l.Tick())
+		}
 		if l.Algorithm == rate.Calendar {
 			s, e := l.Window(wall)
 			p, _ := l.Window(s - 1)
@@ -102,38 +108,53 @@ func f64(dst []byte, n int64) []byte {
 	return binary.LittleEndian.AppendUint64(dst, math.Float64bits(float64(n)))
 }
 
-// decideReply reads a Decide reply: six little-endian float64s per key,
-// each a whole number.
-func decideReply(t *testing.T, reply string) []int64 {
+// decideReply reads a Decide reply of decisions of sizes[i] buckets each:
+// six little-endian float64s per bucket, each a whole number, then the
+// decision's time, which must be now (unless now is 0: Redis TIME). It
+// returns the buckets' values, every decision's in order.
+func decideReply(t *testing.T, reply string, now int64, sizes ...int) []int64 {
 	t.Helper()
-	if len(reply)%48 != 0 {
-		t.Fatalf("decide reply of %d bytes is not six float64s per key", len(reply))
-	}
-	out := make([]int64, len(reply)/8)
-	for i := range out {
-		f := math.Float64frombits(binary.LittleEndian.Uint64([]byte(reply[8*i:])))
-		if f != math.Trunc(f) {
-			t.Fatalf("decide reply value %d is %v, not a whole number", i, f)
+	var out []int64
+	read := func() int64 {
+		if len(reply) < 8 {
+			t.Fatalf("decide reply too short for decisions of %v buckets", sizes)
 		}
-		out[i] = int64(f)
+		f := math.Float64frombits(binary.LittleEndian.Uint64([]byte(reply)))
+		reply = reply[8:]
+		if f != math.Trunc(f) {
+			t.Fatalf("decide reply value %v is not a whole number", f)
+		}
+		return int64(f)
+	}
+	for _, n := range sizes {
+		for i := 0; i < 6*n; i++ {
+			out = append(out, read())
+		}
+		if at := read(); now != 0 && at != now {
+			t.Fatalf("decision replied time %d, want %d", at, now)
+		}
+	}
+	if len(reply) != 0 {
+		t.Fatalf("decide reply has %d bytes more than decisions of %v buckets", len(reply), sizes)
 	}
 	return out
 }
 
-// encodeState is a stored state with an expiry hint E of e.
+// encodeState is a stored state with an expiry hint E of e, and its log.
 func encodeState(s rate.State, e float64) string {
 	var b []byte
 	for _, f := range []float64{s.A, s.B, float64(s.T), e} {
 		b = binary.LittleEndian.AppendUint64(b, math.Float64bits(f))
 	}
+	b, _ = s.Log.AppendBinary(b)
 	return string(b)
 }
 
-// decodeState reads a stored state and its expiry hint.
+// decodeState reads a stored state, its log and its expiry hint.
 func decodeState(t *testing.T, v string) (rate.State, float64) {
 	t.Helper()
-	if len(v) != 32 {
-		t.Fatalf("stored state %q is not 32 bytes", v)
+	if len(v) < 32 {
+		t.Fatalf("stored state %q is shorter than 32 bytes", v)
 	}
 	f := make([]float64, 4)
 	for i := range f {
@@ -142,12 +163,51 @@ func decodeState(t *testing.T, v string) (rate.State, float64) {
 	if f[2] != math.Trunc(f[2]) {
 		t.Fatalf("stored T %v is not a whole µs", f[2])
 	}
-	return rate.State{A: f[0], B: f[1], T: int64(f[2])}, f[3]
+	log, err := rate.ParseLog([]byte(v[32:]))
+	if err != nil {
+		t.Fatalf("stored log: %v", err)
+	}
+	return rate.State{A: f[0], B: f[1], T: int64(f[2]), Log: log}, f[3]
 }
 
-// sameState compares states bit for bit (+0 and -0 are the same state).
+// sameState compares states bit for bit (+0 and -0 are the same state),
+// logs included.
 func sameState(a, b rate.State) bool {
-	return a.T == b.T && a.A == b.A && a.B == b.B
+	la, _ := a.Log.AppendBinary(nil)
+	lb, _ := b.Log.AppendBinary(nil)
+	return a.T == b.T && a.A == b.A && a.B == b.B && string(la) == string(lb)
+}
+
+// logTimes lists the times of a sliding log's entries, oldest first, the
+// newest (s.T) included: the ticks a refund may name.
+func logTimes(s rate.State) []int64 {
+	if s.B == 0 {
+		return nil
+	}
+	var out []int64
+	if b, _ := s.Log.AppendBinary(nil); len(b) > 0 {
+		t := int64(math.Float64frombits(binary.LittleEndian.Uint64(b)))
+		for off := 8; off < len(b); off += 10 {
+			out = append(out, t)
+			var gap uint64
+			for i := 5; i >= 0; i-- {
+				gap = gap<<8 | uint64(b[off+i])
+			}
+			t += int64(gap)
+		}
+	}
+	return append(out, s.T)
+}
+
+// shiftState moves a state by d µs: every time in it, the log's too.
+func shiftState(s rate.State, d int64) rate.State {
+	s.T += d
+	if s.Log != nil {
+		g := *s.Log
+		g.H += d
+		s.Log = &g
+	}
+	return s
 }
 
 // randomRun gives a randomized test its source of random numbers, from a
@@ -195,7 +255,7 @@ func randomCase(r *rand.Rand) testCase {
 	base := time.Date(2026, 3, 18, 10, 30, 0, 0, time.UTC).UnixMicro()
 	c := testCase{now: base + r.Int64N(400*24*3600*1e6)}
 	c.wall = c.now
-	switch r.IntN(4) {
+	switch r.IntN(5) {
 	case 0, 1: // gcra (and the empty algorithm name, which means gcra)
 		alg := rate.GCRA
 		if r.IntN(10) == 0 {
@@ -219,8 +279,36 @@ func randomCase(r *rand.Rand) testCase {
 			c.state.T = c.now + r.Int64N(1000) // a state from the future (clock skew)
 		}
 		c.limit, c.cost = l, r.Int64N(l.Capacity()+3)
-	case 2: // sliding
+	case 4: // exact sliding window: a log built by random charges (and refunds)
 		l := rate.Limit{Algorithm: rate.Sliding, Count: 1 + r.Int64N(200), Period: periods[r.IntN(len(periods))]}
+		if r.IntN(4) == 0 {
+			l.Count = rate.MaxExact + r.Int64N(3*rate.MaxExact) // a coarse tick
+		}
+		p := l.Period.Microseconds()
+		at := c.now - r.Int64N(2*p+1)
+		for k := r.IntN(60); k > 0; k-- {
+			switch r.IntN(4) {
+			case 0: // the same µs
+			case 1:
+				at += r.Int64N(p + 1)
+			default:
+				at += r.Int64N(p/int64(1+r.IntN(50)) + 1)
+			}
+			next, res := l.Apply(c.state, at, 1+r.Int64N(1+l.Count/10))
+			if res.Allowed {
+				c.state = next
+			}
+			if r.IntN(8) == 0 { // a refund, maybe to nothing
+				c.state = l.Adjust(c.state, at, -1-r.Int64N(3), l.ChargeWindow(at))
+			}
+		}
+		if r.IntN(10) == 0 {
+			c.now = at - r.Int64N(1000) // a log from the future (clock skew)
+			c.wall = c.now
+		}
+		c.limit, c.cost = l, r.Int64N(l.Count+3)
+	case 2: // the two-counter sliding window
+		l := rate.Limit{Algorithm: rate.SlidingApprox, Count: 1 + r.Int64N(200), Period: periods[r.IntN(len(periods))]}
 		p := l.Period.Microseconds()
 		start := c.now - c.now%p
 		c.state = rate.State{A: float64(r.Int64N(l.Count + 5)), B: float64(r.Int64N(l.Count + 5))}
@@ -309,6 +397,9 @@ func TestScriptsMirrorRate(t *testing.T) {
 				p = 31 * 24 * 3600 * 1_000_000
 			}
 			charged := []int64{0, tc.now, tc.now - p, tc.now - 2*p, tc.now - r.Int64N(2*p+1)}[r.IntN(5)]
+			if ts := logTimes(tc.state); tc.limit.Algorithm == rate.Sliding && len(ts) > 0 && r.IntN(3) > 0 {
+				charged = ts[r.IntN(len(ts))] // a charge the log holds
+			}
 			b := bucketArgs{limit: tc.limit, cost: tc.cost, adjust: true, charged: charged}
 			if err := lua.Adjust.Run(ctx, c, []string{key}, args(tc.now, tc.wall, b)...).Err(); err != nil {
 				t.Fatalf("case %d (%v): Adjust: %v", i, tc, err)
@@ -319,7 +410,7 @@ func TestScriptsMirrorRate(t *testing.T) {
 			if err != nil {
 				t.Fatalf("case %d (%v): Decide: %v", i, tc, err)
 			}
-			got := decideReply(t, raw)
+			got := decideReply(t, raw, tc.now, 1)
 			next, res := tc.limit.Apply(tc.state, tc.now, tc.cost)
 			wantReply := []int64{b2i(res.Allowed), b2i(res.Impossible), res.Remaining, res.Before, res.RetryAfter, res.Reset}
 			if fmt.Sprint(got) != fmt.Sprint(wantReply) {
@@ -406,7 +497,7 @@ func TestDecidePathMirrorsRate(t *testing.T) {
 		if err != nil {
 			t.Fatalf("path %d: Decide: %v", i, err)
 		}
-		got := decideReply(t, raw)
+		got := decideReply(t, raw, now, len(path))
 		if len(got) != 6*len(path) {
 			t.Fatalf("path %d: %d reply values for %d buckets", i, len(got), len(path))
 		}
@@ -487,7 +578,7 @@ func TestDecideAllOrNothing(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", tt.name, err)
 		}
-		got := decideReply(t, raw)
+		got := decideReply(t, raw, now, 2)
 		if fmt.Sprint(got) != fmt.Sprint(tt.want) {
 			t.Fatalf("%s: reply %v, want %v", tt.name, got, tt.want)
 		}
@@ -544,6 +635,8 @@ func TestDecideBatchIsSequential(t *testing.T) {
 			st := tc.state
 			switch tc.limit.Algorithm {
 			case rate.Sliding:
+				st = shiftState(st, now-tc.now)
+			case rate.SlidingApprox:
 				p := tc.limit.Period.Microseconds()
 				st.T = now - now%p - p*r.Int64N(2)
 			case rate.Calendar:
@@ -572,6 +665,7 @@ func TestDecideBatchIsSequential(t *testing.T) {
 			cost int64
 		}
 		var batch [][]bucket
+		var sizes []int
 		for d := 1 + r.IntN(12); d > 0; d-- {
 			var path []bucket
 			var ba []bucketArgs
@@ -582,6 +676,7 @@ func TestDecideBatchIsSequential(t *testing.T) {
 				index = binary.LittleEndian.AppendUint16(index, uint16(k+1))
 			}
 			batch = append(batch, path)
+			sizes = append(sizes, len(path))
 			argv = append(argv, args(now, now, ba...)...)
 		}
 		argv[0] = index
@@ -589,7 +684,7 @@ func TestDecideBatchIsSequential(t *testing.T) {
 		if err != nil {
 			t.Fatalf("batch %d: Decide: %v", i, err)
 		}
-		got := decideReply(t, raw)
+		got := decideReply(t, raw, now, sizes...)
 
 		// The same decisions, one after the other, in Go.
 		var want []int64

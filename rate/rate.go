@@ -27,16 +27,37 @@
 // same-instant requests of integer cost sums exactly, which is what makes
 // "C/k concurrent requests admit exactly floor(C/k)" hold.
 //
-// # Sliding window
+// # Sliding window (exact)
 //
-// "At most Count units in any window of Period". Cascade uses the O(1)
-// two-counter estimate (as nginx, Cloudflare and others do): windows are
-// aligned to multiples of Period; the estimate at elapsed time e into the
-// current window is prev·(Period − e)/Period + cur. The estimate assumes the
-// previous window's events were spread evenly; its error is bounded by the
-// previous window's count and it is exact whenever the previous window was
-// empty (so the first window admits exactly Count). TestSlidingWindowError
-// measures the worst case against an exact log.
+// "At most Count units in any window of Period": a request of cost n at time
+// t is admitted only if the charges in the window (t − Period, t], plus n,
+// come to at most Count. The state is the log of the charges still in the
+// window (see Log): each entry a time and a cost, charges that fall in the
+// same clock tick coalesced into one entry, and the total kept beside it, so
+// a decision reads only the entries that have just left the window.
+// Retry-After is exact: the time at which enough of the oldest charges have
+// left the window for the cost to fit (a retry then is admitted, one µs
+// earlier is refused), never more than Period for a cost that fits.
+//
+// The tick is one µs while Count ≤ MaxExact (windows over 35 minutes: 1/2³¹
+// of the window, 41 µs for a day), so a log holds at most Count entries (and
+// the debts of reconciled costs). Above MaxExact the tick is Period/MaxExact
+// (see Limit.Tick): a charge then leaves the window up to one tick late, so
+// the window never admits more than Count and may admit less, by what the
+// last tick of traffic would have added; the log stays within MaxExact + 1
+// entries whatever the Count.
+//
+// # Sliding window (approximate)
+//
+// SlidingApprox is the O(1) two-counter estimate (as nginx, Cloudflare and
+// others use): windows are aligned to multiples of Period; the estimate at
+// elapsed time e into the current window is prev·(Period − e)/Period + cur.
+// The estimate assumes the previous window's events were spread evenly: it
+// is exact whenever the previous window was empty (so the first window
+// admits exactly Count), and in the worst case (all of the previous
+// window's events at its very end) a trailing window can hold up to
+// 2·Count. TestSlidingApproxError measures it against an exact log. Only
+// asked for by name: its memory is constant, whatever the Count.
 //
 // # Calendar quota
 //
@@ -58,10 +79,26 @@ type Algorithm string
 
 // The algorithms.
 const (
-	GCRA     Algorithm = "gcra"
-	Sliding  Algorithm = "sliding"
-	Calendar Algorithm = "calendar"
+	GCRA          Algorithm = "gcra"
+	Sliding       Algorithm = "sliding"        // exact: a log of the charges in the window
+	SlidingApprox Algorithm = "sliding_approx" // the two-counter estimate
+	Calendar      Algorithm = "calendar"
 )
+
+// StateName names the form of an algorithm's stored state. Storage keys
+// carry it rather than the algorithm's name, so that state written in one
+// form is never read as another: the exact sliding window ("sliding-log")
+// does not read what the two-counter estimate wrote, and the estimate keeps
+// the name ("sliding") under which it has always stored its counters.
+func (a Algorithm) StateName() string {
+	switch a {
+	case Sliding:
+		return "sliding-log"
+	case SlidingApprox:
+		return "sliding"
+	}
+	return string(a)
+}
 
 // Unit is the calendar unit of a Calendar limit.
 type Unit string
@@ -94,9 +131,17 @@ func (l Limit) Validate() error {
 		return fmt.Errorf("count must be positive, got %d", l.Count)
 	}
 	switch l.Algorithm {
-	case GCRA, Sliding:
+	case GCRA, Sliding, SlidingApprox:
 		if l.Period < time.Microsecond {
 			return fmt.Errorf("period must be at least 1µs, got %v", l.Period)
+		}
+		if l.Algorithm == Sliding {
+			if l.Count > maxEntryCost {
+				return fmt.Errorf("a sliding window counts at most %d per window, got %d: use gcra (or sliding_approx) for more", int64(maxEntryCost), l.Count)
+			}
+			if l.Period.Microseconds() > maxGap {
+				return fmt.Errorf("a sliding window is at most %v long, got %v", time.Duration(maxGap)*time.Microsecond, l.Period)
+			}
 		}
 		if l.Burst < 0 {
 			return fmt.Errorf("burst must not be negative, got %d", l.Burst)
@@ -114,7 +159,7 @@ func (l Limit) Validate() error {
 			return fmt.Errorf("burst applies only to the gcra algorithm")
 		}
 	default:
-		return fmt.Errorf("unknown algorithm %q (want gcra, sliding or calendar)", l.Algorithm)
+		return fmt.Errorf("unknown algorithm %q (want gcra, sliding, sliding_approx or calendar)", l.Algorithm)
 	}
 	return nil
 }
@@ -208,14 +253,17 @@ func dayStart(y int, m time.Month, d int, loc *time.Location) time.Time {
 // State is what a store keeps for one bucket. Its meaning depends on the
 // algorithm:
 //
-//	GCRA:     A = level u (units owed),            T = when A was written
-//	Sliding:  A = previous window's count, B = current window's count, T = current window's start
-//	Calendar: A = count in the window,             T = the window's start
+//	GCRA:          A = level u (units owed),  T = when A was written
+//	Sliding:       A = the cost of every charge logged, B = the cost of the newest,
+//	               T = the newest's time, Log = the older charges (nil: none)
+//	SlidingApprox: A = previous window's count, B = current window's count, T = current window's start
+//	Calendar:      A = count in the window,   T = the window's start
 //
 // The zero State is a fresh, full bucket for every algorithm.
 type State struct {
 	A, B float64
 	T    int64
+	Log  *Log
 }
 
 // Result says what a bucket thinks of one request.
@@ -237,20 +285,33 @@ type Result struct {
 	RetryAfter int64
 	// Reset (µs) is the wait until the bucket is entirely full again.
 	Reset int64
+	// At (µs) is the time of the decision, on the clock of the state it
+	// was made on: what a later Adjust of this charge gives as charged
+	// (through ChargeWindow), so that a refund finds the charge.
+	At int64
 }
 
 // Apply decides cost n at time now against state s. It returns the state to
 // store if the request is admitted (the caller stores it only when every
 // bucket on the path admits: all or nothing) and the Result.
+//
+// Apply does not change s. A sliding window's new state may use the spare
+// capacity of s's log, as append does: of several states computed from one
+// s, keep at most one (a store keeps the state it writes, or s).
 func (l Limit) Apply(s State, now, n int64) (State, Result) {
+	var r Result
 	switch l.Algorithm {
 	case Sliding:
-		return l.sliding(s, now, n)
+		s, r = l.slidingLog(s, now, n)
+	case SlidingApprox:
+		s, r = l.sliding(s, now, n)
 	case Calendar:
-		return l.calendar(s, now, n)
+		s, r = l.calendar(s, now, n)
 	default:
-		return l.gcra(s, now, n)
+		s, r = l.gcra(s, now, n)
 	}
+	r.At = now
+	return s, r
 }
 
 // Adjust changes a bucket by delta units at time now: a negative delta
@@ -265,10 +326,14 @@ func (l Limit) Apply(s State, now, n int64) (State, Result) {
 // window has slid out, or whose calendar window has ended, is not refunded
 // at all (refunding it from a window that never held it would admit more
 // than the limit there). A debt is always added now: later requests pay it.
+// An exact sliding window refunds the very charge (the entry of its tick),
+// as long as it is still in the window.
 func (l Limit) Adjust(s State, now, delta, charged int64) State {
 	refund := delta < 0 && charged != 0
 	switch l.Algorithm {
 	case Sliding:
+		return l.adjustLog(s, now, delta, charged)
+	case SlidingApprox:
 		s = l.slide(s, now)
 		switch {
 		case !refund || charged == s.T:
@@ -292,14 +357,17 @@ func (l Limit) Adjust(s State, now, delta, charged int64) State {
 }
 
 // ChargeWindow identifies, for Adjust, the window in which a cost charged
-// at time at (µs) was counted: the start of its sliding or calendar window,
-// or 0 for GCRA, whose level has no windows (and for at = 0, unknown).
+// at time at (µs) was counted: the start of its approximate sliding or
+// calendar window, the tick of an exact sliding window's entry, or 0 for
+// GCRA, whose level has no windows (and for at = 0, unknown).
 func (l Limit) ChargeWindow(at int64) int64 {
 	if at == 0 {
 		return 0
 	}
 	switch l.Algorithm {
 	case Sliding:
+		return l.tickOf(at)
+	case SlidingApprox:
 		return at - mod(at, l.Period.Microseconds())
 	case Calendar:
 		start, _ := l.Window(at)
@@ -314,6 +382,11 @@ func (l Limit) ChargeWindow(at int64) int64 {
 func (l Limit) TTL(s State, now int64) int64 {
 	switch l.Algorithm {
 	case Sliding:
+		if s.B == 0 {
+			return 0
+		}
+		return s.T + l.Period.Microseconds() - now
+	case SlidingApprox:
 		p := l.Period.Microseconds()
 		return s.T + 2*p - now
 	case Calendar:
@@ -352,7 +425,8 @@ func (l Limit) gcra(s State, now, n int64) (State, Result) {
 	}
 }
 
-// slide moves a sliding-window state forward to the window containing now.
+// slide moves a two-counter (SlidingApprox) state forward to the window
+// containing now.
 func (l Limit) slide(s State, now int64) State {
 	p := l.Period.Microseconds()
 	start := now - mod(now, p)
@@ -366,6 +440,7 @@ func (l Limit) slide(s State, now int64) State {
 	}
 }
 
+// sliding is the two-counter estimate, SlidingApprox.
 func (l Limit) sliding(s State, now, n int64) (State, Result) {
 	p := float64(l.Period.Microseconds())
 	max := float64(l.Count)

@@ -103,16 +103,16 @@ func TestCalendarWindows(t *testing.T) {
 	}
 }
 
-// TestSlidingWindowError measures the two-counter estimate against an exact
+// TestSlidingApproxError measures the two-counter estimate against an exact
 // log of admitted events. Its documented error: (1) the first window is
 // exact; (2) in any trailing window the exact count never exceeds 2×Count
 // (the worst case, all of the previous window's events at its very end);
 // (3) under steady random traffic the admitted rate stays within 10% of
 // Count per window.
-func TestSlidingWindowError(t *testing.T) {
+func TestSlidingApproxError(t *testing.T) {
 	const n = 100
 	w := time.Minute
-	l := Limit{Algorithm: Sliding, Count: n, Period: w}
+	l := Limit{Algorithm: SlidingApprox, Count: n, Period: w}
 	p := w.Microseconds()
 	base := int64(1_790_000_000) * sec
 	base -= base % p
@@ -206,18 +206,22 @@ func FuzzApply(f *testing.F) {
 	f.Add(uint8(0), int64(10), int64(60), int64(0), int64(3), int64(5), int64(1000))
 	f.Add(uint8(1), int64(4), int64(60), int64(0), int64(1), int64(9), int64(59_000_000))
 	f.Add(uint8(2), int64(5), int64(0), int64(0), int64(2), int64(4), int64(3_600_000_000))
+	f.Add(uint8(3), int64(4), int64(60), int64(0), int64(1), int64(9), int64(59_000_000))
+	f.Add(uint8(1), int64(5000), int64(60), int64(0), int64(700), int64(30), int64(7_000_000))
 	f.Fuzz(func(t *testing.T, alg uint8, count, periodS, burst, cost int64, reqs int64, gap int64) {
 		if count <= 0 || count > 1e9 || periodS <= 0 || periodS > 1e6 || burst < 0 || burst > 1e9 || cost < 0 || cost > 1e9 || reqs < 0 || reqs > 50 || gap < 0 || gap > 1e12 {
 			return
 		}
 		l := Limit{Count: count, Period: time.Duration(periodS) * time.Second}
-		switch alg % 3 {
+		switch alg % 4 {
 		case 0:
 			l.Algorithm, l.Burst = GCRA, burst
 		case 1:
 			l.Algorithm = Sliding
 		case 2:
 			l.Algorithm, l.Unit, l.Period = Calendar, Day, 0
+		case 3:
+			l.Algorithm = SlidingApprox
 		}
 		var s State
 		now := int64(1_790_000_000) * sec

@@ -354,17 +354,8 @@ func (r *Redis) Decide(ctx context.Context, buckets []Bucket) (Decision, error) 
 		return Decision{}, fmt.Errorf("redis store: decide: %w: %w", ErrUnavailable, err)
 	}
 	d := Combine(results)
-	d.At = chargedAt(now, wall)
+	d.At = results[0].At
 	return d, nil
-}
-
-// chargedAt is the time a decision sent at (now, wall) counts as made, for
-// Bucket.Charged: the test clock when there is one, else this process's.
-func chargedAt(now, wall int64) int64 {
-	if now != 0 {
-		return now
-	}
-	return wall
 }
 
 // Adjust implements Store. On a Cluster, buckets of different slots are
@@ -419,28 +410,34 @@ func (r *Redis) decide(ctx context.Context, deadline time.Time, buckets []Bucket
 	return decodeReply(reply, results)
 }
 
-// decodeReply reads lua.Decide's reply, six little-endian float64s per
-// bucket (whole numbers), into results.
+// decodeReply reads a decision's part of lua.Decide's reply (replySize):
+// six little-endian float64s per bucket (whole numbers), then the time the
+// script decided at, into results.
 func decodeReply(reply string, results []rate.Result) error {
-	if len(reply) != 6*8*len(results) {
+	if len(reply) != replySize(len(results)) {
 		return fmt.Errorf("decide script returned %d bytes for %d buckets", len(reply), len(results))
 	}
-	var v [6]int64
+	float := func(off int) int64 {
+		return int64(math.Float64frombits(binary.LittleEndian.Uint64([]byte(reply[off : off+8]))))
+	}
+	at := float(len(reply) - 8)
 	for i := range results {
-		for j := range v {
-			v[j] = int64(math.Float64frombits(binary.LittleEndian.Uint64([]byte(reply[48*i+8*j : 48*i+8*j+8]))))
-		}
 		results[i] = rate.Result{
-			Allowed:    v[0] == 1,
-			Impossible: v[1] == 1,
-			Remaining:  v[2],
-			Before:     v[3],
-			RetryAfter: v[4],
-			Reset:      v[5],
+			Allowed:    float(48*i) == 1,
+			Impossible: float(48*i+8) == 1,
+			Remaining:  float(48*i + 16),
+			Before:     float(48*i + 24),
+			RetryAfter: float(48*i + 32),
+			Reset:      float(48*i + 40),
+			At:         at,
 		}
 	}
 	return nil
 }
+
+// replySize is the size of a decision's reply for n buckets: six float64s
+// each, and the decision's time.
+func replySize(n int) int { return 48*n + 8 }
 
 // adjust runs lua.Adjust once over buckets, which must share one slot on a
 // Cluster.
@@ -451,16 +448,18 @@ func (r *Redis) adjust(ctx context.Context, buckets []Bucket, now, wall int64) e
 
 // Algorithm codes of the packed script arguments (see package lua).
 const (
-	codeGCRA     = 0
-	codeSliding  = 1
-	codeCalendar = 2
+	codeGCRA          = 0
+	codeSlidingApprox = 1
+	codeCalendar      = 2
+	codeSliding       = 3
 )
 
 // encode lays out the keys and the packed numbers of one decision or, with
 // adjust, one correction, as package lua documents: the clock, then per
 // bucket its algorithm code and its numbers, as little-endian float64s. A
 // correction sends, in the capacity's place, the window its cost was
-// charged in (Limit.ChargeWindow of Bucket.Charged).
+// charged in (Limit.ChargeWindow of Bucket.Charged). An exact sliding
+// window adds its tick; a calendar, its windows.
 func (r *Redis) encode(buckets []Bucket, now, wall int64, adjust bool) ([]string, []byte) {
 	keys := make([]string, len(buckets))
 	spec := make([]byte, 0, 8+len(buckets)*(1+4*8))
@@ -476,6 +475,8 @@ func (r *Redis) encode(buckets []Bucket, now, wall int64, adjust bool) ([]string
 		switch l.Algorithm {
 		case rate.Sliding:
 			code = codeSliding
+		case rate.SlidingApprox:
+			code = codeSlidingApprox
 		case rate.Calendar:
 			code = codeCalendar
 		}
@@ -484,6 +485,9 @@ func (r *Redis) encode(buckets []Bucket, now, wall int64, adjust bool) ([]string
 		spec = appendFloat(spec, l.Period.Microseconds())
 		spec = appendFloat(spec, capacity)
 		spec = appendFloat(spec, b.Cost)
+		if l.Algorithm == rate.Sliding {
+			spec = appendFloat(spec, l.Tick())
+		}
 		if l.Algorithm == rate.Calendar {
 			// The previous, current and next windows around our clock: the
 			// script picks the one holding Redis's time, so a skew between
@@ -575,7 +579,7 @@ func (r *Redis) decideSlots(ctx context.Context, buckets []Bucket, groups [][]in
 			// allows (so a fast Redis has refunded by the time the
 			// request is answered), and not a moment longer.
 			select {
-			case <-r.refund(buckets, groups, charged, now, wall):
+			case <-r.refund(buckets, results, groups, charged, now, wall):
 			case <-ctx.Done():
 			}
 		}
@@ -586,7 +590,7 @@ func (r *Redis) decideSlots(ctx context.Context, buckets []Bucket, groups [][]in
 	// On a refused leaf, Combine sees its denial: the decision is a denial,
 	// and every bucket reports what it had before.
 	d := Combine(results)
-	d.At = chargedAt(now, wall)
+	d.At = results[len(results)-1].At // the leaf's slot's time
 	return d, nil
 }
 
@@ -602,19 +606,19 @@ func dryRun(b Bucket) Bucket {
 }
 
 // refund gives back what a decision charged to the slots that admitted it
-// (charged) when another slot refused or failed. It runs in the
+// (charged) when another slot refused or failed, each bucket from the charge
+// its slot logged at its own time (results). It runs in the
 // background, bounded by its own timeout, so that it completes even when
 // the decision's deadline has passed; the returned channel is closed when
 // it is done. Close waits for it.
-func (r *Redis) refund(buckets []Bucket, groups [][]int, charged []int, now, wall int64) <-chan struct{} {
-	at := chargedAt(now, wall)
+func (r *Redis) refund(buckets []Bucket, results []rate.Result, groups [][]int, charged []int, now, wall int64) <-chan struct{} {
 	var refunds []Bucket // copies: Decide must not keep buckets
 	var sel [][]int
 	for _, g := range charged {
 		idx := make([]int, len(groups[g]))
 		for i, j := range groups[g] {
 			b := buckets[j]
-			b.Cost, b.Charged = -b.Cost, at
+			b.Cost, b.Charged = -b.Cost, results[j].At
 			idx[i] = len(refunds)
 			refunds = append(refunds, b)
 		}

@@ -326,13 +326,14 @@ func (b *batcher) moved(err error) {
 	}
 }
 
-// deliver cuts a batch's reply into each call's part (six float64s per
-// bucket, in order) and wakes the calls.
+// deliver cuts a batch's reply into each call's part (replySize: six
+// float64s per bucket, in order, then the decision's time) and wakes the
+// calls.
 func deliver(calls []*call, reply string, err error) {
 	if err == nil {
 		n := 0
 		for _, c := range calls {
-			n += 48 * len(c.keys)
+			n += replySize(len(c.keys))
 		}
 		if len(reply) != n {
 			err = fmt.Errorf("decide script returned %d bytes for %d bytes of results", len(reply), n)
@@ -342,7 +343,7 @@ func deliver(calls []*call, reply string, err error) {
 		if err != nil {
 			c.err = err
 		} else {
-			n := 48 * len(c.keys)
+			n := replySize(len(c.keys))
 			c.reply, reply = reply[:n], reply[n:]
 		}
 		close(c.done)

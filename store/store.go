@@ -27,9 +27,9 @@ type Bucket struct {
 	// Cost is what this request costs in the limit's dimension. In Adjust it
 	// is the correction: negative refunds, positive adds debt.
 	Cost int64
-	// Charged is used by Adjust only: when (µs since the Unix epoch, on the
-	// wall clock, or the store's test clock) the cost being corrected was
-	// charged; 0 means unknown. A refund goes back to the window that cost
+	// Charged is used by Adjust only: when (µs since the Unix epoch) the
+	// cost being corrected was charged, as the decision's Result.At says;
+	// 0 means unknown. A refund goes back to the window that cost
 	// was counted in, and nowhere once that window is over (see
 	// rate.Limit.Adjust).
 	Charged int64
@@ -50,10 +50,12 @@ type Decision struct {
 	// Impossible.
 	RetryAfter time.Duration
 	// At is when the decision was made (µs since the Unix epoch), on the
-	// clock that Bucket.Charged is read on: the value to give as Charged
-	// when correcting this decision's costs. The memory store reports its
-	// own clock; the Redis store, which decides at Redis's TIME, reports
-	// this process's clock when it sent the decision.
+	// clock of the store's state: the memory store's own, Redis's TIME (or
+	// the test clock) as the script saw it. Each Result's At is its
+	// bucket's (on a Cluster, buckets of other slots are decided by other
+	// masters, on their clocks); At is the last bucket's. A correction of a
+	// bucket's cost gives its Result's At as Bucket.Charged, so that a
+	// refund finds the window, or the very charge, it corrects.
 	At int64
 }
 

@@ -51,6 +51,10 @@ func sliding(count int64, period time.Duration) rate.Limit {
 	return rate.Limit{Algorithm: rate.Sliding, Count: count, Period: period}
 }
 
+func slidingApprox(count int64, period time.Duration) rate.Limit {
+	return rate.Limit{Algorithm: rate.SlidingApprox, Count: count, Period: period}
+}
+
 func calendar(count int64, unit rate.Unit, loc *time.Location) rate.Limit {
 	return rate.Limit{Algorithm: rate.Calendar, Count: count, Unit: unit, Location: loc}
 }
@@ -139,13 +143,63 @@ func scenarios() []scenario {
 			{buckets: []store.Bucket{b("s1", "all", notify, 1), b("s1", "cat=b", perCat, 1)}, repeat: 10, allowed: true},
 			{advance: time.Minute, buckets: []store.Bucket{b("s1", "all", notify, 1), b("s1", "cat=a", perCat, 1)}, allowed: false, retryToo: true},
 		}},
-		{"sliding window: first window exact, then the previous window slides out", []step{
-			{at: time.Date(2026, 3, 18, 10, 0, 0, 0, time.UTC), buckets: []store.Bucket{b("s2", "k", sliding(4, time.Minute), 1)}, repeat: 4, allowed: true},
-			{buckets: []store.Bucket{b("s2", "k", sliding(4, time.Minute), 1)}, allowed: false, remaining: []int64{0},
+		{"sliding_approx: first window exact, then the previous window slides out", []step{
+			{at: time.Date(2026, 3, 18, 10, 0, 0, 0, time.UTC), buckets: []store.Bucket{b("s2", "k", slidingApprox(4, time.Minute), 1)}, repeat: 4, allowed: true},
+			{buckets: []store.Bucket{b("s2", "k", slidingApprox(4, time.Minute), 1)}, allowed: false, remaining: []int64{0},
 				retry: 75*time.Second + time.Microsecond, retrySet: true},
-			{advance: time.Minute + 15*time.Second, buckets: []store.Bucket{b("s2", "k", sliding(4, time.Minute), 1)}, allowed: true, remaining: []int64{0}},
-			{buckets: []store.Bucket{b("s2", "k", sliding(4, time.Minute), 1)}, allowed: false,
+			{advance: time.Minute + 15*time.Second, buckets: []store.Bucket{b("s2", "k", slidingApprox(4, time.Minute), 1)}, allowed: true, remaining: []int64{0}},
+			{buckets: []store.Bucket{b("s2", "k", slidingApprox(4, time.Minute), 1)}, allowed: false,
 				retry: 15*time.Second + time.Microsecond, retrySet: true, retryToo: true},
+		}},
+		{"sliding window: a full window admits again exactly one window after its charges", []step{
+			{at: time.Date(2026, 3, 18, 10, 0, 59, 0, time.UTC), buckets: []store.Bucket{b("s3", "k", sliding(4, time.Minute), 1)}, repeat: 4, allowed: true},
+			{buckets: []store.Bucket{b("s3", "k", sliding(4, time.Minute), 1)}, allowed: false, remaining: []int64{0},
+				retry: time.Minute, retrySet: true, retryToo: true},
+			{buckets: []store.Bucket{b("s3", "k", sliding(4, time.Minute), 1)}, repeat: 3, allowed: true},
+			{advance: time.Second, buckets: []store.Bucket{b("s3", "k", sliding(4, time.Minute), 1)}, allowed: false, remaining: []int64{0},
+				retry: 59 * time.Second, retrySet: true},
+		}},
+		{"sliding window: mholt's example, a burst of 8, again a window later, then one per 1.1 s", []step{
+			{at: time.Date(2026, 3, 18, 10, 0, 4, 900_000_000, time.UTC), buckets: []store.Bucket{b("s4", "k", sliding(2, 5*time.Second), 1)}, repeat: 2, allowed: true},
+			{buckets: []store.Bucket{b("s4", "k", sliding(2, 5*time.Second), 1)}, repeat: 6, allowed: false},
+			{advance: 5200 * time.Millisecond, buckets: []store.Bucket{b("s4", "k", sliding(2, 5*time.Second), 1)}, repeat: 2, allowed: true},
+			{buckets: []store.Bucket{b("s4", "k", sliding(2, 5*time.Second), 1)}, repeat: 6, allowed: false, remaining: []int64{0}, retry: 5 * time.Second, retrySet: true},
+			{advance: 1100 * time.Millisecond, buckets: []store.Bucket{b("s4", "k", sliding(2, 5*time.Second), 1)}, allowed: false, retry: 3900 * time.Millisecond, retrySet: true},
+			{advance: 3300 * time.Millisecond, buckets: []store.Bucket{b("s4", "k", sliding(2, 5*time.Second), 1)}, allowed: false},
+			{advance: 1100 * time.Millisecond, buckets: []store.Bucket{b("s4", "k", sliding(2, 5*time.Second), 1)}, allowed: true},
+			{advance: 1100 * time.Millisecond, buckets: []store.Bucket{b("s4", "k", sliding(2, 5*time.Second), 1)}, allowed: true},
+			{advance: 1100 * time.Millisecond, buckets: []store.Bucket{b("s4", "k", sliding(2, 5*time.Second), 1)}, allowed: false,
+				retry: 2800 * time.Millisecond, retrySet: true, retryToo: true},
+		}},
+		{"sliding window: a cost waits until enough of the oldest charges have left", []step{
+			{buckets: []store.Bucket{b("s5", "k", sliding(10, time.Minute), 4)}, allowed: true, remaining: []int64{6}},
+			{advance: 10 * time.Second, buckets: []store.Bucket{b("s5", "k", sliding(10, time.Minute), 3)}, allowed: true, remaining: []int64{3}},
+			{advance: 10 * time.Second, buckets: []store.Bucket{b("s5", "k", sliding(10, time.Minute), 3)}, allowed: true, remaining: []int64{0}},
+			// 5 more need the 4 of 0 s and the 3 of 10 s gone: at 70 s.
+			{advance: 10 * time.Second, buckets: []store.Bucket{b("s5", "k", sliding(10, time.Minute), 5)}, allowed: false, remaining: []int64{0},
+				retry: 40 * time.Second, retrySet: true, retryToo: true},
+			{buckets: []store.Bucket{b("s5", "k", sliding(10, time.Minute), 11)}, allowed: false, impossible: true, retry: 0, retrySet: true},
+		}},
+		{"sliding window: all or nothing with a gcra limit", []step{
+			{buckets: []store.Bucket{b("s6", "win", sliding(5, time.Minute), 1), b("s6", "user", gcra(1, time.Hour, 0), 1)}, allowed: true},
+			{buckets: []store.Bucket{b("s6", "win", sliding(5, time.Minute), 1), b("s6", "user", gcra(1, time.Hour, 0), 1)}, repeat: 5, allowed: false},
+			{buckets: []store.Bucket{b("s6", "win", sliding(5, time.Minute), 1)}, allowed: true, remaining: []int64{3}},
+		}},
+		{"sliding window: a refund comes off its own charge, in the middle of the log", []step{
+			{at: time.Date(2026, 3, 18, 10, 0, 0, 0, time.UTC), buckets: []store.Bucket{b("r5", "k", sliding(10, time.Minute), 6)}, allowed: true},
+			{at: time.Date(2026, 3, 18, 10, 0, 10, 0, time.UTC), buckets: []store.Bucket{b("r5", "k", sliding(10, time.Minute), 4)}, allowed: true},
+			{at: time.Date(2026, 3, 18, 10, 0, 20, 0, time.UTC), adjust: true, charged: time.Date(2026, 3, 18, 10, 0, 0, 0, time.UTC),
+				buckets: []store.Bucket{b("r5", "k", sliding(10, time.Minute), -5)}},
+			{buckets: []store.Bucket{b("r5", "k", sliding(10, time.Minute), 5)}, allowed: true, remaining: []int64{0}},
+			// The refunded charge leaves at 10:01:00 with the 1 left of it.
+			{at: time.Date(2026, 3, 18, 10, 1, 0, 0, time.UTC), buckets: []store.Bucket{b("r5", "k", sliding(10, time.Minute), 1)}, allowed: true, remaining: []int64{0}},
+			// A debt is logged now and paid by later requests.
+			{adjust: true, buckets: []store.Bucket{b("r5", "k", sliding(10, time.Minute), 3)}},
+			// 4 (10:00:10) + 5 (10:00:20) + 1 + 3 of debt (10:01:00): one more
+			// waits for the 4 to leave.
+			{at: time.Date(2026, 3, 18, 10, 1, 5, 0, time.UTC), buckets: []store.Bucket{b("r5", "k", sliding(10, time.Minute), 1)}, allowed: false,
+				retry: 5 * time.Second, retrySet: true, retryToo: true},
+			{buckets: []store.Bucket{b("r5", "k", sliding(10, time.Minute), 1)}, allowed: false, retry: 10 * time.Second, retrySet: true},
 		}},
 		{"calendar day resets at midnight UTC", []step{
 			{at: time.Date(2026, 3, 18, 23, 59, 0, 0, time.UTC), buckets: []store.Bucket{b("c1", "k", calendar(5, rate.Day, nil), 1)}, repeat: 5, allowed: true},
@@ -179,16 +233,17 @@ func scenarios() []scenario {
 			{adjust: true, charged: time.Date(2026, 2, 1, 0, 1, 0, 0, time.UTC), buckets: []store.Bucket{b("r3", "k", calendar(100, rate.Month, time.UTC), -30)}},
 			{buckets: []store.Bucket{b("r3", "k", calendar(100, rate.Month, time.UTC), 80)}, allowed: true, remaining: []int64{0}},
 		}},
-		{"a sliding window's refund comes off the window it was counted in", []step{
-			{at: time.Date(2026, 3, 18, 10, 0, 10, 0, time.UTC), buckets: []store.Bucket{b("r4", "k", sliding(10, time.Minute), 6)}, allowed: true},
+		{"a sliding window's refund comes off the window it was counted in (both algorithms)", []step{
+			{at: time.Date(2026, 3, 18, 10, 0, 10, 0, time.UTC), buckets: []store.Bucket{b("r4", "k", sliding(10, time.Minute), 6), b("r4", "a", slidingApprox(10, time.Minute), 6)}, allowed: true},
 			// The window has slid: the 6 are the previous window's count.
 			{at: time.Date(2026, 3, 18, 10, 1, 0, 0, time.UTC), adjust: true, charged: time.Date(2026, 3, 18, 10, 0, 10, 0, time.UTC),
-				buckets: []store.Bucket{b("r4", "k", sliding(10, time.Minute), -5)}},
-			{buckets: []store.Bucket{b("r4", "k", sliding(10, time.Minute), 9)}, allowed: true, remaining: []int64{0}},
+				buckets: []store.Bucket{b("r4", "k", sliding(10, time.Minute), -5), b("r4", "a", slidingApprox(10, time.Minute), -5)}},
+			{buckets: []store.Bucket{b("r4", "k", sliding(10, time.Minute), 9), b("r4", "a", slidingApprox(10, time.Minute), 9)}, allowed: true, remaining: []int64{0, 0}},
 			// Two windows on, the charge has slid out: nothing to refund.
-			{at: time.Date(2026, 3, 18, 10, 3, 0, 0, time.UTC), buckets: []store.Bucket{b("r4", "k", sliding(10, time.Minute), 10)}, allowed: true},
-			{adjust: true, charged: time.Date(2026, 3, 18, 10, 1, 0, 0, time.UTC), buckets: []store.Bucket{b("r4", "k", sliding(10, time.Minute), -9)}},
+			{at: time.Date(2026, 3, 18, 10, 3, 0, 0, time.UTC), buckets: []store.Bucket{b("r4", "k", sliding(10, time.Minute), 10), b("r4", "a", slidingApprox(10, time.Minute), 10)}, allowed: true},
+			{adjust: true, charged: time.Date(2026, 3, 18, 10, 1, 0, 0, time.UTC), buckets: []store.Bucket{b("r4", "k", sliding(10, time.Minute), -9), b("r4", "a", slidingApprox(10, time.Minute), -9)}},
 			{buckets: []store.Bucket{b("r4", "k", sliding(10, time.Minute), 1)}, allowed: false},
+			{buckets: []store.Bucket{b("r4", "a", slidingApprox(10, time.Minute), 1)}, allowed: false},
 		}},
 		{"a refund never fills a bucket beyond capacity", []step{
 			{adjust: true, buckets: []store.Bucket{b("r2", "k", tenPerMin, -50)}},
@@ -259,6 +314,26 @@ func Run(t *testing.T, open Opener) {
 			b("x2", "user", gcra(100, time.Hour, 0), 7),
 		}
 		ExactBurstPath(t, s, 200, path, 100/7)
+	})
+	t.Run("concurrent burst on an exact sliding window and a gcra tier", func(t *testing.T) {
+		clock := NewClock(start)
+		s := open(t, clock.Now)
+		path := []store.Bucket{
+			b("x3", "org", gcra(1000, time.Hour, 0), 3),
+			b("x3", "win", sliding(100, time.Hour), 3),
+		}
+		ExactBurstPath(t, s, 200, path, 33)
+	})
+	t.Run("decisions report when they were made", func(t *testing.T) {
+		clock := NewClock(start)
+		s := open(t, clock.Now)
+		d, err := s.Decide(context.Background(), []store.Bucket{b("at", "k", sliding(10, time.Hour), 1), b("at", "g", gcra(10, time.Hour, 0), 1)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.At != start.UnixMicro() || d.Results[0].At != d.At || d.Results[1].At != d.At {
+			t.Fatalf("decision at %d, results at %d and %d, want the clock's %d", d.At, d.Results[0].At, d.Results[1].At, start.UnixMicro())
+		}
 	})
 }
 
