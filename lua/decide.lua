@@ -1,14 +1,15 @@
 -- decide.lua: all-or-nothing decisions, one or a batch of them, in order.
 --
--- KEYS are the distinct bucket keys of the call. ARGV[2], ARGV[3], ... are
--- the decisions, one packed string each (see lua.go): the test clock (µs)
--- or 0 for Redis TIME, then per bucket its algorithm code, count, period
--- (µs), capacity, cost and, for a calendar limit, the bounds w0 < w1 < w2 <
--- w3 of the previous, current and next windows, for an exact sliding
--- window its tick. ARGV[1] says which key each
--- bucket of each decision uses: one little-endian uint16 (an index into
--- KEYS, from 1) per bucket, in order; empty means bucket j of the call (all
--- decisions counted together) uses KEYS[j].
+-- KEYS are the distinct bucket keys of the call, each exact sliding
+-- window's followed by its log key. ARGV[2], ARGV[3], ... are the
+-- decisions, one packed string each (see lua.go): the test clock (µs) or 0
+-- for Redis TIME, then per bucket its algorithm code, count, period (µs),
+-- capacity, cost and, for a calendar limit, the bounds w0 < w1 < w2 < w3
+-- of the previous, current and next windows, for an exact sliding window
+-- its tick. ARGV[1] says which key each bucket of each decision uses: one
+-- little-endian uint16 (an index into KEYS, from 1) per bucket, in order;
+-- empty means the buckets of the call (all decisions counted together)
+-- take the keys in order, two for an exact sliding window.
 --
 -- Each decision checks every one of its buckets before charging any: it is
 -- charged to all of them or to none. The decisions of one call are applied
@@ -25,7 +26,7 @@
 -- GCRA, the common algorithm, is rate.lua's apply and ttl written out in the
 -- loop (the same operations in the same order): a call with a dozen
 -- arguments and results costs more than its arithmetic.
-local floor, ceil, pack, unpk, sub = math.floor, math.ceil, struct.pack, struct.unpack, string.sub
+local floor, ceil, pack, unpk = math.floor, math.ceil, struct.pack, struct.unpack
 local values = redis.call('MGET', unpack(KEYS))
 -- values[k] is key k's state as the decisions so far left it (a packed
 -- string, or false for no key), and act[k] what to do with it at the end:
@@ -42,9 +43,14 @@ local nr = 0
 -- key's index, its new state and the expiry action.
 local pend = {0, '', 0, 0, '', 0, 0, '', 0, 0, '', 0, 0, '', 0, 0, '', 0, 0, '', 0}
 local map = ARGV[1]
-local m0 = 1
+local m0, kn = 1, 0
 local timeNow
 local apply, ttl, window, _ -- from algorithms, for the first sliding or calendar bucket
+local lapply, lsync, reader -- from logs, for the first exact sliding window
+-- lpend holds the current decision's log writes, six entries per exact
+-- sliding window: its key's index, what apply said to drop and push, its
+-- entries, and the key's expiry action and E.
+local lpend, nl = {}, 0
 for d = 2, #ARGV do
   local argv = ARGV[d]
   local now, i0 = unpk('<d', argv)
@@ -58,13 +64,35 @@ for d = 2, #ARGV do
   while i0 <= len do
     local alg, count, period, cap, n, k
     alg, count, period, cap, n, i0 = unpk('<Bdddd', argv, i0)
-    if map == '' then k = nr + 1 else k, m0 = unpk('<H', map, m0) end
+    if map == '' then
+      k = kn + 1
+      kn = k
+      if alg == LOG then kn = k + 1 end
+    else
+      k, m0 = unpk('<H', map, m0)
+    end
     local a, b, t, e = 0, 0, 0, 0
     local v = values[k]
     if v and #v >= 32 then a, b, t, e = unpk('<dddd', v) end
     local ok, tl, res
-    local log = '' -- an exact sliding window's log, after the 32-byte header
-    if alg ~= SLIDING and alg ~= CALENDAR and alg ~= LOG then
+    local extra, drop, push, h, m = ''
+    if alg == LOG then
+      -- the exact sliding window: see logs in rate.lua
+      local g
+      g, i0 = unpk('<d', argv, i0)
+      if not lapply then lapply, lsync, reader = logs() end
+      h, m = 0, 0
+      if v and #v >= 48 then h, m = unpk('<dd', v, 33) end
+      local impossible, remaining, before, retry, reset
+      ok, impossible, remaining, before, retry, reset, a, b, t, h, m, drop, push =
+        lapply(count, period, g, n, a, b, t, h, m, now, reader(KEYS[k + 1]))
+      res = pack('<dddddd', ok, impossible, remaining, before, retry, reset)
+      if ok == 1 then
+        tl = 0
+        if b > 0 then tl = t + period - now end
+        extra = pack('<dd', h, m)
+      end
+    elseif alg ~= SLIDING and alg ~= CALENDAR then
       -- gcra: level, then Limit.gcra
       local perUnit = period / count
       local elapsed = now - t
@@ -100,20 +128,17 @@ for d = 2, #ARGV do
       end
     else
       if not apply then apply, _, ttl, window = algorithms() end
-      local start, stop, g
+      local start, stop
       if alg == CALENDAR then
         local w0, w1, w2, w3
         w0, w1, w2, w3, i0 = unpk('<dddd', argv, i0)
         start, stop = window(now, w0, w1, w2, w3)
-      elseif alg == LOG then
-        g, i0 = unpk('<d', argv, i0)
-        if v then log = sub(v, 33) end
       end
       local impossible, remaining, before, retry, reset
-      ok, impossible, remaining, before, retry, reset, a, b, t, log =
-        apply(alg, count, period, cap, n, a, b, t, log, now, start, stop, g)
+      ok, impossible, remaining, before, retry, reset, a, b, t =
+        apply(alg, count, period, cap, n, a, b, t, now, start, stop)
       res = pack('<dddddd', ok, impossible, remaining, before, retry, reset)
-      if ok == 1 then tl = ttl(alg, count, period, a, b, t, now, stop) end
+      if ok == 1 then tl = ttl(alg, count, period, a, t, now, stop) end
     end
     nr = nr + 1
     reply[nr] = res
@@ -132,14 +157,30 @@ for d = 2, #ARGV do
         ms = ceil((tl + margin) / 1000)
         e = now + (ms - 1) * 1000
       end
-      local val = ms and pack('<dddd', a, b, t, e)
-      if val and log ~= '' then val = val .. log end
-      pend[np + 1], pend[np + 2], pend[np + 3] = k, val, ms
+      pend[np + 1], pend[np + 2], pend[np + 3] = k, ms and pack('<dddd', a, b, t, e) .. extra, ms
       np = np + 3
+      if alg == LOG then
+        lpend[nl + 1], lpend[nl + 2], lpend[nl + 3], lpend[nl + 4], lpend[nl + 5], lpend[nl + 6] = k, drop, push, m, ms, e
+        nl = nl + 6
+      end
     end
   end
   nr = nr + 1
   reply[nr] = pack('<d', now)
+  if admit and nl > 0 then
+    -- The lists change now, so that the decisions after this one read
+    -- them as this one left them. A key named twice in one decision takes
+    -- its last state (as its value below does), so only its last writes.
+    local done = {}
+    for j = nl - 5, 1, -6 do
+      local lk = lpend[j]
+      if not done[lk] then
+        done[lk] = true
+        lsync(KEYS[lk + 1], lpend[j + 1], lpend[j + 2], lpend[j + 3], lpend[j + 4], lpend[j + 5], now)
+      end
+    end
+  end
+  nl = 0
   if admit then
     for j = 1, np, 3 do
       local k, ms = pend[j], pend[j + 2]

@@ -140,34 +140,121 @@ func decideReply(t *testing.T, reply string, now int64, sizes ...int) []int64 {
 	return out
 }
 
-// encodeState is a stored state with an expiry hint E of e, and its log.
-func encodeState(s rate.State, e float64) string {
-	var b []byte
-	for _, f := range []float64{s.A, s.B, float64(s.T), e} {
-		b = binary.LittleEndian.AppendUint64(b, math.Float64bits(f))
+// logKey is the key of an exact sliding window's log, as the store names
+// it for keys with a hash tag (all of this file's).
+func logKey(key string) string { return key + "~log" }
+
+// scriptKeys is KEYS for buckets of these keys and limits, in order: an
+// exact sliding window's key followed by its log key.
+func scriptKeys(keys []string, limits []rate.Limit) []string {
+	var out []string
+	for i, k := range keys {
+		out = append(out, k)
+		if limits[i].Algorithm == rate.Sliding {
+			out = append(out, logKey(k))
+		}
 	}
-	b, _ = s.Log.AppendBinary(b)
+	return out
+}
+
+// encodeState is the value of a bucket's key holding s with an expiry
+// hint E of e: four float64s, and for an exact sliding window (l) its
+// log's H and number of entries.
+func encodeState(l rate.Limit, s rate.State, e float64) string {
+	f := []float64{s.A, s.B, float64(s.T), e}
+	if l.Algorithm == rate.Sliding {
+		var h float64
+		if s.Log != nil {
+			h = float64(s.Log.H)
+		}
+		f = append(f, h, float64(s.Log.Len()))
+	}
+	var b []byte
+	for _, x := range f {
+		b = binary.LittleEndian.AppendUint64(b, math.Float64bits(x))
+	}
 	return string(b)
 }
 
-// decodeState reads a stored state, its log and its expiry hint.
-func decodeState(t *testing.T, v string) (rate.State, float64) {
-	t.Helper()
-	if len(v) < 32 {
-		t.Fatalf("stored state %q is shorter than 32 bytes", v)
+// logEntries is the list that holds the entries of s's log, oldest first.
+func logEntries(s rate.State) []any {
+	b, _ := s.Log.AppendBinary(nil)
+	var out []any
+	for off := 8; off < len(b); off += 10 {
+		out = append(out, string(b[off:off+10]))
 	}
-	f := make([]float64, 4)
+	return out
+}
+
+// setState stores s at key as a previous write left it: its expiry hint
+// e, an expiry of px ms (none when 0), and an exact sliding window's log.
+func setState(ctx context.Context, c *redis.Client, key string, l rate.Limit, s rate.State, e float64, px int64) {
+	c.Set(ctx, key, encodeState(l, s, e), time.Duration(px)*time.Millisecond)
+	if l.Algorithm == rate.Sliding {
+		c.Del(ctx, logKey(key))
+		if es := logEntries(s); len(es) > 0 {
+			c.RPush(ctx, logKey(key), es...)
+			if px > 0 {
+				c.PExpire(ctx, logKey(key), time.Duration(px+1)*time.Millisecond)
+			}
+		}
+	}
+}
+
+// getState reads the state stored at key (redis.Nil when there is no key)
+// and its expiry hint. An exact sliding window's log must have as many
+// entries as its key says, and an expiry no shorter than the key's.
+func getState(t *testing.T, ctx context.Context, c *redis.Client, key string, l rate.Limit) (rate.State, float64, error) {
+	t.Helper()
+	v, err := c.Get(ctx, key).Result()
+	if err != nil {
+		if l.Algorithm == rate.Sliding {
+			if n := c.Exists(ctx, logKey(key)).Val(); n != 0 && errors.Is(err, redis.Nil) {
+				t.Fatalf("%s: no key, but its log is left", key)
+			}
+		}
+		return rate.State{}, 0, err
+	}
+	size := 32
+	if l.Algorithm == rate.Sliding {
+		size = 48
+	}
+	if len(v) != size {
+		t.Fatalf("stored state %q is not %d bytes", v, size)
+	}
+	f := make([]float64, size/8)
 	for i := range f {
 		f[i] = math.Float64frombits(binary.LittleEndian.Uint64([]byte(v[8*i:])))
 	}
 	if f[2] != math.Trunc(f[2]) {
 		t.Fatalf("stored T %v is not a whole µs", f[2])
 	}
-	log, err := rate.ParseLog([]byte(v[32:]))
-	if err != nil {
-		t.Fatalf("stored log: %v", err)
+	s := rate.State{A: f[0], B: f[1], T: int64(f[2])}
+	if size == 48 {
+		entries, err := c.LRange(ctx, logKey(key), 0, -1).Result()
+		if err != nil {
+			t.Fatalf("%s: log: %v", key, err)
+		}
+		if len(entries) != int(f[5]) {
+			t.Fatalf("%s: the key says %v entries, its log has %d", key, f[5], len(entries))
+		}
+		if len(entries) == 0 && f[4] != 0 {
+			t.Fatalf("%s: no entries, H %v", key, f[4])
+		}
+		if len(entries) > 0 {
+			b := binary.LittleEndian.AppendUint64(nil, math.Float64bits(f[4]))
+			for _, e := range entries {
+				b = append(b, e...)
+			}
+			if s.Log, err = rate.ParseLog(b); err != nil {
+				t.Fatalf("%s: log: %v", key, err)
+			}
+			if kt, lt := c.PTTL(ctx, key).Val(), c.PTTL(ctx, logKey(key)).Val(); kt > 0 && lt < kt {
+				t.Fatalf("%s: the log expires in %v, before its key (%v)", key, lt, kt)
+			}
+		}
 	}
-	return rate.State{A: f[0], B: f[1], T: int64(f[2]), Log: log}, f[3]
+	return s, f[3], nil
 }
 
 // sameState compares states bit for bit (+0 and -0 are the same state),
@@ -378,14 +465,15 @@ func TestScriptsMirrorRate(t *testing.T) {
 		var px0 int64 // ms
 		switch {
 		case tc.fresh:
-			c.Del(ctx, key)
+			c.Del(ctx, key, logKey(key))
 		case r.IntN(2) == 0:
-			c.Set(ctx, key, encodeState(tc.state, 0), 0)
+			setState(ctx, c, key, tc.limit, tc.state, 0, 0)
 		default:
 			px0 = 1 + r.Int64N(10_000_000)
 			e0 = float64(tc.now + (px0-1)*1000)
-			c.Set(ctx, key, encodeState(tc.state, e0), time.Duration(px0)*time.Millisecond)
+			setState(ctx, c, key, tc.limit, tc.state, e0, px0)
 		}
+		keys := scriptKeys([]string{key}, []rate.Limit{tc.limit})
 
 		var want rate.State
 		store := true
@@ -401,12 +489,12 @@ func TestScriptsMirrorRate(t *testing.T) {
 				charged = ts[r.IntN(len(ts))] // a charge the log holds
 			}
 			b := bucketArgs{limit: tc.limit, cost: tc.cost, adjust: true, charged: charged}
-			if err := lua.Adjust.Run(ctx, c, []string{key}, args(tc.now, tc.wall, b)...).Err(); err != nil {
+			if err := lua.Adjust.Run(ctx, c, keys, args(tc.now, tc.wall, b)...).Err(); err != nil {
 				t.Fatalf("case %d (%v): Adjust: %v", i, tc, err)
 			}
 			want = tc.limit.Adjust(tc.state, tc.now, tc.cost, tc.limit.ChargeWindow(charged))
 		} else {
-			raw, err := lua.Decide.Run(ctx, c, []string{key}, decideArgs(tc.now, tc.wall, bucketArgs{limit: tc.limit, cost: tc.cost})...).Text()
+			raw, err := lua.Decide.Run(ctx, c, keys, decideArgs(tc.now, tc.wall, bucketArgs{limit: tc.limit, cost: tc.cost})...).Text()
 			if err != nil {
 				t.Fatalf("case %d (%v): Decide: %v", i, tc, err)
 			}
@@ -420,17 +508,17 @@ func TestScriptsMirrorRate(t *testing.T) {
 		}
 		outcomes[fmt.Sprintf("%s adjust=%v stored=%v", algName(tc.limit), adjust, store)]++
 
-		v, err := c.Get(ctx, key).Result()
+		got, e, err := getState(t, ctx, c, key, tc.limit)
 		ttl := tc.limit.TTL(want, tc.now)
 		switch {
 		case !store: // a denial writes nothing
-			if tc.fresh && !errors.Is(err, redis.Nil) || !tc.fresh && v != encodeState(tc.state, e0) {
-				t.Fatalf("case %d (%v): a denied decision changed the state to %q (%v)", i, tc, v, err)
+			if tc.fresh && !errors.Is(err, redis.Nil) || !tc.fresh && (err != nil || !sameState(got, tc.state) || e != e0) {
+				t.Fatalf("case %d (%v): a denied decision changed the state to %+v (%v)", i, tc, got, err)
 			}
 			continue
 		case ttl <= 0: // a full bucket needs no key
 			if !errors.Is(err, redis.Nil) {
-				t.Fatalf("case %d (%v): want no key for a full bucket, have %q (%v)", i, tc, v, err)
+				t.Fatalf("case %d (%v): want no key for a full bucket, have %+v (%v)", i, tc, got, err)
 			}
 			continue
 		}
@@ -447,7 +535,6 @@ func TestScriptsMirrorRate(t *testing.T) {
 		if err != nil {
 			t.Fatalf("case %d (%v): GET: %v", i, tc, err)
 		}
-		got, e := decodeState(t, v)
 		if !sameState(got, want) {
 			t.Fatalf("case %d (%v):\nscript stored %+v\nrate wants    %+v", i, tc, got, want)
 		}
@@ -481,19 +568,21 @@ func TestDecidePathMirrorsRate(t *testing.T) {
 	for i := 0; i < n; i++ {
 		path := make([]testCase, 1+r.IntN(6))
 		keys := make([]string, len(path))
+		limits := make([]rate.Limit, len(path))
 		buckets := make([]bucketArgs, len(path))
 		for j := range path {
 			path[j] = randomCase(r)
 			keys[j] = fmt.Sprintf("{lua-path-%d}:%d", seed, j)
+			limits[j] = path[j].limit
 			buckets[j] = bucketArgs{limit: path[j].limit, cost: path[j].cost}
 			if path[j].fresh {
-				c.Del(ctx, keys[j])
+				c.Del(ctx, keys[j], logKey(keys[j]))
 			} else {
-				c.Set(ctx, keys[j], encodeState(path[j].state, 0), 0)
+				setState(ctx, c, keys[j], path[j].limit, path[j].state, 0, 0)
 			}
 		}
 		now := path[0].now // one instant for the whole decision
-		raw, err := lua.Decide.Run(ctx, c, keys, decideArgs(now, now, buckets...)...).Text()
+		raw, err := lua.Decide.Run(ctx, c, scriptKeys(keys, limits), decideArgs(now, now, buckets...)...).Text()
 		if err != nil {
 			t.Fatalf("path %d: Decide: %v", i, err)
 		}
@@ -516,19 +605,19 @@ func TestDecidePathMirrorsRate(t *testing.T) {
 			admitted++
 		}
 		for j, tc := range path {
-			v, err := c.Get(ctx, keys[j]).Result()
+			st, _, err := getState(t, ctx, c, keys[j], tc.limit)
 			switch {
 			case !all && tc.fresh:
 				if !errors.Is(err, redis.Nil) {
-					t.Fatalf("path %d bucket %d: a denied path wrote %q", i, j, v)
+					t.Fatalf("path %d bucket %d: a denied path wrote %+v", i, j, st)
 				}
 			case !all:
-				if v != encodeState(tc.state, 0) {
-					t.Fatalf("path %d bucket %d: a denied path changed the state to %q (%v)", i, j, v, err)
+				if err != nil || !sameState(st, tc.state) {
+					t.Fatalf("path %d bucket %d: a denied path changed the state to %+v (%v)", i, j, st, err)
 				}
 			case tc.limit.TTL(next[j], now) <= 0:
 				if !errors.Is(err, redis.Nil) {
-					t.Fatalf("path %d bucket %d: want no key for a full bucket, have %q (%v)", i, j, v, err)
+					t.Fatalf("path %d bucket %d: want no key for a full bucket, have %+v (%v)", i, j, st, err)
 				}
 			case errors.Is(err, redis.Nil) && tc.limit.TTL(next[j], now) < 2_000_000:
 				// a very short TTL may run out in real time before GET
@@ -536,7 +625,7 @@ func TestDecidePathMirrorsRate(t *testing.T) {
 				if err != nil {
 					t.Fatalf("path %d bucket %d: GET: %v", i, j, err)
 				}
-				if st, _ := decodeState(t, v); !sameState(st, next[j]) {
+				if !sameState(st, next[j]) {
 					t.Fatalf("path %d bucket %d (%v):\nscript stored %+v\nrate wants    %+v", i, j, tc, st, next[j])
 				}
 			}
@@ -582,7 +671,7 @@ func TestDecideAllOrNothing(t *testing.T) {
 		if fmt.Sprint(got) != fmt.Sprint(tt.want) {
 			t.Fatalf("%s: reply %v, want %v", tt.name, got, tt.want)
 		}
-		if st, _ := decodeState(t, c.Get(ctx, keys[0]).Val()); st.A != tt.orgLevel || st.T != now {
+		if st, _, _ := getState(t, ctx, c, keys[0], org); st.A != tt.orgLevel || st.T != now {
 			t.Fatalf("%s: org state %+v, want level %v at %d", tt.name, st, tt.orgLevel, now)
 		}
 	}
@@ -597,7 +686,7 @@ func TestDecideAllOrNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, _ := decodeState(t, c.Get(ctx, keys[0]).Val())
+	st, _, _ := getState(t, ctx, c, keys[0], org)
 	if d := tm.UnixMicro() - st.T; d < 0 || d > int64(5*time.Second/time.Microsecond) {
 		t.Fatalf("state written at %d, Redis TIME is %d: the script did not use TIME", st.T, tm.UnixMicro())
 	}
@@ -646,15 +735,25 @@ func TestDecideBatchIsSequential(t *testing.T) {
 			}
 			switch {
 			case tc.fresh:
-				c.Del(ctx, keys[k])
+				c.Del(ctx, keys[k], logKey(keys[k]))
 				st = rate.State{}
 			case r.IntN(2) == 0:
-				c.Set(ctx, keys[k], encodeState(st, 0), 0)
+				setState(ctx, c, keys[k], tc.limit, st, 0, 0)
 			default: // an expiry hint that a later write may keep
 				px := 1000 + r.Int64N(100_000_000)
-				c.Set(ctx, keys[k], encodeState(st, float64(now+(px-1)*1000)), time.Duration(px)*time.Millisecond)
+				setState(ctx, c, keys[k], tc.limit, st, float64(now+(px-1)*1000), px)
 			}
 			state[k] = st
+		}
+
+		// KEYS: each key once, an exact sliding window's log after it.
+		skeys := scriptKeys(keys, limits)
+		pos := make([]int, nkeys) // the index in skeys (from 1) of keys[k]
+		for k, j := 0, 0; k < nkeys; k++ {
+			for skeys[j] != keys[k] {
+				j++
+			}
+			pos[k] = j + 1
 		}
 
 		// The batch: 1 to 12 decisions, each a path of 1 to 4 of the keys.
@@ -673,14 +772,14 @@ func TestDecideBatchIsSequential(t *testing.T) {
 				cost := r.Int64N(limits[k].Capacity()/3 + 2)
 				path = append(path, bucket{k, cost})
 				ba = append(ba, bucketArgs{limit: limits[k], cost: cost})
-				index = binary.LittleEndian.AppendUint16(index, uint16(k+1))
+				index = binary.LittleEndian.AppendUint16(index, uint16(pos[k]))
 			}
 			batch = append(batch, path)
 			sizes = append(sizes, len(path))
 			argv = append(argv, args(now, now, ba...)...)
 		}
 		argv[0] = index
-		raw, err := lua.Decide.Run(ctx, c, keys, argv...).Text()
+		raw, err := lua.Decide.Run(ctx, c, skeys, argv...).Text()
 		if err != nil {
 			t.Fatalf("batch %d: Decide: %v", i, err)
 		}
@@ -722,10 +821,10 @@ func TestDecideBatchIsSequential(t *testing.T) {
 				continue
 			}
 			ttl := limits[k].TTL(state[k], now)
-			v, err := c.Get(ctx, keys[k]).Result()
+			st, _, err := getState(t, ctx, c, keys[k], limits[k])
 			if ttl <= 0 {
 				if !errors.Is(err, redis.Nil) && !sameState(state[k], rate.State{}) {
-					t.Fatalf("batch %d key %d: want no key for a full bucket, have %q (%v)", i, k, v, err)
+					t.Fatalf("batch %d key %d: want no key for a full bucket, have %+v (%v)", i, k, st, err)
 				}
 				continue
 			}
@@ -735,7 +834,7 @@ func TestDecideBatchIsSequential(t *testing.T) {
 			if err != nil {
 				t.Fatalf("batch %d key %d: GET: %v", i, k, err)
 			}
-			if st, _ := decodeState(t, v); !sameState(st, state[k]) {
+			if !sameState(st, state[k]) {
 				t.Fatalf("batch %d key %d (%+v):\nscript stored %+v\nin order, Go  %+v", i, k, limits[k], st, state[k])
 			}
 			pttl := c.PTTL(ctx, keys[k]).Val()

@@ -1,4 +1,5 @@
--- rate.lua: the arithmetic of package rate (rate/rate.go), in Redis Lua.
+-- rate.lua: the arithmetic of package rate (rate/rate.go, rate/log.go), in
+-- Redis Lua.
 --
 -- This prelude is prepended to decide.lua and adjust.lua (see lua.go). Every
 -- function mirrors its Go counterpart operation for operation, in the same
@@ -9,12 +10,11 @@
 --
 -- Times are µs since the Unix epoch (exact in a double until the year 2255).
 -- A bucket's state is one string of four little-endian doubles (struct.pack
--- '<dddd'): the rate.State {A, B, T}, exact, and the expiry hint E of put;
--- an exact sliding window's is followed by its rate.Log, as
--- Log.AppendBinary writes it (the log string below: '' when the state has
--- none, else H as a double, then 10-byte entries '<I6I4': the gap in µs to
--- the next newer entry, and the cost). Binary, because formatting and
--- parsing decimal doubles would cost more than the arithmetic itself.
+-- '<dddd'): the rate.State {A, B, T}, exact, and the expiry hint E of put.
+-- Binary, because formatting and parsing decimal doubles would cost more
+-- than the arithmetic itself. An exact sliding window's adds two doubles,
+-- its log's H and number of entries M, and keeps the entries themselves
+-- in a list of its own (see logs).
 
 -- The algorithm codes of the packed arguments (see lua.go); any other code
 -- is gcra, like Limit.Apply's default. SLIDING is the two-counter estimate
@@ -57,35 +57,33 @@ local function algorithms()
     return math.ceil(x)
   end
 
-  local unpk, pack, sub = struct.unpack, struct.pack, string.sub
-
-  -- decode reads a stored state: the rate.State {A, B, T}, E, the time
-  -- until which the key's TTL is known to keep it (see put), and the log
-  -- ('' for none). A missing or unreadable value is the zero State, a
-  -- fresh bucket.
+  -- decode reads a stored state: the rate.State {A, B, T} and E, the time
+  -- until which the key's TTL is known to keep it (see put); an exact
+  -- sliding window's H and M follow. A missing or unreadable value is the
+  -- zero State, a fresh bucket.
   local function decode(v)
     if v and #v >= 32 then
-      local a, b, t, e = unpk('<dddd', v)
-      return a, b, t, e, sub(v, 33)
+      local a, b, t, e = struct.unpack('<dddd', v)
+      return a, b, t, e
     end
-    return 0, 0, 0, 0, ''
+    return 0, 0, 0, 0
   end
 
   -- spec reads one bucket's numbers from the packed argument s at offset i:
   -- its algorithm code, count, period, capacity, cost and its extras: for a
   -- calendar the window bounds, for an exact sliding window its tick
-  -- (rate.Limit.Tick) as x1 (nil otherwise). It returns the offset of the
+  -- (rate.Limit.Tick) as w0 (nil otherwise). It returns the offset of the
   -- next bucket first.
   local function spec(s, i)
     local alg, count, period, cap, n
-    alg, count, period, cap, n, i = unpk('<Bdddd', s, i)
+    alg, count, period, cap, n, i = struct.unpack('<Bdddd', s, i)
     if alg == CALENDAR then
       local w0, w1, w2, w3
-      w0, w1, w2, w3, i = unpk('<dddd', s, i)
+      w0, w1, w2, w3, i = struct.unpack('<dddd', s, i)
       return i, alg, count, period, cap, n, w0, w1, w2, w3
     elseif alg == LOG then
       local g
-      g, i = unpk('<d', s, i)
+      g, i = struct.unpack('<d', s, i)
       return i, alg, count, period, cap, n, g
     end
     return i, alg, count, period, cap, n
@@ -120,9 +118,146 @@ local function algorithms()
     return w2, w3
   end
 
-  -- The exact sliding window (rate/log.go). A log entry is ENTRY bytes and
-  -- holds at most MAXC.
-  local ENTRY, MAXC = 10, 4294967295
+  -- slidingReset is rate.slidingReset.
+  local function slidingReset(b, a, p, e)
+    if b > 0 then return ceilnn(2 * p - e) end
+    if a > 0 then return ceilnn(p - e) end
+    return 0
+  end
+
+  -- apply is Limit.Apply for one bucket. It returns the verdict (allowed,
+  -- impossible as 0/1; remaining, before, retry, reset as whole numbers) and the
+  -- state to store if the whole decision admits.
+  local function apply(alg, count, period, cap, n, a, b, t, now, start, stop)
+    if alg == SLIDING then
+      local p, max = period, count
+      a, b, t = slide(a, b, t, now, p)
+      local e = now - t
+      local est = a * (p - e) / p + b
+      if n > count then
+        return 0, 1, floornn(max - est), floornn(max - est), 0, slidingReset(b, a, p, e), a, b, t
+      end
+      if est + n <= max then
+        return 1, 0, floornn(max - est - n), floornn(max - est), 0, slidingReset(b + n, a, p, e), a, b + n, t
+      end
+      local wait
+      if b + n <= max then
+        -- fits in this window once enough of the previous one has slid out
+        wait = p - e - (max - b - n) * p / a
+      else
+        -- must wait for the next window, where this one becomes the previous
+        wait = p - e + pos(p - (max - n) * p / b)
+      end
+      return 0, 0, floornn(max - est), floornn(max - est), ceilnn(wait) + 1, slidingReset(b, a, p, e), a, b, t
+    elseif alg == CALENDAR then
+      if t ~= start then a, b, t = 0, 0, start end
+      local max = count
+      local reset = stop - now
+      if a == 0 then reset = 0 end
+      if n > count then
+        return 0, 1, floornn(max - a), floornn(max - a), 0, reset, a, b, t
+      end
+      if a + n <= max then
+        return 1, 0, floornn(max - a - n), floornn(max - a), 0, stop - now, a + n, 0, start
+      end
+      return 0, 0, floornn(max - a), floornn(max - a), stop - now, reset, a, b, t
+    end
+    -- gcra (also any unknown name, like Limit.Apply's default)
+    local perUnit = period / count
+    local u = level(a, t, now, count, period)
+    if n > cap then
+      return 0, 1, floornn(cap - u), floornn(cap - u), 0, ceilnn(u * perUnit), a, b, t
+    end
+    local nxt = u + n
+    if nxt <= cap then
+      return 1, 0, floornn(cap - nxt), floornn(cap - u), 0, ceilnn(nxt * perUnit), nxt, 0, now
+    end
+    return 0, 0, floornn(cap - u), floornn(cap - u), ceilnn((nxt - cap) * perUnit) + 1, ceilnn(u * perUnit), a, b, t
+  end
+
+  -- adjust is Limit.Adjust: a refund (delta < 0) or a debt (delta > 0);
+  -- charged is the start of the window the corrected cost was charged in
+  -- (Limit.ChargeWindow), 0 when unknown.
+  local function adjust(alg, count, period, delta, a, b, t, now, start, charged)
+    local refund = delta < 0 and charged ~= 0
+    if alg == SLIDING then
+      a, b, t = slide(a, b, t, now, period)
+      if not refund or charged == t then
+        b = pos(b + delta)
+      elseif charged + period == t then
+        a = pos(a + delta)
+      end
+      return a, b, t
+    elseif alg == CALENDAR then
+      if t ~= start then a, b, t = 0, 0, start end
+      if not refund or charged == start then a = pos(a + delta) end
+      return a, b, t
+    end
+    return pos(level(a, t, now, count, period) + delta), b, now
+  end
+
+  -- ttl is Limit.TTL of a state about to be stored at now.
+  local function ttl(alg, count, period, a, t, now, stop)
+    if alg == SLIDING then return t + 2 * period - now end
+    if alg == CALENDAR then return stop - now end
+    return ceilnn(level(a, t, now, count, period) * period / count)
+  end
+
+  -- put stores a state, keeping it at least Limit.TTL (ttl, in µs): after
+  -- that it is equivalent to a fresh bucket. A state with no TTL is a full
+  -- bucket, which needs no key at all. extra is what follows the four
+  -- doubles ('' but for an exact sliding window). It returns what it did
+  -- to the expiry (as decide.lua's act: a new one of ms, 0 kept, false
+  -- deleted) and E.
+  --
+  -- Setting an expiry is a good part of a write's cost, so put sets one with
+  -- room to spare (an eighth more than needed, and at least a second more, in
+  -- whole ms: a busy bucket then takes the cheap path for its next requests)
+  -- and remembers in
+  -- the value, as E, until when that expiry is sure to keep the key (a
+  -- millisecond early, as Redis counts expiry from its own millisecond
+  -- clock). A later write whose TTL ends before E keeps the expiry as it is
+  -- (KEEPTTL). Keeping state a little longer is harmless — it decays to a
+  -- fresh bucket by itself — while dropping it early would over-admit.
+  local function put(key, a, b, t, e, now, ttl, extra)
+    if ttl <= 0 then
+      redis.call('DEL', key)
+      return false, e
+    elseif now + ttl <= e then
+      redis.call('SET', key, struct.pack('<dddd', a, b, t, e) .. extra, 'KEEPTTL')
+      return 0, e
+    end
+    local margin = ttl / 8
+    if margin < 1000000 then margin = 1000000 end
+    local ms = math.ceil((ttl + margin) / 1000)
+    e = now + (ms - 1) * 1000
+    redis.call('SET', key, struct.pack('<dddd', a, b, t, e) .. extra, 'PX', ms)
+    return ms, e
+  end
+
+  return apply, adjust, ttl, window, decode, spec, put
+end
+
+-- logs returns the functions of the exact sliding window (rate/log.go),
+-- created only for a call that has such a bucket.
+--
+-- Its state is split in two keys. The bucket's own key holds rate.State
+-- {A, B, T} and E, like every bucket's, then H and M: the time of the
+-- log's oldest entry and the number of entries (rate.Log's). The entries
+-- are a list at the bucket's log key (the next key in KEYS), oldest first,
+-- each the 10-byte string '<I6I4' of rate.Log: the gap in µs to the next
+-- newer entry, and the cost. A decision reads only the entries that have
+-- left the window (LRANGE, a few at a time), pops them and pushes one,
+-- so its cost does not grow with the log: a whole log made into a Lua
+-- string would cost Redis about a µs per 1,000 bytes, each time.
+local function logs()
+  local unpk, pack = struct.unpack, struct.pack
+  local MAXC = 4294967295 -- the most one entry holds (a uint32)
+
+  local function floornn(x)
+    if x <= 0 then return 0 end
+    return math.floor(x)
+  end
 
   -- tickOf is Limit.tickOf: the end of the tick of g µs holding t.
   local function tickOf(t, g)
@@ -132,88 +267,150 @@ local function algorithms()
     return t
   end
 
-  -- scan is Limit.scan: whether anything is in the window (t − p, t], the
-  -- cost in it, and the offset in log (from 1, counting H) and time of the
-  -- oldest entry in it (t's own when the log holds none).
-  local function scan(a, b, t, log, now, p)
+  -- reader returns entry(i): the gap and cost of entry i (from 0) of the
+  -- list at lk, read eight at a time. An entry the list does not have
+  -- (evicted from under the bucket) reads as a cost of 0 at the previous
+  -- entry's time: its charge is still counted in A until the newest leaves.
+  local function reader(lk)
+    local buf, base = nil, 0
+    return function(i)
+      if not buf or i < base or i >= base + 8 then
+        base = i
+        buf = redis.call('LRANGE', lk, i, i + 7)
+      end
+      local v = buf[i - base + 1]
+      if not v or #v ~= 10 then return 0, 0 end
+      return unpk('<I6I4', v)
+    end
+  end
+
+  -- scan is Limit.scan: whether anything is in the window (now − p, now],
+  -- the cost in it, how many entries have left it (d), and the time of the
+  -- oldest entry still in it (t's own when none is).
+  local function scan(a, b, t, h, m, now, p, entry)
     local cut = now - p
-    if b == 0 or t <= cut then return false, 0, 9, t end
-    local used, off, h, len = a, 9, t, #log
-    if len > 0 then
-      h = unpk('<d', log)
-      while off <= len and h <= cut do
-        local gap, cost = unpk('<I6I4', log, off)
-        used = used - cost
-        h = h + gap
-        off = off + ENTRY
+    if b == 0 or t <= cut then return false, 0, m, t end
+    local used, d = a, 0
+    if m == 0 then h = t end
+    while d < m and h <= cut do
+      local gap, cost = entry(d)
+      used = used - cost
+      h = h + gap
+      d = d + 1
+    end
+    return true, used, d, h
+  end
+
+  -- apply is Limit.slidingLog: the verdict (as algorithms' apply), the
+  -- state to store if the decision admits (a, b, t, h, m), and what that
+  -- does to the list: drop entries from its front (-1: delete it, the
+  -- window being empty), then push an entry (false: none; a push onto an
+  -- empty log starts the list anew).
+  local function apply(count, p, g, n, a, b, t, h, m, now, entry)
+    local live, used, d
+    live, used, d, h = scan(a, b, t, h, m, now, p, entry)
+    local before = floornn(count - used)
+    local rs = 0
+    if live then rs = t + p - now end
+    if n > count then
+      return 0, 1, before, before, 0, rs, a, b, t, h, m, 0, false
+    end
+    if not (used + n <= count) then
+      -- Limit.retry: until need units of the oldest charges have left
+      local need, sum, i, at = used + n - count, 0, d, h
+      while i < m do
+        local gap, cost = entry(i)
+        sum = sum + cost
+        if sum >= need then break end
+        at = at + gap
+        i = i + 1
+      end
+      if i == m then at = t end
+      return 0, 0, before, before, at + p - now, rs, a, b, t, h, m, 0, false
+    end
+    -- Limit.compact, then Limit.record
+    local drop, push = d, false
+    if not live then
+      if m > 0 then drop = -1 end
+      a, b, t, h, m = 0, 0, 0, 0, 0
+    else
+      a, m = used, m - d
+      if m == 0 then h = 0 end
+    end
+    if n > 0 then
+      local at = tickOf(now, g)
+      if b == 0 then
+        a, b, t = n, n, at
+      else
+        if at < t then at = t end
+        if at == t and b + n <= MAXC then
+          a, b = a + n, b + n
+        else
+          if m == 0 then h = t end
+          push = pack('<I6I4', at - t, b)
+          a, b, t, m = a + n, n, at, m + 1
+        end
       end
     end
-    return true, used, off, h
+    local reset = 0
+    if b > 0 then reset = t + p - now end
+    return 1, 0, floornn(count - used - n), before, 0, reset, a, b, t, h, m, drop, push
   end
 
-  -- compact is Limit.compact: the state without what scan found gone.
-  local function compact(live, used, off, h, b, t, log)
-    if not live then return 0, 0, 0, '' end
-    local len = #log
-    if len == 0 or off == 9 then return used, b, t, log end
-    if off > len then return used, b, t, '' end
-    return used, b, t, pack('<d', h) .. sub(log, off)
-  end
-
-  -- record is Limit.record: a charge of n at now, in a compacted state.
-  local function record(a, b, t, log, now, n, g)
-    if n == 0 then return a, b, t, log end
-    local at = tickOf(now, g)
-    if b == 0 then return n, n, at, '' end
-    if at < t then at = t end
-    if at == t and b + n <= MAXC then return a + n, b + n, t, log end
-    if log == '' then log = pack('<d', t) end
-    return a + n, n, at, log .. pack('<I6I4', at - t, b)
-  end
-
-  -- retry is Limit.retry: the wait until need units of the oldest charges
-  -- in the window (from offset off, at time h) have left it.
-  local function retry(t, log, off, h, now, p, need)
-    local sum, len = 0, #log
-    while off <= len do
-      local gap, cost = unpk('<I6I4', log, off)
-      sum = sum + cost
-      if sum >= need then return h + p - now end
-      h = h + gap
-      off = off + ENTRY
+  -- sync does to the list at lk what an admitted decision's apply asked
+  -- (drop, push), leaving it m entries, and keeps it at least as long as
+  -- the bucket's key: with the key's new expiry (ms, as put returns it),
+  -- or, for a list started anew under a kept expiry, until E (e).
+  local function sync(lk, drop, push, m, ms, e, now)
+    if drop < 0 then
+      redis.call('DEL', lk)
+    elseif drop > 0 then
+      redis.call('LPOP', lk, drop)
     end
-    return t + p - now
+    if push then
+      if m == 1 then redis.call('DEL', lk) end -- a new log: nothing stale under it
+      redis.call('RPUSH', lk, push)
+    end
+    if m > 0 then
+      if ms and ms ~= 0 then
+        redis.call('PEXPIRE', lk, ms + 1)
+      elseif push and m == 1 then
+        redis.call('PEXPIRE', lk, math.ceil((e - now) / 1000) + 2)
+      end
+    end
   end
 
-  -- adjustLog is Limit.adjustLog: a debt logged now (at most count), or a
-  -- refund off the entry of the tick charged, through an unpacked list.
-  local function adjustLog(count, p, g, delta, a, b, t, log, now, charged)
-    local live, used, off, h = scan(a, b, t, log, now, p)
+  -- adjust is Limit.adjustLog: the whole log unpacked (LRANGE), corrected
+  -- and returned as a state and a table of entries for write.
+  local function adjust(count, p, g, delta, a, b, t, h, m, now, charged, lk)
+    local entry = reader(lk)
+    local live, used, d
+    live, used, d, h = scan(a, b, t, h, m, now, p, entry)
     local ts, cs, k = {}, {}, 0
     if live then
-      local len = #log
-      while off <= len do
-        local gap, cost = unpk('<I6I4', log, off)
+      local all = redis.call('LRANGE', lk, d, m - 1)
+      for i = 1, m - d do
+        local gap, cost = 0, 0
+        if all[i] and #all[i] == 10 then gap, cost = unpk('<I6I4', all[i]) end
         k = k + 1
         ts[k], cs[k] = h, cost
         h = h + gap
-        off = off + ENTRY
       end
       k = k + 1
       ts[k], cs[k] = t, b
     end
     if delta > 0 then
-      local d = delta
-      if count < d then d = count end
+      local dd = delta
+      if count < dd then dd = count end
       local at = tickOf(now, g)
-      if k > 0 and at <= ts[k] and cs[k] + d <= MAXC then
-        cs[k] = cs[k] + d
+      if k > 0 and at <= ts[k] and cs[k] + dd <= MAXC then
+        cs[k] = cs[k] + dd
       else
         if k > 0 and at < ts[k] then at = ts[k] end
         k = k + 1
-        ts[k], cs[k] = at, d
+        ts[k], cs[k] = at, dd
       end
-      used = used + d
+      used = used + dd
     elseif delta < 0 then
       if charged == 0 then charged = tickOf(now, g) end
       for i = 1, k do
@@ -232,151 +429,28 @@ local function algorithms()
       end
     end
     -- packLog
-    if k == 0 then return 0, 0, 0, '' end
-    local parts = {}
-    if k > 1 then
-      parts[1] = pack('<d', ts[1])
-      for i = 1, k - 1 do parts[i + 1] = pack('<I6I4', ts[i + 1] - ts[i], cs[i]) end
-    end
-    return used, cs[k], ts[k], table.concat(parts)
+    local out = {}
+    if k == 0 then return 0, 0, 0, 0, 0, out end
+    for i = 1, k - 1 do out[i] = pack('<I6I4', ts[i + 1] - ts[i], cs[i]) end
+    local first = 0
+    if k > 1 then first = ts[1] end
+    return used, cs[k], ts[k], first, k - 1, out
   end
 
-  -- slidingReset is rate.slidingReset.
-  local function slidingReset(b, a, p, e)
-    if b > 0 then return ceilnn(2 * p - e) end
-    if a > 0 then return ceilnn(p - e) end
-    return 0
-  end
-
-  -- apply is Limit.Apply for one bucket. It returns the verdict (allowed,
-  -- impossible as 0/1; remaining, before, retry, reset as whole numbers) and the
-  -- state to store (with its log) if the whole decision admits. start and
-  -- stop are a calendar's window, g an exact sliding window's tick.
-  local function apply(alg, count, period, cap, n, a, b, t, log, now, start, stop, g)
-    if alg == LOG then
-      local p, max = period, count
-      local live, used, off, h = scan(a, b, t, log, now, p)
-      local before = floornn(max - used)
-      local rs = 0
-      if live then rs = t + p - now end
-      if n > count then
-        return 0, 1, before, before, 0, rs, a, b, t, log
-      end
-      if used + n <= max then
-        local a2, b2, t2, log2 = compact(live, used, off, h, b, t, log)
-        a2, b2, t2, log2 = record(a2, b2, t2, log2, now, n, g)
-        local reset = 0
-        if b2 > 0 then reset = t2 + p - now end
-        return 1, 0, floornn(max - used - n), before, 0, reset, a2, b2, t2, log2
-      end
-      return 0, 0, before, before, retry(t, log, off, h, now, p, used + n - max), rs, a, b, t, log
-    elseif alg == SLIDING then
-      local p, max = period, count
-      a, b, t = slide(a, b, t, now, p)
-      local e = now - t
-      local est = a * (p - e) / p + b
-      if n > count then
-        return 0, 1, floornn(max - est), floornn(max - est), 0, slidingReset(b, a, p, e), a, b, t, log
-      end
-      if est + n <= max then
-        return 1, 0, floornn(max - est - n), floornn(max - est), 0, slidingReset(b + n, a, p, e), a, b + n, t, log
-      end
-      local wait
-      if b + n <= max then
-        -- fits in this window once enough of the previous one has slid out
-        wait = p - e - (max - b - n) * p / a
-      else
-        -- must wait for the next window, where this one becomes the previous
-        wait = p - e + pos(p - (max - n) * p / b)
-      end
-      return 0, 0, floornn(max - est), floornn(max - est), ceilnn(wait) + 1, slidingReset(b, a, p, e), a, b, t, log
-    elseif alg == CALENDAR then
-      if t ~= start then a, b, t = 0, 0, start end
-      local max = count
-      local reset = stop - now
-      if a == 0 then reset = 0 end
-      if n > count then
-        return 0, 1, floornn(max - a), floornn(max - a), 0, reset, a, b, t, log
-      end
-      if a + n <= max then
-        return 1, 0, floornn(max - a - n), floornn(max - a), 0, stop - now, a + n, 0, start, log
-      end
-      return 0, 0, floornn(max - a), floornn(max - a), stop - now, reset, a, b, t, log
+  -- write replaces the list at lk with entries, expiring with the
+  -- bucket's key (ms and e as put returns them).
+  local function write(lk, entries, ms, e, now)
+    redis.call('DEL', lk)
+    if #entries == 0 or ms == false then return end
+    for i = 1, #entries, 1000 do
+      redis.call('RPUSH', lk, unpack(entries, i, math.min(i + 999, #entries)))
     end
-    -- gcra (also any unknown name, like Limit.Apply's default)
-    local perUnit = period / count
-    local u = level(a, t, now, count, period)
-    if n > cap then
-      return 0, 1, floornn(cap - u), floornn(cap - u), 0, ceilnn(u * perUnit), a, b, t, log
-    end
-    local nxt = u + n
-    if nxt <= cap then
-      return 1, 0, floornn(cap - nxt), floornn(cap - u), 0, ceilnn(nxt * perUnit), nxt, 0, now, log
-    end
-    return 0, 0, floornn(cap - u), floornn(cap - u), ceilnn((nxt - cap) * perUnit) + 1, ceilnn(u * perUnit), a, b, t, log
-  end
-
-  -- adjust is Limit.Adjust: a refund (delta < 0) or a debt (delta > 0);
-  -- charged is the start of the window the corrected cost was charged in
-  -- (Limit.ChargeWindow: for an exact sliding window, the tick of its
-  -- entry), 0 when unknown. It returns the new state and log.
-  local function adjust(alg, count, period, delta, a, b, t, log, now, start, charged, g)
-    if alg == LOG then
-      return adjustLog(count, period, g, delta, a, b, t, log, now, charged)
-    end
-    local refund = delta < 0 and charged ~= 0
-    if alg == SLIDING then
-      a, b, t = slide(a, b, t, now, period)
-      if not refund or charged == t then
-        b = pos(b + delta)
-      elseif charged + period == t then
-        a = pos(a + delta)
-      end
-      return a, b, t, log
-    elseif alg == CALENDAR then
-      if t ~= start then a, b, t = 0, 0, start end
-      if not refund or charged == start then a = pos(a + delta) end
-      return a, b, t, log
-    end
-    return pos(level(a, t, now, count, period) + delta), b, now, log
-  end
-
-  -- ttl is Limit.TTL of a state about to be stored at now.
-  local function ttl(alg, count, period, a, b, t, now, stop)
-    if alg == LOG then
-      if b == 0 then return 0 end
-      return t + period - now
-    end
-    if alg == SLIDING then return t + 2 * period - now end
-    if alg == CALENDAR then return stop - now end
-    return ceilnn(level(a, t, now, count, period) * period / count)
-  end
-
-  -- put stores a state, keeping it at least Limit.TTL (ttl, in µs): after
-  -- that it is equivalent to a fresh bucket. A state with no TTL is a full
-  -- bucket, which needs no key at all.
-  --
-  -- Setting an expiry is a good part of a write's cost, so put sets one with
-  -- room to spare (an eighth more than needed, and at least a second more, in
-  -- whole ms: a busy bucket then takes the cheap path for its next requests)
-  -- and remembers in
-  -- the value, as E, until when that expiry is sure to keep the key (a
-  -- millisecond early, as Redis counts expiry from its own millisecond
-  -- clock). A later write whose TTL ends before E keeps the expiry as it is
-  -- (KEEPTTL). Keeping state a little longer is harmless — it decays to a
-  -- fresh bucket by itself — while dropping it early would over-admit.
-  local function put(key, a, b, t, log, e, now, ttl)
-    if ttl <= 0 then
-      redis.call('DEL', key)
-    elseif now + ttl <= e then
-      redis.call('SET', key, pack('<dddd', a, b, t, e) .. log, 'KEEPTTL')
+    if ms ~= 0 then
+      redis.call('PEXPIRE', lk, ms + 1)
     else
-      local margin = ttl / 8
-      if margin < 1000000 then margin = 1000000 end
-      local ms = math.ceil((ttl + margin) / 1000)
-      redis.call('SET', key, pack('<dddd', a, b, t, now + (ms - 1) * 1000) .. log, 'PX', ms)
+      redis.call('PEXPIRE', lk, math.ceil((e - now) / 1000) + 2)
     end
   end
 
-  return apply, adjust, ttl, window, decode, spec, put
+  return apply, sync, reader, adjust, write
 end

@@ -398,12 +398,12 @@ func (r *Redis) now() (now, wall int64) {
 // lua.Decide call — its own, or a batch's (see batcher) — and fills
 // results. It waits until deadline at most.
 func (r *Redis) decide(ctx context.Context, deadline time.Time, buckets []Bucket, now, wall int64, results []rate.Result) error {
-	keys, spec := r.encode(buckets, now, wall, false)
+	keys, logs, spec := r.encode(buckets, now, wall, false)
 	b, err := r.batch.forKey(ctx, deadline, keys[0])
 	if err != nil {
 		return err
 	}
-	reply, err := b.do(ctx, deadline, keys, spec)
+	reply, err := b.do(ctx, deadline, keys, logs, spec)
 	if err != nil {
 		return err
 	}
@@ -442,8 +442,8 @@ func replySize(n int) int { return 48*n + 8 }
 // adjust runs lua.Adjust once over buckets, which must share one slot on a
 // Cluster.
 func (r *Redis) adjust(ctx context.Context, buckets []Bucket, now, wall int64) error {
-	keys, spec := r.encode(buckets, now, wall, true)
-	return lua.Adjust.Run(ctx, r.client, keys, spec).Err()
+	keys, logs, spec := r.encode(buckets, now, wall, true)
+	return lua.Adjust.Run(ctx, r.client, interleave(keys, logs), spec).Err()
 }
 
 // Algorithm codes of the packed script arguments (see package lua).
@@ -459,10 +459,12 @@ const (
 // bucket its algorithm code and its numbers, as little-endian float64s. A
 // correction sends, in the capacity's place, the window its cost was
 // charged in (Limit.ChargeWindow of Bucket.Charged). An exact sliding
-// window adds its tick; a calendar, its windows.
-func (r *Redis) encode(buckets []Bucket, now, wall int64, adjust bool) ([]string, []byte) {
-	keys := make([]string, len(buckets))
-	spec := make([]byte, 0, 8+len(buckets)*(1+4*8))
+// window adds its tick; a calendar, its windows. keys holds each bucket's
+// key; logs, when a bucket is an exact sliding window, its log key (see
+// logKey; "" for the other buckets).
+func (r *Redis) encode(buckets []Bucket, now, wall int64, adjust bool) (keys, logs []string, spec []byte) {
+	keys = make([]string, len(buckets))
+	spec = make([]byte, 0, 8+len(buckets)*(1+4*8))
 	spec = appendFloat(spec, now)
 	for i, b := range buckets {
 		keys[i] = r.prefix + b.Key
@@ -487,6 +489,10 @@ func (r *Redis) encode(buckets []Bucket, now, wall int64, adjust bool) ([]string
 		spec = appendFloat(spec, b.Cost)
 		if l.Algorithm == rate.Sliding {
 			spec = appendFloat(spec, l.Tick())
+			if logs == nil {
+				logs = make([]string, len(buckets))
+			}
+			logs[i] = logKey(keys[i])
 		}
 		if l.Algorithm == rate.Calendar {
 			// The previous, current and next windows around our clock: the
@@ -501,7 +507,37 @@ func (r *Redis) encode(buckets []Bucket, now, wall int64, adjust bool) ([]string
 			spec = appendFloat(spec, next)
 		}
 	}
-	return keys, spec
+	return keys, logs, spec
+}
+
+// logKeySuffix ends the key of an exact sliding window's log.
+const logKeySuffix = "~log"
+
+// logKey is the key of the list that holds the entries of the exact
+// sliding window at key (see package lua): the key and a suffix, in the
+// key's Cluster slot (the key's hash tag, or the key itself as one).
+func logKey(key string) string {
+	if k := key + logKeySuffix; RedisKeySlot(k) == RedisKeySlot(key) {
+		return k
+	}
+	return "{" + key + "}" + logKeySuffix
+}
+
+// interleave lays keys out as the scripts take the keys of one call in
+// order: each bucket's key, an exact sliding window's followed by its log
+// key (logs, aligned with keys; nil when there is none).
+func interleave(keys, logs []string) []string {
+	if logs == nil {
+		return keys
+	}
+	out := make([]string, 0, 2*len(keys))
+	for i, k := range keys {
+		out = append(out, k)
+		if logs[i] != "" {
+			out = append(out, logs[i])
+		}
+	}
+	return out
 }
 
 // appendFloat appends n as a little-endian float64, exact below 2^53.
@@ -653,8 +689,8 @@ func (r *Redis) adjustSlots(ctx context.Context, buckets []Bucket, groups [][]in
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			keys, spec := r.encode(pick(buckets, idx), now, wall, true)
-			errs[g] = lua.Adjust.Run(ctx, r.client, keys, spec).Err()
+			keys, logs, spec := r.encode(pick(buckets, idx), now, wall, true)
+			errs[g] = lua.Adjust.Run(ctx, r.client, interleave(keys, logs), spec).Err()
 		}()
 	}
 	wg.Wait()

@@ -124,8 +124,9 @@ func (bs *batchers) close() {
 type call struct {
 	ctx      context.Context
 	deadline time.Time
-	keys     []string
-	spec     []byte // the decision's packed numbers (see package lua)
+	keys     []string // a key per bucket
+	logs     []string // an exact sliding window's log key per bucket ("" for others), or nil (see Redis.encode)
+	spec     []byte   // the decision's packed numbers (see package lua)
 	reply    string
 	err      error
 	done     chan struct{}
@@ -157,7 +158,7 @@ func newBatcher(client redis.UniversalClient, script *redis.Script, timeout time
 // reply, or until deadline. A request whose client has gone (ctx) still
 // waits for its reply, at most until deadline: its decision is on its way
 // to Redis either way.
-func (b *batcher) do(ctx context.Context, deadline time.Time, keys []string, spec []byte) (string, error) {
+func (b *batcher) do(ctx context.Context, deadline time.Time, keys, logs []string, spec []byte) (string, error) {
 	if err := ctx.Err(); err != nil {
 		return "", err
 	}
@@ -166,7 +167,7 @@ func (b *batcher) do(ctx context.Context, deadline time.Time, keys []string, spe
 		return "", redis.ErrClosed
 	default:
 	}
-	c := &call{ctx: ctx, deadline: deadline, keys: keys, spec: spec, done: make(chan struct{})}
+	c := &call{ctx: ctx, deadline: deadline, keys: keys, logs: logs, spec: spec, done: make(chan struct{})}
 	timeout := time.NewTimer(time.Until(deadline))
 	defer timeout.Stop()
 	select {
@@ -351,15 +352,16 @@ func deliver(calls []*call, reply string, err error) {
 }
 
 // merger lays out a batch as lua.Decide takes it: each distinct key once in
-// KEYS, and ARGV the key index of every bucket, then every decision's
-// packed numbers. Its map is kept from batch to batch.
+// KEYS (an exact sliding window's followed by its log key), and ARGV the
+// key index of every bucket, then every decision's packed numbers. Its map
+// is kept from batch to batch.
 type merger struct {
 	index map[string]uint16
 }
 
 func (m *merger) merge(calls []*call) (keys []string, args []any) {
 	if len(calls) == 1 {
-		return calls[0].keys, []any{"", calls[0].spec}
+		return interleave(calls[0].keys, calls[0].logs), []any{"", calls[0].spec}
 	}
 	clear(m.index)
 	buckets := 0
@@ -369,20 +371,25 @@ func (m *merger) merge(calls []*call) (keys []string, args []any) {
 	keys = make([]string, 0, buckets)
 	idx := make([]byte, 0, 2*buckets)
 	args = make([]any, 1, 1+len(calls))
+	shared := false
 	for _, c := range calls {
-		for _, k := range c.keys {
+		for j, k := range c.keys {
 			i, ok := m.index[k]
 			if !ok {
 				keys = append(keys, k)
 				i = uint16(len(keys))
 				m.index[k] = i
+				if c.logs != nil && c.logs[j] != "" {
+					keys = append(keys, c.logs[j]) // KEYS[i+1]
+				}
 			}
+			shared = shared || ok
 			idx = binary.LittleEndian.AppendUint16(idx, i)
 		}
 		args = append(args, c.spec)
 	}
-	if len(keys) == buckets {
-		args[0] = "" // no key shared: bucket j is KEYS[j]
+	if !shared {
+		args[0] = "" // no key shared: the buckets take the keys in order
 	} else {
 		args[0] = idx
 	}

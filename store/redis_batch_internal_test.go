@@ -63,8 +63,8 @@ func TestBatchWaitsForItsLatestDeadline(t *testing.T) {
 	r := &Redis{prefix: "batch-deadline:"}
 	lim := rate.Limit{Algorithm: rate.GCRA, Count: 100, Period: time.Hour}
 	mk := func(key string, deadline time.Time) *call {
-		keys, spec := r.encode([]Bucket{{Key: "{b}" + key, Limit: lim, Cost: 1}}, 0, WallClock(), false)
-		return &call{ctx: context.Background(), deadline: deadline, keys: keys, spec: spec, done: make(chan struct{})}
+		keys, logs, spec := r.encode([]Bucket{{Key: "{b}" + key, Limit: lim, Cost: 1}}, 0, WallClock(), false)
+		return &call{ctx: context.Background(), deadline: deadline, keys: keys, logs: logs, spec: spec, done: make(chan struct{})}
 	}
 	b := &batcher{client: client, script: lua.Decide, timeout: 5 * time.Second}
 	now := time.Now()
@@ -93,9 +93,9 @@ func TestClosedBatcherFailsQueuedCalls(t *testing.T) {
 		deadline := time.Now().Add(5 * time.Second)
 		errs := make(chan error, 12)
 		for i := 0; i < 12; i++ {
-			keys, spec := r.encode([]Bucket{{Key: fmt.Sprintf("{b%d}k%d", run, i), Limit: lim, Cost: 1}}, 0, WallClock(), false)
+			keys, logs, spec := r.encode([]Bucket{{Key: fmt.Sprintf("{b%d}k%d", run, i), Limit: lim, Cost: 1}}, 0, WallClock(), false)
 			go func() {
-				_, err := b.do(context.Background(), deadline, keys, spec)
+				_, err := b.do(context.Background(), deadline, keys, logs, spec)
 				errs <- err
 			}()
 			if i < 2 {

@@ -384,13 +384,27 @@ func TestRedisEveryKeyHasTTL(t *testing.T) {
 	if err := s.Adjust(ctx, refunded); err != nil {
 		t.Fatal(err)
 	}
+	// An exact sliding window's log is rewritten by a correction.
+	slidingDebt := []store.Bucket{{Key: "{ttl}|sliding-debt", Limit: rate.Limit{Algorithm: rate.Sliding, Count: 100, Period: time.Hour}, Cost: 1}}
+	for i := 0; i < 3; i++ {
+		if _, err := s.Decide(ctx, slidingDebt); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Millisecond) // three entries, not one
+	}
+	slidingDebt[0].Cost = 7
+	if err := s.Adjust(ctx, slidingDebt); err != nil {
+		t.Fatal(err)
+	}
 
 	keys, err := s.Client().Keys(ctx, p+"*").Result()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(keys) != len(path)+1 {
-		t.Fatalf("found keys %v, want the %d decided and the debt", keys, len(path)+1)
+	// The decided buckets, the debt, and the two sliding windows with
+	// their logs.
+	if len(keys) != len(path)+4 {
+		t.Fatalf("found keys %v, want the %d decided, the debt, a second sliding window and the logs of both", keys, len(path))
 	}
 	for _, k := range keys {
 		pttl, err := s.Client().PTTL(ctx, k).Result()
