@@ -848,3 +848,37 @@ func TestDecideBatchIsSequential(t *testing.T) {
 		t.Fatal("no batch wrote one key twice: the test does not exercise shared keys")
 	}
 }
+
+// TestLogStartsAfresh: an exact sliding window's log key left behind by an
+// earlier life of its bucket (a key that expired a moment before its log,
+// or that was deleted alone) is never read as the new log's entries: the
+// new log starts anew, and the state stored is rate's.
+func TestLogStartsAfresh(t *testing.T) {
+	c := client(t)
+	ctx := context.Background()
+	key := "{lua-afresh}:k"
+	l := rate.Limit{Algorithm: rate.Sliding, Count: 10, Period: time.Minute}
+	c.Del(ctx, key)
+	c.RPush(ctx, logKey(key), "stale-0001", "stale-0002", "stale-0003")
+	now := time.Date(2026, 3, 18, 10, 30, 0, 0, time.UTC).UnixMicro()
+	var want rate.State
+	for i, at := range []int64{now, now + 1000, now + 2000} {
+		raw, err := lua.Decide.Run(ctx, c, scriptKeys([]string{key}, []rate.Limit{l}), decideArgs(at, at, bucketArgs{limit: l, cost: 2})...).Text()
+		if err != nil {
+			t.Fatal(err)
+		}
+		next, res := l.Apply(want, at, 2)
+		got := decideReply(t, raw, at, 1)
+		if fmt.Sprint(got) != fmt.Sprint([]int64{b2i(res.Allowed), b2i(res.Impossible), res.Remaining, res.Before, res.RetryAfter, res.Reset}) {
+			t.Fatalf("decision %d: script replied %v, rate %+v", i, got, res)
+		}
+		want = next
+	}
+	st, _, err := getState(t, ctx, c, key, l)
+	if err != nil || !sameState(st, want) {
+		t.Fatalf("stored %+v (%v), want %+v", st, err, want)
+	}
+	if n := c.LLen(ctx, logKey(key)).Val(); n != 2 {
+		t.Fatalf("log of %d entries, want the 2 older charges", n)
+	}
+}
