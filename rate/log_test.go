@@ -498,3 +498,55 @@ func TestLogBinary(t *testing.T) {
 		t.Errorf("ParseLog(nil) = %v, %v", g, err)
 	}
 }
+
+// TestSlidingLogScaledCount: the adaptive controller scales a limit's
+// Count, on the same key and log. A lower Count refuses until the window
+// holds less; the log carries over when the scale crosses MaxExact (a
+// coarse tick before, a fine one after, or back), entries in time order
+// and no window ever above the Count in force.
+func TestSlidingLogScaledCount(t *testing.T) {
+	full := Limit{Algorithm: Sliding, Count: 100, Period: time.Minute}
+	scaled := full
+	scaled.Count = 40
+	now := int64(1_790_000_000) * sec
+	var s State
+	for i := int64(0); i < 60; i++ {
+		s, _ = full.Apply(s, now+i*sec/10, 1)
+	}
+	if _, r := scaled.Apply(s, now+6*sec, 1); r.Allowed || r.Remaining != 0 {
+		t.Fatalf("60 in the window, scaled to 40: %+v", r)
+	}
+	if _, r := full.Apply(s, now+6*sec, 40); !r.Allowed || r.Remaining != 0 {
+		t.Fatalf("back at 100: %+v", r)
+	}
+
+	coarse := Limit{Algorithm: Sliding, Count: 5 * MaxExact, Period: time.Minute}
+	fine := coarse
+	fine.Count = MaxExact / 2
+	rng := rand.New(rand.NewPCG(5, 6))
+	var log []charge
+	s = State{}
+	at := now
+	for i := 0; i < 20_000; i++ {
+		l := coarse
+		if (i/2000)%2 == 1 {
+			l = fine
+		}
+		at += 1 + rng.Int64N(2*l.Period.Microseconds()/l.Count)
+		next, r := l.Apply(s, at, 1)
+		if !r.Allowed {
+			continue
+		}
+		s = next
+		log = append(log, charge{at, 1})
+		if got := inWindow(log, at, l.Period.Microseconds()); got > l.Count {
+			t.Fatalf("#%d: %d in the window under a count of %d", i, got, l.Count)
+		}
+		es := entries(s)
+		for k := 1; k < len(es); k++ {
+			if es[k].t < es[k-1].t {
+				t.Fatalf("#%d: entries out of order: %v", i, es[k-1:k+1])
+			}
+		}
+	}
+}

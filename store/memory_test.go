@@ -113,6 +113,37 @@ func TestMemoryCapIsTheStoresNotAShards(t *testing.T) {
 	}
 }
 
+// TestMemoryCapAndSweepWithSlidingLogs: exact sliding windows count
+// against the cap like any bucket, are evicted at it, and are swept once
+// their newest charge has left the window.
+func TestMemoryCapAndSweepWithSlidingLogs(t *testing.T) {
+	win := rate.Limit{Algorithm: rate.Sliding, Count: 5, Period: time.Minute}
+	m, clock := newMemory(t, 64)
+	for i := 0; i < 1000; i++ {
+		for j := 0; j < 3; j++ {
+			clock.Advance(time.Millisecond) // three entries per log
+			decideUser(t, m, i, win, 1)
+		}
+	}
+	if n := m.Len(); n > 64+64 || m.Evictions() == 0 {
+		t.Fatalf("%d sliding logs tracked with MaxKeys 64, %d evictions", n, m.Evictions())
+	}
+	// The newest kept: its three charges still count.
+	if d := decideUser(t, m, 999, win, 3); d.Allowed || d.Results[0].Remaining != 2 {
+		t.Fatalf("user 999 after 3 of 5: %+v", d)
+	}
+	clock.Advance(time.Minute - time.Millisecond)
+	m.Sweep()
+	if m.Len() == 0 {
+		t.Fatal("swept a log whose newest charge is still in the window")
+	}
+	clock.Advance(time.Millisecond)
+	m.Sweep()
+	if m.Len() != 0 {
+		t.Fatalf("%d logs kept after every charge left the window", m.Len())
+	}
+}
+
 func TestMemorySweepDropsExpiredState(t *testing.T) {
 	m, clock := newMemory(t, 0)
 	lim := rate.Limit{Algorithm: rate.GCRA, Count: 10, Period: time.Minute}
