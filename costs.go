@@ -249,8 +249,8 @@ func readableEncoding(h http.Header) {
 // cost whose usage the upstream reported, in one store call, off the
 // request's critical path. No report (a stream cut short) leaves the
 // estimate standing. Each bucket's correction names when its estimate was
-// charged (its Result's At): a refund goes back to the window, or the very
-// charge, that held it (see store.Bucket.Charged).
+// charged (the decision's ChargedAt): a refund goes back to the window, or
+// the very charge, that held it (see store.Bucket.Charged).
 func (h *Handler) reconcile(t tapped, d *decision) {
 	if len(d.estimates) != len(h.Costs) {
 		return // nothing was estimated, so nothing was charged
@@ -268,7 +268,7 @@ func (h *Handler) reconcile(t tapped, d *decision) {
 		}
 		for i, b := range d.buckets {
 			if b.Limit.Dimension == c.Dimension {
-				adjust = append(adjust, store.Bucket{Key: b.Key, Limit: d.limits[i].Limit, Cost: delta, Charged: d.Results[i].At})
+				adjust = append(adjust, store.Bucket{Key: b.Key, Limit: d.limits[i].Limit, Cost: delta, Charged: d.ChargedAt(i)})
 			}
 		}
 	}

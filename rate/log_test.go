@@ -357,11 +357,11 @@ func TestSlidingLogAdjust(t *testing.T) {
 	l := Limit{Algorithm: Sliding, Count: 10, Period: time.Minute}
 	t1 := int64(1_790_000_000) * sec
 	t2 := t1 + 20*sec
-	s, r1 := l.Apply(State{}, t1, 6)
+	s, _ := l.Apply(State{}, t1, 6)
 	s, _ = l.Apply(s, t2, 3)
 	now := t2 + sec
 
-	s2 := l.Adjust(s, now, -5, l.ChargeWindow(r1.At))
+	s2 := l.Adjust(s, now, -5, l.ChargeWindow(t1))
 	if _, r := l.Apply(s2, now, 6); !r.Allowed || r.Remaining != 0 {
 		t.Fatalf("after refunding 5 of the first charge: %+v, want 6 to fit exactly", r)
 	}

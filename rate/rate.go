@@ -285,10 +285,6 @@ type Result struct {
 	RetryAfter int64
 	// Reset (µs) is the wait until the bucket is entirely full again.
 	Reset int64
-	// At (µs) is the time of the decision, on the clock of the state it
-	// was made on: what a later Adjust of this charge gives as charged
-	// (through ChargeWindow), so that a refund finds the charge.
-	At int64
 }
 
 // Apply decides cost n at time now against state s. It returns the state to
@@ -298,20 +294,21 @@ type Result struct {
 // Apply does not change s. A sliding window's new state may use the spare
 // capacity of s's log, as append does: of several states computed from one
 // s, keep at most one (a store keeps the state it writes, or s).
+//
+// (State and Result are kept small enough for Go to return them in
+// registers: the time of the decision, which a correction names, is the
+// store's to report, see store.Decision.)
 func (l Limit) Apply(s State, now, n int64) (State, Result) {
-	var r Result
 	switch l.Algorithm {
 	case Sliding:
-		s, r = l.slidingLog(s, now, n)
+		return l.slidingLog(s, now, n)
 	case SlidingApprox:
-		s, r = l.sliding(s, now, n)
+		return l.sliding(s, now, n)
 	case Calendar:
-		s, r = l.calendar(s, now, n)
+		return l.calendar(s, now, n)
 	default:
-		s, r = l.gcra(s, now, n)
+		return l.gcra(s, now, n)
 	}
-	r.At = now
-	return s, r
 }
 
 // Adjust changes a bucket by delta units at time now: a negative delta

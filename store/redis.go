@@ -350,11 +350,12 @@ func (r *Redis) Decide(ctx context.Context, buckets []Bucket) (Decision, error) 
 	// context.WithTimeout: a derived context costs a request more than the
 	// rest of its Redis client work.
 	results := make([]rate.Result, len(buckets))
-	if err := r.decide(ctx, time.Now().Add(r.timeout), buckets, now, wall, results); err != nil {
+	at, err := r.decide(ctx, time.Now().Add(r.timeout), buckets, now, wall, results)
+	if err != nil {
 		return Decision{}, fmt.Errorf("redis store: decide: %w: %w", ErrUnavailable, err)
 	}
 	d := Combine(results)
-	d.At = results[0].At
+	d.At = at
 	return d, nil
 }
 
@@ -395,32 +396,31 @@ func (r *Redis) now() (now, wall int64) {
 }
 
 // decide decides buckets, which must share one slot on a Cluster, in one
-// lua.Decide call — its own, or a batch's (see batcher) — and fills
-// results. It waits until deadline at most.
-func (r *Redis) decide(ctx context.Context, deadline time.Time, buckets []Bucket, now, wall int64, results []rate.Result) error {
+// lua.Decide call — its own, or a batch's (see batcher) — fills results
+// and returns the time Redis decided at. It waits until deadline at most.
+func (r *Redis) decide(ctx context.Context, deadline time.Time, buckets []Bucket, now, wall int64, results []rate.Result) (int64, error) {
 	keys, logs, spec := r.encode(buckets, now, wall, false)
 	b, err := r.batch.forKey(ctx, deadline, keys[0])
 	if err != nil {
-		return err
+		return 0, err
 	}
 	reply, err := b.do(ctx, deadline, keys, logs, spec)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	return decodeReply(reply, results)
 }
 
 // decodeReply reads a decision's part of lua.Decide's reply (replySize):
-// six little-endian float64s per bucket (whole numbers), then the time the
-// script decided at, into results.
-func decodeReply(reply string, results []rate.Result) error {
+// six little-endian float64s per bucket (whole numbers), into results,
+// then the time the script decided at, which it returns.
+func decodeReply(reply string, results []rate.Result) (int64, error) {
 	if len(reply) != replySize(len(results)) {
-		return fmt.Errorf("decide script returned %d bytes for %d buckets", len(reply), len(results))
+		return 0, fmt.Errorf("decide script returned %d bytes for %d buckets", len(reply), len(results))
 	}
 	float := func(off int) int64 {
 		return int64(math.Float64frombits(binary.LittleEndian.Uint64([]byte(reply[off : off+8]))))
 	}
-	at := float(len(reply) - 8)
 	for i := range results {
 		results[i] = rate.Result{
 			Allowed:    float(48*i) == 1,
@@ -429,10 +429,9 @@ func decodeReply(reply string, results []rate.Result) error {
 			Before:     float(48*i + 24),
 			RetryAfter: float(48*i + 32),
 			Reset:      float(48*i + 40),
-			At:         at,
 		}
 	}
-	return nil
+	return float(len(reply) - 8), nil
 }
 
 // replySize is the size of a decision's reply for n buckets: six float64s
@@ -550,6 +549,7 @@ func appendFloat(dst []byte, n int64) []byte {
 // slots that admitted are refunded, so the request is charged nowhere.
 func (r *Redis) decideSlots(ctx context.Context, buckets []Bucket, groups [][]int, now, wall int64) (Decision, error) {
 	results := make([]rate.Result, len(buckets))
+	times := make([]int64, len(buckets)) // each bucket's slot's time
 	errs := make([]error, len(groups))
 
 	// The slot of the path's last bucket (the tenant's subtree, where the
@@ -571,9 +571,10 @@ func (r *Redis) decideSlots(ctx context.Context, buckets []Bucket, groups [][]in
 		}
 		res := make([]rate.Result, len(part))
 		deadline, _ := ctx.Deadline()
-		if errs[g] = r.decide(ctx, deadline, part, now, wall, res); errs[g] == nil {
+		var at int64
+		if at, errs[g] = r.decide(ctx, deadline, part, now, wall, res); errs[g] == nil {
 			for i, j := range groups[g] {
-				results[j] = res[i]
+				results[j], times[j] = res[i], at
 			}
 		}
 	}
@@ -615,7 +616,7 @@ func (r *Redis) decideSlots(ctx context.Context, buckets []Bucket, groups [][]in
 			// allows (so a fast Redis has refunded by the time the
 			// request is answered), and not a moment longer.
 			select {
-			case <-r.refund(buckets, results, groups, charged, now, wall):
+			case <-r.refund(buckets, times, groups, charged, now, wall):
 			case <-ctx.Done():
 			}
 		}
@@ -626,7 +627,7 @@ func (r *Redis) decideSlots(ctx context.Context, buckets []Bucket, groups [][]in
 	// On a refused leaf, Combine sees its denial: the decision is a denial,
 	// and every bucket reports what it had before.
 	d := Combine(results)
-	d.At = results[len(results)-1].At // the leaf's slot's time
+	d.At, d.Times = times[len(times)-1], times
 	return d, nil
 }
 
@@ -643,18 +644,18 @@ func dryRun(b Bucket) Bucket {
 
 // refund gives back what a decision charged to the slots that admitted it
 // (charged) when another slot refused or failed, each bucket from the charge
-// its slot logged at its own time (results). It runs in the
+// its slot logged at its own time (times). It runs in the
 // background, bounded by its own timeout, so that it completes even when
 // the decision's deadline has passed; the returned channel is closed when
 // it is done. Close waits for it.
-func (r *Redis) refund(buckets []Bucket, results []rate.Result, groups [][]int, charged []int, now, wall int64) <-chan struct{} {
+func (r *Redis) refund(buckets []Bucket, times []int64, groups [][]int, charged []int, now, wall int64) <-chan struct{} {
 	var refunds []Bucket // copies: Decide must not keep buckets
 	var sel [][]int
 	for _, g := range charged {
 		idx := make([]int, len(groups[g]))
 		for i, j := range groups[g] {
 			b := buckets[j]
-			b.Cost, b.Charged = -b.Cost, results[j].At
+			b.Cost, b.Charged = -b.Cost, times[j]
 			idx[i] = len(refunds)
 			refunds = append(refunds, b)
 		}

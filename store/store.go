@@ -28,7 +28,7 @@ type Bucket struct {
 	// is the correction: negative refunds, positive adds debt.
 	Cost int64
 	// Charged is used by Adjust only: when (µs since the Unix epoch) the
-	// cost being corrected was charged, as the decision's Result.At says;
+	// cost being corrected was charged, as the decision's ChargedAt says;
 	// 0 means unknown. A refund goes back to the window that cost
 	// was counted in, and nowhere once that window is over (see
 	// rate.Limit.Adjust).
@@ -51,12 +51,23 @@ type Decision struct {
 	RetryAfter time.Duration
 	// At is when the decision was made (µs since the Unix epoch), on the
 	// clock of the store's state: the memory store's own, Redis's TIME (or
-	// the test clock) as the script saw it. Each Result's At is its
-	// bucket's (on a Cluster, buckets of other slots are decided by other
-	// masters, on their clocks); At is the last bucket's. A correction of a
-	// bucket's cost gives its Result's At as Bucket.Charged, so that a
-	// refund finds the window, or the very charge, it corrects.
+	// the test clock) as the script saw it. A correction of a bucket's cost
+	// gives its ChargedAt as Bucket.Charged, so that a refund finds the
+	// window, or the very charge, it corrects.
 	At int64
+	// Times, when not nil, is each bucket's own time of decision: a
+	// Cluster path across slots is decided by several masters, each on
+	// its clock (At is then the last bucket's).
+	Times []int64
+}
+
+// ChargedAt is when bucket i of the decision was decided: what a
+// correction of its cost gives as Bucket.Charged.
+func (d *Decision) ChargedAt(i int) int64 {
+	if d.Times != nil {
+		return d.Times[i]
+	}
+	return d.At
 }
 
 // Store is the contract both stores fulfil.

@@ -331,8 +331,8 @@ func Run(t *testing.T, open Opener) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if d.At != start.UnixMicro() || d.Results[0].At != d.At || d.Results[1].At != d.At {
-			t.Fatalf("decision at %d, results at %d and %d, want the clock's %d", d.At, d.Results[0].At, d.Results[1].At, start.UnixMicro())
+		if d.At != start.UnixMicro() || d.ChargedAt(0) != d.At || d.ChargedAt(1) != d.At {
+			t.Fatalf("decision at %d, buckets at %d and %d, want the clock's %d", d.At, d.ChargedAt(0), d.ChargedAt(1), start.UnixMicro())
 		}
 	})
 }
