@@ -107,6 +107,39 @@ func TestGlobalCeilingHasItsOwnTag(t *testing.T) {
 	}
 }
 
+// TestKeysNameTheFormOfTheirState: a limit's storage key names the form of
+// its state, not its algorithm, so that no state is read as another form:
+// the exact sliding window's log has its own name, and the two-counter
+// estimate keeps the name its counters have always been stored under.
+func TestKeysNameTheFormOfTheirState(t *testing.T) {
+	for _, tt := range []struct {
+		algorithm, key, rendered string
+	}{
+		{"", "#requests.gcra.60000000", "5/min"},
+		{"sliding", "#requests.sliding-log.60000000", "5/min sliding"},
+		{"sliding_approx", "#requests.sliding.60000000", "5/min sliding approx"},
+		{"calendar", "#requests.calendar.hour", "5/h calendar"},
+	} {
+		per := "min"
+		if tt.algorithm == "calendar" {
+			per = "h"
+		}
+		l := &Limit{Count: 5, Per: per, Algorithm: tt.algorithm}
+		tree := &Tree{Name: "t", Tiers: []*Tier{{Name: "u", Key: "{http.request.header.X-U}", Limits: []*Limit{l}}}}
+		if err := tree.Compile(); err != nil {
+			t.Fatalf("%s: %v", tt.algorithm, err)
+		}
+		var p Plan
+		tree.Resolve([]string{"a"}, &p)
+		if got := p.Buckets[0].Key; !strings.HasSuffix(got, tt.key) {
+			t.Errorf("%q: key %s, want it to end %s", tt.algorithm, got, tt.key)
+		}
+		if got := l.String(); got != tt.rendered {
+			t.Errorf("%q: rendered %q, want %q", tt.algorithm, got, tt.rendered)
+		}
+	}
+}
+
 func TestSeed004NamedChildren(t *testing.T) {
 	tree := &Tree{Name: "exchange", Tiers: []*Tier{
 		{Name: "user", Key: "{http.request.header.X-User}", Limits: []*Limit{{Count: 30, Per: "60s", Burst: 15}}},
