@@ -20,8 +20,9 @@ while i0 <= #argv do
   local a, b, t, e = decode(values[k])
   if alg == LOG then
     if not ladjust then
-      local _
-      _, _, _, ladjust, lwrite = logs()
+      local _, reader, scan, tickOf
+      _, _, reader, scan, tickOf = logs()
+      ladjust, lwrite = logAdjust(reader, scan, tickOf)
     end
     local h, m, v, entries = 0, 0, values[k]
     if v and #v >= 48 then h, m = struct.unpack('<dd', v, 33) end

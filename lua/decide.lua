@@ -171,11 +171,12 @@ for d = 2, #ARGV do
     -- The lists change now, so that the decisions after this one read
     -- them as this one left them. A key named twice in one decision takes
     -- its last state (as its value below does), so only its last writes.
-    local done = {}
+    local done -- the keys synced, when the decision has several logs
+    if nl > 6 then done = {} end
     for j = nl - 5, 1, -6 do
       local lk = lpend[j]
-      if not done[lk] then
-        done[lk] = true
+      if not done or not done[lk] then
+        if done then done[lk] = true end
         lsync(KEYS[lk + 1], lpend[j + 1], lpend[j + 2], lpend[j + 3], lpend[j + 4], lpend[j + 5], now)
       end
     end

@@ -268,15 +268,21 @@ local function logs()
   end
 
   -- reader returns entry(i): the gap and cost of entry i (from 0) of the
-  -- list at lk, read eight at a time. An entry the list does not have
-  -- (evicted from under the bucket) reads as a cost of 0 at the previous
-  -- entry's time: its charge is still counted in A until the newest leaves.
+  -- list at lk. The first entry asked for is read alone (LINDEX: a
+  -- decision usually needs one), then sixteen at a time (LRANGE). An
+  -- entry the list does not have (evicted from under the bucket) reads as
+  -- a cost of 0 at the previous entry's time: its charge is still counted
+  -- in A until the newest leaves.
   local function reader(lk)
-    local buf, base = nil, 0
+    local buf, base, n = nil, 0, 0
     return function(i)
-      if not buf or i < base or i >= base + 8 then
+      if i < base or i >= base + n then
         base = i
-        buf = redis.call('LRANGE', lk, i, i + 7)
+        if not buf then
+          buf, n = {redis.call('LINDEX', lk, i)}, 1
+        else
+          buf, n = redis.call('LRANGE', lk, i, i + 15), 16
+        end
       end
       local v = buf[i - base + 1]
       if not v or #v ~= 10 then return 0, 0 end
@@ -380,6 +386,15 @@ local function logs()
     end
   end
 
+  return apply, sync, reader, scan, tickOf
+end
+
+-- logAdjust returns, for adjust.lua, the corrections of an exact sliding
+-- window, on logs' reader, scan and tickOf.
+local function logAdjust(reader, scan, tickOf)
+  local unpk, pack = struct.unpack, struct.pack
+  local MAXC = 4294967295
+
   -- adjust is Limit.adjustLog: the whole log unpacked (LRANGE), corrected
   -- and returned as a state and a table of entries for write.
   local function adjust(count, p, g, delta, a, b, t, h, m, now, charged, lk)
@@ -452,5 +467,5 @@ local function logs()
     end
   end
 
-  return apply, sync, reader, adjust, write
+  return adjust, write
 end
