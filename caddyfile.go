@@ -15,6 +15,7 @@ import (
 
 	"github.com/caddy-cascade/cascade/cost"
 	"github.com/caddy-cascade/cascade/hierarchy"
+	"github.com/caddy-cascade/cascade/rate"
 	"github.com/caddy-cascade/cascade/store"
 )
 
@@ -42,7 +43,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	        tier <name> [<key>] {
 //	            key     <template>                  # e.g. {header.X-Org}, {http.auth.user.id}, {client_ip}
 //	            missing deny|shared|skip            # empty key: refuse (default), one shared bucket, or skip the tier
-//	            limit   <count>[ <dimension>]/<per> [burst <n>] [gcra|sliding|calendar] [tz <zone>]
+//	            limit   <count>[ <dimension>]/<per> [burst <n>] [gcra|sliding [approx]|calendar] [tz <zone>]
 //	            value   <value...> {                # per-value override: replaces the tier's limits
 //	                limit ...
 //	            }
@@ -546,7 +547,7 @@ type countedAt struct {
 
 // parseLimit parses `limit <count>[ <dimension>]/<per> [burst <n>] [algorithm] [tz <zone>]`.
 func parseLimit(d *caddyfile.Dispenser) (*hierarchy.Limit, error) {
-	const usage = "usage: limit <count>/<per> or limit <count> <dimension>/<per>, then optionally burst <n>, gcra|sliding|calendar, tz <zone>; e.g. limit 1000/h or limit 100000 tokens/h burst 5000"
+	const usage = "usage: limit <count>/<per> or limit <count> <dimension>/<per>, then optionally burst <n>, gcra|sliding|sliding approx|calendar, tz <zone>; e.g. limit 1000/h or limit 100000 tokens/h burst 5000"
 	args := d.RemainingArgs()
 	if len(args) == 0 {
 		return nil, d.Errf("%s", usage)
@@ -589,6 +590,11 @@ func parseLimit(d *caddyfile.Dispenser) (*hierarchy.Limit, error) {
 			}
 			l.Timezone, rest = rest[1], rest[2:]
 		case "gcra", "sliding", "calendar":
+			l.Algorithm, rest = w, rest[1:]
+			if w == "sliding" && len(rest) > 0 && rest[0] == "approx" {
+				l.Algorithm, rest = string(rate.SlidingApprox), rest[1:]
+			}
+		case string(rate.SlidingApprox):
 			l.Algorithm, rest = w, rest[1:]
 		default:
 			return nil, d.Errf("limit: unexpected %q; %s", w, usage)

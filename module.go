@@ -218,6 +218,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		if err := t.Compile(); err != nil {
 			return fmt.Errorf("rate_limit: %w", err)
 		}
+		h.warnCoarseWindows(t)
 		t.dynamic = make([]bool, len(t.Tiers))
 		t.header = make([]string, len(t.Tiers))
 		for i, tier := range t.Tiers {
@@ -342,6 +343,33 @@ func (z *Zone) tree(name string) (*Tree, error) {
 		}}},
 		MatcherSetsRaw: z.MatcherSetsRaw,
 	}, nil
+}
+
+// warnCoarseWindows warns of each exact sliding window above
+// rate.MaxExact of a tree: it times charges in ticks rather than µs (see
+// rate.Limit.Tick), which the user may not expect of an exact window.
+func (h *Handler) warnCoarseWindows(t *Tree) {
+	warn := func(tier *hierarchy.Tier, l *hierarchy.Limit) {
+		r := l.Rate()
+		if r.Algorithm != rate.Sliding || r.Count <= rate.MaxExact {
+			return
+		}
+		h.logger.Warn(fmt.Sprintf("rate_limit: a sliding window of more than %d per window counts in ticks of 1/%d of the window: "+
+			"it never admits more than its count, but a charge leaves the window up to one tick late", rate.MaxExact, rate.MaxExact),
+			zap.String("tree", t.Name), zap.String("tier", tier.Name), zap.String("limit", l.String()),
+			zap.Duration("tick", time.Duration(r.Tick())*time.Microsecond),
+			zap.String("instead", "gcra (a rate and a burst, in constant memory) or sliding approx (constant memory, may admit up to twice the count in a window)"))
+	}
+	for _, tier := range t.Tiers {
+		for _, l := range tier.Limits {
+			warn(tier, l)
+		}
+		for _, o := range tier.Values {
+			for _, l := range o.Limits {
+				warn(tier, l)
+			}
+		}
+	}
 }
 
 // Validate checks the settings that Provision does not.
