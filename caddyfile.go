@@ -56,6 +56,8 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	        key    <template>
 //	        events <max_events>
 //	        window <duration>
+//	        ipv4_prefix <bits>                      # an IPv4 key counts as its network (24: a /24)
+//	        ipv6_prefix <bits>                      # an IPv6 key counts as its network (64: a /64)
 //	    }
 //	    cost <dimension> <number|placeholder> [default <n>] [{ reconcile { ... } }]
 //	    cost <dimension> body_size
@@ -113,6 +115,8 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    use_error_routes
 //	    jitter         <fraction>
 //	    sweep_interval <duration>
+//	    log_key                                     # the refusing bucket's key in the denial's log line
+//	    disable_metrics                             # this handler records no Prometheus metrics
 //	    distributed    { ... }                      # accepted and ignored (mholt compatibility)
 //	    storage        <module...>                  # accepted and ignored (mholt compatibility)
 //	}
@@ -154,6 +158,10 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			h.Priority, err = oneOf(d, "interactive", "batch", "critical")
 		case "shed_at_floor":
 			h.ShedAtFloor = true
+		case "log_key":
+			h.LogKey = true
+		case "disable_metrics":
+			h.DisableMetrics = true
 		case "jitter":
 			if !d.NextArg() {
 				return d.ArgErr()
@@ -184,7 +192,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				d.RemainingArgs()
 			}
 		default:
-			return d.Errf("unknown rate_limit option %q: expected tree, zone, cost, store, on_store_error, mode, headers, status_code, priority, shed_at_floor, use_error_routes, jitter or sweep_interval", d.Val())
+			return d.Errf("unknown rate_limit option %q: expected tree, zone, cost, store, on_store_error, mode, headers, status_code, priority, shed_at_floor, use_error_routes, jitter, sweep_interval, log_key or disable_metrics", d.Val())
 		}
 		if err != nil {
 			return err
@@ -652,8 +660,25 @@ func (h *Handler) parseZone(d *caddyfile.Dispenser) error {
 				return err
 			}
 			z.MatcherSetsRaw = append(z.MatcherSetsRaw, set)
+		case "ipv4_prefix", "ipv6_prefix":
+			opt, most, example := d.Val(), 32, 24
+			if opt == "ipv6_prefix" {
+				most, example = 128, 64
+			}
+			n, err := intArg(d)
+			if err != nil {
+				return err
+			}
+			if n > most {
+				return d.Errf("zone %s: %s %d: use 1 to %d bits (%d groups a /%d), or 0 for none", name, opt, n, most, example, example)
+			}
+			if opt == "ipv4_prefix" {
+				z.IPv4Prefix = n
+			} else {
+				z.IPv6Prefix = n
+			}
 		default:
-			return d.Errf("zone %s: unknown option %q: expected key, events, window or match", name, d.Val())
+			return d.Errf("zone %s: unknown option %q: expected key, events, window, match, ipv4_prefix or ipv6_prefix", name, d.Val())
 		}
 	}
 	if z.Window <= 0 || z.MaxEvents <= 0 {

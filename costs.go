@@ -280,11 +280,10 @@ func (h *Handler) reconcile(t tapped, d *decision) {
 		defer h.adjusting.Done()
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		if err := h.store.Adjust(ctx, adjust); err != nil {
+		err := h.store.Adjust(ctx, adjust)
+		if err != nil {
 			h.logger.Error("reconciling cost with the upstream's usage failed", zap.Error(err))
-			h.metrics.reconcileErrors.Inc()
-			return
 		}
-		h.metrics.reconciled.Inc()
+		h.metrics.reconcile(err)
 	}()
 }

@@ -80,7 +80,12 @@ func register[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error)
 	return c, nil
 }
 
+// observe counts one decision. A nil *metrics (disable_metrics) counts
+// nothing, as do its other methods.
 func (m *metrics) observe(d *decision, took time.Duration) {
+	if m == nil {
+		return
+	}
 	if d.reason == "ok" {
 		m.ok.Inc()
 	} else {
@@ -91,6 +96,17 @@ func (m *metrics) observe(d *decision, took time.Duration) {
 	}
 	if d.reason != "missing_key" && d.reason != "bad_cost" {
 		m.duration.Observe(took.Seconds())
+	}
+}
+
+// reconcile counts one reconciliation, failed (err) or done.
+func (m *metrics) reconcile(err error) {
+	switch {
+	case m == nil:
+	case err != nil:
+		m.reconcileErrors.Inc()
+	default:
+		m.reconciled.Inc()
 	}
 }
 

@@ -18,6 +18,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"net/http"
+	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
@@ -112,6 +113,10 @@ type Handler struct {
 	// setting of that name.)
 	LogKey bool `json:"log_key,omitempty"`
 
+	// DisableMetrics turns off this handler's Prometheus metrics (it
+	// counts nothing). (mholt/caddy-ratelimit's setting of that name.)
+	DisableMetrics bool `json:"disable_metrics,omitempty"`
+
 	// SweepInterval is how often the memory store drops expired state;
 	// default 1m. (Also mholt/caddy-ratelimit's setting of that name.)
 	SweepInterval caddy.Duration `json:"sweep_interval,omitempty"`
@@ -150,6 +155,9 @@ type Tree struct {
 	matchers caddyhttp.MatcherSets
 	dynamic  []bool   // per tier: does the key have placeholders?
 	header   []string // per tier: the header name when the key is just {http.request.header.NAME}
+	// ipv4Prefix and ipv6Prefix group an IP address key by network (an
+	// mholt zone's settings; see Zone), for every tier of the tree.
+	ipv4Prefix, ipv6Prefix int
 }
 
 // Zone is an mholt/caddy-ratelimit zone: at most MaxEvents requests per
@@ -159,6 +167,14 @@ type Zone struct {
 	Key            string                   `json:"key,omitempty"`
 	Window         caddy.Duration           `json:"window,omitempty"`
 	MaxEvents      int                      `json:"max_events,omitempty"`
+	// IPv4Prefix and IPv6Prefix, when set (bits, 1–32 and 1–128; 0 is
+	// unset), turn a
+	// key that is an IP address of that family into its network, so that
+	// a subnet shares one bucket: with ipv4_prefix 24, 192.0.2.7 and
+	// 192.0.2.200 count as 192.0.2.0/24 (IPv4-mapped IPv6 addresses as
+	// IPv4). Keys that are not an IP address are used as they are.
+	IPv4Prefix int `json:"ipv4_prefix,omitempty"`
+	IPv6Prefix int `json:"ipv6_prefix,omitempty"`
 }
 
 // HeadersConfig switches the response header families. All default to on
@@ -279,8 +295,10 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return err
 	}
 	var err error
-	if h.metrics, err = newMetrics(ctx.GetMetricsRegistry()); err != nil {
-		return fmt.Errorf("rate_limit: metrics: %w", err)
+	if !h.DisableMetrics {
+		if h.metrics, err = newMetrics(ctx.GetMetricsRegistry()); err != nil {
+			return fmt.Errorf("rate_limit: metrics: %w", err)
+		}
 	}
 	if h.Store == nil {
 		h.Store = &StoreConfig{}
@@ -330,6 +348,12 @@ func (z *Zone) tree(name string) (*Tree, error) {
 	if z.Window <= 0 || z.MaxEvents <= 0 {
 		return nil, fmt.Errorf("rate_limit: zone %s: a zone requires both a window and max events (events N, window DURATION)", name)
 	}
+	if z.IPv4Prefix < 0 || z.IPv4Prefix > 32 {
+		return nil, fmt.Errorf("rate_limit: zone %s: ipv4_prefix %d: use 1 to 32 bits (24 groups a /24), or 0 for none", name, z.IPv4Prefix)
+	}
+	if z.IPv6Prefix < 0 || z.IPv6Prefix > 128 {
+		return nil, fmt.Errorf("rate_limit: zone %s: ipv6_prefix %d: use 1 to 128 bits (64 groups a /64), or 0 for none", name, z.IPv6Prefix)
+	}
 	key := z.Key
 	if key == "" {
 		key = "static"
@@ -342,7 +366,31 @@ func (z *Zone) tree(name string) (*Tree, error) {
 			}},
 		}}},
 		MatcherSetsRaw: z.MatcherSetsRaw,
+		ipv4Prefix:     z.IPv4Prefix,
+		ipv6Prefix:     z.IPv6Prefix,
 	}, nil
+}
+
+// networkOf is key's network when key is an IP address of a family with a
+// prefix set (an IPv4-mapped IPv6 address counts as IPv4), else key: what
+// mholt/caddy-ratelimit does with ipv4_prefix and ipv6_prefix.
+func networkOf(key string, ipv4Prefix, ipv6Prefix int) string {
+	ip, err := netip.ParseAddr(key)
+	if err != nil || ip.Zone() != "" {
+		return key
+	}
+	bits := ipv6Prefix
+	if ip.Is4() || ip.Is4In6() {
+		ip, bits = ip.Unmap(), ipv4Prefix
+	}
+	if bits == 0 {
+		return key
+	}
+	p, err := ip.Prefix(bits)
+	if err != nil {
+		return key
+	}
+	return p.String()
 }
 
 // warnCoarseWindows warns of each exact sliding window above
@@ -659,11 +707,16 @@ func (h *Handler) decide(r *http.Request, repl *caddy.Replacer, d *decision) (in
 		}
 		values := valueBuf[:0]
 		for i, tier := range t.Tiers {
+			var v string
 			if t.header[i] != "" { // the common case, without the replacer's parsing
-				values = append(values, headerValue(r.Header[t.header[i]]))
-				continue
+				v = headerValue(r.Header[t.header[i]])
+			} else {
+				v = resolveKey(repl, tier.Key, t.dynamic[i])
 			}
-			values = append(values, resolveKey(repl, tier.Key, t.dynamic[i]))
+			if t.ipv4Prefix != 0 || t.ipv6Prefix != 0 {
+				v = networkOf(v, t.ipv4Prefix, t.ipv6Prefix)
+			}
+			values = append(values, v)
 		}
 		t.Resolve(values, &plan)
 		d.used = len(plan.Buckets)
