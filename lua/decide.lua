@@ -46,7 +46,7 @@ local map = ARGV[1]
 local m0, kn = 1, 0
 local timeNow
 local apply, ttl, window, _ -- from algorithms, for the first sliding or calendar bucket
-local lapply, lsync, reader -- from logs, for the first exact sliding window
+local lapply, lsync, reader, lcheck -- from logs, for the first exact sliding window
 -- lpend holds the current decision's log writes, six entries per exact
 -- sliding window: its key's index, what apply said to drop and push, its
 -- entries, and the key's expiry action and E.
@@ -80,9 +80,10 @@ for d = 2, #ARGV do
       -- the exact sliding window: see logs in rate.lua
       local g
       g, i0 = unpk('<d', argv, i0)
-      if not lapply then lapply, lsync, reader = logs() end
+      if not lapply then lapply, lsync, reader, _, _, lcheck = logs() end
       h, m = 0, 0
       if v and #v >= 48 then h, m = unpk('<dd', v, 33) end
+      b, h, m = lcheck(KEYS[k + 1], a, b, h, m)
       local impossible, remaining, before, retry, reset
       ok, impossible, remaining, before, retry, reset, a, b, t, h, m, drop, push =
         lapply(count, period, g, n, a, b, t, h, m, now, reader(KEYS[k + 1]))
@@ -167,18 +168,26 @@ for d = 2, #ARGV do
   end
   nr = nr + 1
   reply[nr] = pack('<d', now)
-  if admit and nl > 0 then
+  if admit and nl == 6 then
     -- The lists change now, so that the decisions after this one read
-    -- them as this one left them. A key named twice in one decision takes
-    -- its last state (as its value below does), so only its last writes.
-    local done -- the keys synced, when the decision has several logs
-    if nl > 6 then done = {} end
-    for j = nl - 5, 1, -6 do
-      local lk = lpend[j]
-      if not done or not done[lk] then
-        if done then done[lk] = true end
-        lsync(KEYS[lk + 1], lpend[j + 1], lpend[j + 2], lpend[j + 3], lpend[j + 4], lpend[j + 5], now)
-      end
+    -- them as this one left them.
+    lsync(KEYS[lpend[1] + 1], lpend[2], lpend[3], lpend[4], lpend[5], lpend[6], now)
+  elseif admit and nl > 0 then
+    -- Several logs. A key named twice in one decision (by two indexes in
+    -- a lone call, by one in a batch) takes its last mention's state, as
+    -- its value below does: so only its last mention's writes, and the
+    -- longest new expiry of its mentions, as its key gets.
+    local last, exp = {}, {}
+    for j = 1, nl, 6 do
+      local lk = KEYS[lpend[j] + 1]
+      last[lk] = j
+      local ms = lpend[j + 4]
+      if ms and ms ~= 0 and not (exp[lk] and exp[lk] >= ms) then exp[lk] = ms end
+    end
+    for lk, j in pairs(last) do
+      local ms = lpend[j + 4]
+      if ms == 0 and exp[lk] then ms = exp[lk] end
+      lsync(lk, lpend[j + 1], lpend[j + 2], lpend[j + 3], ms, lpend[j + 5], now)
     end
   end
   nl = 0

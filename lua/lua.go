@@ -75,7 +75,7 @@
 // replies with ONE string: for each decision in order, six little-endian
 // float64s per bucket — allowed (0/1), impossible (0/1), remaining,
 // before, retry (µs), reset (µs): the fields of rate.Result, each a whole
-// number — then the time the decision was made at (µs; Result.At), which
+// number — then the time the decision was made at (µs; store.Decision.At), which
 // a refund of its charges names. A binary string costs Redis far less to
 // build and send than a table of 6·n integers.
 //
@@ -97,9 +97,9 @@
 // closures of rate.lua (sliding windows, calendar) only when a path holds such
 // a bucket, as every closure a script creates costs time on each call.
 // An exact sliding window's decision reads only the log entries that have
-// left the window and writes one (LRANGE, LPOP, RPUSH on its list): its
-// cost does not grow with the log (BenchmarkSlidingWindow: about 9.5 µs
-// of Redis time at N = 10, 100 or 1,000, beside GCRA's 4.2 µs), where
+// left the window and writes one (LLEN, LINDEX or LRANGE, LPOP, RPUSH on
+// its list): its cost does not grow with the log (BenchmarkSlidingWindow:
+// 8–9 µs of Redis time at N = 10, 100 or 1,000, beside GCRA's 4), where
 // making a 10 KB log into a Lua string would cost Redis 9 µs each time.
 //
 // # Storage

@@ -249,8 +249,10 @@ func getState(t *testing.T, ctx context.Context, c *redis.Client, key string, l 
 			if s.Log, err = rate.ParseLog(b); err != nil {
 				t.Fatalf("%s: log: %v", key, err)
 			}
-			if kt, lt := c.PTTL(ctx, key).Val(), c.PTTL(ctx, logKey(key)).Val(); kt > 0 && lt < kt {
-				t.Fatalf("%s: the log expires in %v, before its key (%v)", key, lt, kt)
+			// Absolute expiry times: two PTTLs read one after the other
+			// would differ by the time between the reads.
+			if kt, lt := c.PExpireTime(ctx, key).Val(), c.PExpireTime(ctx, logKey(key)).Val(); kt > 0 && lt < kt {
+				t.Fatalf("%s: the log expires at %v, before its key (%v)", key, lt, kt)
 			}
 		}
 	}
@@ -880,5 +882,46 @@ func TestLogStartsAfresh(t *testing.T) {
 	}
 	if n := c.LLen(ctx, logKey(key)).Val(); n != 2 {
 		t.Fatalf("log of %d entries, want the 2 older charges", n)
+	}
+}
+
+// TestLogLostUnderItsKey: a log list evicted or deleted from under its
+// bucket's key (the key says M entries, the list has fewer) is never read
+// as if whole: the log is counted as its newest charge, which leaves the
+// window last, so nothing is admitted early. 20 per 10 s: 1 at 0 s and 9
+// at 1 s, the list lost, 1 at 2 s. At 10.5 s, with 10 in the window, a
+// cost of 18 is refused (the list read as if whole would have let it in:
+// its new entry taken for the oldest); once the lost charges' newest has
+// left, at 11.5 s, 19 fit.
+func TestLogLostUnderItsKey(t *testing.T) {
+	c := client(t)
+	ctx := context.Background()
+	key := "{lua-lost}:k"
+	l := rate.Limit{Algorithm: rate.Sliding, Count: 20, Period: 10 * time.Second}
+	c.Del(ctx, key, logKey(key))
+	t0 := time.Date(2026, 3, 18, 10, 30, 0, 0, time.UTC).UnixMicro()
+	decide := func(at, cost int64) []int64 {
+		t.Helper()
+		raw, err := lua.Decide.Run(ctx, c, scriptKeys([]string{key}, []rate.Limit{l}), decideArgs(at, at, bucketArgs{limit: l, cost: cost})...).Text()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return decideReply(t, raw, at, 1)
+	}
+	decide(t0, 1)
+	decide(t0+1_000_000, 9) // the log holds an entry, the key the newest
+	c.Del(ctx, logKey(key))
+	if got := decide(t0+2_000_000, 1); got[0] != 1 {
+		t.Fatalf("after the list was lost: %v", got)
+	}
+	if got := decide(t0+10_500_000, 18); got[0] != 0 {
+		t.Fatalf("at 10.5 s a cost of 18 was admitted: %v", got)
+	}
+	if got := decide(t0+11_500_000, 19); got[0] != 1 {
+		t.Fatalf("at 11.5 s, only 2 s's 1 in the window, a cost of 19 was refused: %v", got)
+	}
+	st, _, err := getState(t, ctx, c, key, l)
+	if err != nil || st.A != 20 || st.B != 19 || st.Log.Len() != 1 {
+		t.Fatalf("at 11.5 s: %+v (%v), want 2 s's 1 and the 19", st, err)
 	}
 }

@@ -208,7 +208,7 @@ local function algorithms()
   -- bucket, which needs no key at all. extra is what follows the four
   -- doubles ('' but for an exact sliding window). It returns what it did
   -- to the expiry (as decide.lua's act: a new one of ms, 0 kept, false
-  -- deleted) and E.
+  -- deleted), E and the value stored (false: none).
   --
   -- Setting an expiry is a good part of a write's cost, so put sets one with
   -- room to spare (an eighth more than needed, and at least a second more, in
@@ -222,24 +222,31 @@ local function algorithms()
   local function put(key, a, b, t, e, now, ttl, extra)
     if ttl <= 0 then
       redis.call('DEL', key)
-      return false, e
-    elseif now + ttl <= e then
-      redis.call('SET', key, struct.pack('<dddd', a, b, t, e) .. extra, 'KEEPTTL')
-      return 0, e
+      return false, e, false
     end
-    local margin = ttl / 8
-    if margin < 1000000 then margin = 1000000 end
-    local ms = math.ceil((ttl + margin) / 1000)
-    e = now + (ms - 1) * 1000
-    redis.call('SET', key, struct.pack('<dddd', a, b, t, e) .. extra, 'PX', ms)
-    return ms, e
+    local ms = 0
+    if not (now + ttl <= e) then
+      local margin = ttl / 8
+      if margin < 1000000 then margin = 1000000 end
+      ms = math.ceil((ttl + margin) / 1000)
+      e = now + (ms - 1) * 1000
+    end
+    local v = struct.pack('<dddd', a, b, t, e) .. extra
+    if ms == 0 then
+      redis.call('SET', key, v, 'KEEPTTL')
+    else
+      redis.call('SET', key, v, 'PX', ms)
+    end
+    return ms, e, v
   end
 
   return apply, adjust, ttl, window, decode, spec, put
 end
 
 -- logs returns the functions of the exact sliding window (rate/log.go),
--- created only for a call that has such a bucket.
+-- created only for a call that has such a bucket. decide.lua uses apply,
+-- sync and reader; adjust.lua reader, scan and tickOf (with logAdjust);
+-- both check.
 --
 -- Its state is split in two keys. The bucket's own key holds rate.State
 -- {A, B, T} and E, like every bucket's, then H and M: the time of the
@@ -247,7 +254,7 @@ end
 -- are a list at the bucket's log key (the next key in KEYS), oldest first,
 -- each the 10-byte string '<I6I4' of rate.Log: the gap in µs to the next
 -- newer entry, and the cost. A decision reads only the entries that have
--- left the window (LRANGE, a few at a time), pops them and pushes one,
+-- left the window (LINDEX, then LRANGE), pops them and pushes one,
 -- so its cost does not grow with the log: a whole log made into a Lua
 -- string would cost Redis about a µs per 1,000 bytes, each time.
 local function logs()
@@ -257,6 +264,21 @@ local function logs()
   local function floornn(x)
     if x <= 0 then return 0 end
     return math.floor(x)
+  end
+
+  -- check returns the state (b, h, m) with the log at lk as the bucket's key
+  -- says it is (m entries); else — the list was evicted or deleted from
+  -- under its key, or cut short — with the whole log counted as its newest
+  -- charge (b = a, no entries), which leaves the window last: nothing
+  -- lost can leave the window early, so nothing is over-admitted. (The
+  -- stale list is replaced when the log next grows.)
+  local function check(lk, a, b, h, m)
+    if m > 0 and redis.call('LLEN', lk) ~= m then
+      b = a
+      if b > MAXC then b = MAXC end
+      return b, 0, 0
+    end
+    return b, h, m
   end
 
   -- tickOf is Limit.tickOf: the end of the tick of g µs holding t.
@@ -386,7 +408,7 @@ local function logs()
     end
   end
 
-  return apply, sync, reader, scan, tickOf
+  return apply, sync, reader, scan, tickOf, check
 end
 
 -- logAdjust returns, for adjust.lua, the corrections of an exact sliding

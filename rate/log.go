@@ -11,9 +11,10 @@ import (
 // its memory grows with Count; above MaxExact the window coarsens its tick
 // instead (see Limit.Tick), which bounds its log at MaxExact + 1 entries,
 // 10 bytes each. The bound is memory, measured (store's
-// BenchmarkSlidingWindow): a full key at 1,000 holds 12.5 KB on either
+// BenchmarkSlidingWindow): a full key at 1,000 holds 12 KB on either
 // store, a GCRA key 0.1–0.2 KB; the time of a decision does not grow with
-// the log (0.13 µs in memory, 9.5 µs of Redis time, at N = 10 as at 1,000).
+// the log (0.12–0.17 µs in memory, 8–9 µs of Redis time, at N = 10 as at
+// 1,000).
 const MaxExact = 1000
 
 const (

@@ -37,7 +37,8 @@
 // a decision reads only the entries that have just left the window.
 // Retry-After is exact: the time at which enough of the oldest charges have
 // left the window for the cost to fit (a retry then is admitted, one µs
-// earlier is refused), never more than Period for a cost that fits.
+// earlier is refused), never more than Period for a cost that fits (plus
+// up to a tick for a coarse window, below).
 //
 // The tick is one µs while Count ≤ MaxExact (windows over 35 minutes: 1/2³¹
 // of the window, 41 µs for a day), so a log holds at most Count entries (and

@@ -514,7 +514,10 @@ const logKeySuffix = "~log"
 
 // logKey is the key of the list that holds the entries of the exact
 // sliding window at key (see package lua): the key and a suffix, in the
-// key's Cluster slot (the key's hash tag, or the key itself as one).
+// key's Cluster slot (the key's hash tag, or the key itself as one). A key
+// with a broken tag ("{}", or a "}" of its own and no tag) may still find
+// no name in its slot: never one of package hierarchy's, and on a Cluster
+// its decisions then fail (CROSSSLOT) rather than split a log.
 func logKey(key string) string {
 	if k := key + logKeySuffix; RedisKeySlot(k) == RedisKeySlot(key) {
 		return k

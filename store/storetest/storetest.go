@@ -245,6 +245,21 @@ func scenarios() []scenario {
 			{buckets: []store.Bucket{b("r4", "k", sliding(10, time.Minute), 1)}, allowed: false},
 			{buckets: []store.Bucket{b("r4", "a", slidingApprox(10, time.Minute), 1)}, allowed: false},
 		}},
+		{"sliding window: a key named twice in one decision takes its last mention's state", []step{
+			{advance: time.Second, buckets: []store.Bucket{b("d1", "k", sliding(5, time.Minute), 2), b("d1", "k", sliding(5, time.Minute), 2)}, allowed: true, remaining: []int64{3, 3}},
+			{advance: time.Second, buckets: []store.Bucket{b("d1", "k", sliding(5, time.Minute), 2), b("d1", "k", sliding(5, time.Minute), 2)}, allowed: true, remaining: []int64{1, 1}},
+			{advance: time.Second, buckets: []store.Bucket{b("d1", "k", sliding(5, time.Minute), 2), b("d1", "k", sliding(5, time.Minute), 2)}, allowed: false},
+			{buckets: []store.Bucket{b("d1", "k", sliding(5, time.Minute), 1)}, allowed: true, remaining: []int64{0}},
+			// A minute after the first: its 2 have left, 2 + 1 are in.
+			{advance: time.Minute - 2*time.Second, buckets: []store.Bucket{b("d1", "k", sliding(5, time.Minute), 3)}, allowed: false, remaining: []int64{2},
+				retry: time.Second, retrySet: true, retryToo: true},
+		}},
+		{"sliding window: a key named twice in one correction is corrected twice", []step{
+			{at: time.Date(2026, 3, 18, 10, 0, 0, 0, time.UTC), buckets: []store.Bucket{b("d2", "k", sliding(10, time.Minute), 4)}, allowed: true},
+			{advance: time.Second, adjust: true, charged: time.Date(2026, 3, 18, 10, 0, 0, 0, time.UTC),
+				buckets: []store.Bucket{b("d2", "k", sliding(10, time.Minute), -1), b("d2", "k", sliding(10, time.Minute), -1)}},
+			{buckets: []store.Bucket{b("d2", "k", sliding(10, time.Minute), 8)}, allowed: true, remaining: []int64{0}},
+		}},
 		{"a refund never fills a bucket beyond capacity", []step{
 			{adjust: true, buckets: []store.Bucket{b("r2", "k", tenPerMin, -50)}},
 			{buckets: []store.Bucket{b("r2", "k", tenPerMin, 1)}, repeat: 10, allowed: true},
