@@ -200,6 +200,8 @@ func FuzzCaddyfile(f *testing.F) {
 	for _, s := range []string{
 		"rate_limit {\n tree t {\n  tier a {header.X} {\n   limit 5/h burst 2\n   value v { \n limit 1 tokens/day calendar tz UTC\n }\n  }\n }\n cost tokens 3\n}",
 		"rate_limit {\n zone z {\n  key static\n  events 1\n  window 1s\n }\n jitter 20\n}",
+		"rate_limit {\n zone z {\n  key {remote_host}\n  events 1\n  window 1s\n  ipv4_prefix 24\n  ipv6_prefix 64\n }\n log_key\n disable_metrics\n}",
+		"rate_limit {\n tree t {\n  tier a {header.X} {\n   limit 5000/min sliding\n   limit 50/s sliding approx\n  }\n }\n}",
 		"rate_limit {\n store redis {\n  address a:1 b:2\n  tls insecure {\n server_name x\n }\n }\n headers none\n}",
 		"rate_limit {\n tree {\n}",
 	} {

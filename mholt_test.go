@@ -1,111 +1,22 @@
 package cascade
 
 import (
-	"encoding/json"
+	"context"
 	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
 	"strings"
 	"testing"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
 )
-
-// mholtREADMECaddyfiles are the Caddyfiles of mholt/caddy-ratelimit's
-// README (v0.1.0's, and the network prefix example its later README
-// adds), as a user would paste them.
-var mholtREADMECaddyfiles = map[string]string{
-	"example": `:80
-
-rate_limit {
-	distributed
-	zone static_example {
-		match {
-			method GET
-		}
-		key    static
-		events 100
-		window 1m
-	}
-	zone dynamic_example {
-		key    {remote_host}
-		events 2
-		window 5s
-	}
-	log_key
-}
-
-respond "I'm behind the rate limiter!"
-`,
-	"network prefix": `:80
-
-rate_limit {
-	zone per_network {
-		key         {remote_host}
-		events      100
-		window      1m
-		ipv6_prefix 64
-	}
-}
-
-respond "ok"
-`,
-	"every subdirective": `:80
-
-rate_limit {
-	zone z {
-		match {
-			method GET
-		}
-		key         {remote_host}
-		window      1m
-		events      10
-		ipv4_prefix 24
-		ipv6_prefix 0
-	}
-	distributed {
-		read_interval  5s
-		write_interval 5s
-		purge_age      1m
-	}
-	log_key
-	storage file_system /tmp/rl
-	jitter  0.2
-	sweep_interval 1m
-	disable_metrics
-}
-
-respond "ok"
-`,
-}
-
-// TestMholtREADMECaddyfilesLoad: mholt's README Caddyfiles adapt and
-// provision in Cascade unmodified (caddy validate), every subdirective
-// set as mholt sets it.
-func TestMholtREADMECaddyfilesLoad(t *testing.T) {
-	for name, cf := range mholtREADMECaddyfiles {
-		t.Run(name, func(t *testing.T) {
-			raw, err := adapt(t, cf)
-			if err != nil {
-				t.Fatalf("adapting: %v", err)
-			}
-			var cfg caddy.Config
-			if err := json.Unmarshal(raw, &cfg); err != nil {
-				t.Fatal(err)
-			}
-			if err := caddy.Validate(&cfg); err != nil {
-				t.Fatalf("caddy validate: %v", err)
-			}
-		})
-	}
-	block := strings.SplitN(strings.SplitN(mholtREADMECaddyfiles["every subdirective"], "rate_limit", 2)[1], "respond", 2)[0]
-	h, err := parse(t, "rate_limit"+block)
-	if err != nil {
-		t.Fatal(err)
-	}
-	z := h.RateLimits["z"]
-	if !h.LogKey || !h.DisableMetrics || z == nil || z.IPv4Prefix != 24 || z.IPv6Prefix != 0 || h.Jitter != 0.2 {
-		t.Fatalf("parsed %+v, zone %+v", h, z)
-	}
-}
 
 // TestZonePrefixErrors: a prefix longer than its family's address is
 // refused at its line, and in JSON at provision.
@@ -127,28 +38,140 @@ func TestZonePrefixErrors(t *testing.T) {
 	}
 }
 
+// TestNetworkOf: keys that are IP addresses of a family with a prefix
+// become their network, in the form mholt/caddy-ratelimit gives them;
+// everything else is left alone. Each case is also checked against
+// mholt's reading through package net.
 func TestNetworkOf(t *testing.T) {
 	for _, tt := range []struct {
-		key    string
+		name   string
 		v4, v6 int
+		key    string
 		want   string
 	}{
-		{"192.0.2.7", 24, 0, "192.0.2.0/24"},
-		{"192.0.2.200", 24, 64, "192.0.2.0/24"},
-		{"192.0.2.7", 0, 64, "192.0.2.7"},           // no IPv4 prefix: as it is
-		{"192.0.2.7", 32, 0, "192.0.2.7/32"},        // mholt's form even for a whole address
-		{"::ffff:192.0.2.7", 16, 0, "192.0.0.0/16"}, // IPv4-mapped: IPv4
-		{"2001:db8:1:2:3:4:5:6", 0, 64, "2001:db8:1:2::/64"},
-		{"2001:db8:1:2:3:4:5:6", 24, 0, "2001:db8:1:2:3:4:5:6"},
-		{"2001:db8::1", 0, 48, "2001:db8::/48"},
-		{"fe80::1%eth0", 0, 64, "fe80::1%eth0"}, // zoned: as it is (mholt cannot parse it either)
-		{"alice", 24, 64, "alice"},
-		{"", 24, 64, ""},
-		{"192.0.2.7:443", 24, 0, "192.0.2.7:443"},
+		{"v4 /24", 24, 0, "192.0.2.7", "192.0.2.0/24"},
+		{"v4 /24 other host", 24, 0, "192.0.2.250", "192.0.2.0/24"},
+		{"v4 /16", 16, 0, "198.51.100.9", "198.51.0.0/16"},
+		{"v4 /32", 32, 0, "192.0.2.7", "192.0.2.7/32"},
+		{"v4 /1", 1, 0, "192.0.2.7", "128.0.0.0/1"},
+		{"v4 without v4 prefix", 0, 64, "192.0.2.7", "192.0.2.7"},
+		{"v6 /64", 0, 64, "2001:db8:1:2:3:4:5:6", "2001:db8:1:2::/64"},
+		{"v6 /48", 0, 48, "2001:db8:1:2:3:4:5:6", "2001:db8:1::/48"},
+		{"v6 /128", 0, 128, "2001:db8::1", "2001:db8::1/128"},
+		{"v6 upper case", 0, 64, "2001:DB8::ABCD", "2001:db8::/64"},
+		{"v6 loopback", 0, 64, "::1", "::/64"},
+		{"v6 without v6 prefix", 24, 0, "2001:db8::1", "2001:db8::1"},
+		{"v4-mapped v6 is v4", 24, 64, "::ffff:192.0.2.7", "192.0.2.0/24"},
+		{"v4-mapped v6, no v4 prefix", 0, 64, "::ffff:192.0.2.7", "::ffff:192.0.2.7"},
+		{"v4-mapped v6 in hex", 24, 0, "::ffff:c000:207", "192.0.2.0/24"},
+		{"v6 with a zone", 0, 64, "fe80::1%eth0", "fe80::1%eth0"},
+		{"host:port", 24, 64, "192.0.2.7:443", "192.0.2.7:443"},
+		{"bracketed v6", 24, 64, "[2001:db8::1]", "[2001:db8::1]"},
+		{"leading zero", 24, 64, "192.0.2.07", "192.0.2.07"},
+		{"CIDR already", 24, 64, "192.0.2.0/24", "192.0.2.0/24"},
+		{"name", 24, 64, "alice", "alice"},
+		{"empty", 24, 64, "", ""},
+		{"list of addresses", 24, 64, "192.0.2.7, 198.51.100.1", "192.0.2.7, 198.51.100.1"},
 	} {
 		if got := networkOf(tt.key, tt.v4, tt.v6); got != tt.want {
-			t.Errorf("networkOf(%q, %d, %d) = %q, want %q", tt.key, tt.v4, tt.v6, got, tt.want)
+			t.Errorf("%s: networkOf(%q, %d, %d) = %q, want %q", tt.name, tt.key, tt.v4, tt.v6, got, tt.want)
 		}
+		if got := mholtNetwork(tt.key, tt.v4, tt.v6); got != tt.want {
+			t.Errorf("%s: mholt's reading gives %q, want %q", tt.name, got, tt.want)
+		}
+	}
+}
+
+// mholtNetwork is mholt/caddy-ratelimit's reading of ipv4_prefix and
+// ipv6_prefix, through package net (ParseIP, To4, CIDRMask, IPNet.String),
+// against which networkOf is checked.
+func mholtNetwork(key string, v4, v6 int) string {
+	ip := net.ParseIP(key)
+	if ip == nil {
+		return key
+	}
+	bits, size := v6, 128
+	if ip.To4() != nil {
+		bits, size = v4, 32
+	}
+	if bits == 0 {
+		return key
+	}
+	mask := net.CIDRMask(bits, size)
+	return (&net.IPNet{IP: ip.Mask(mask), Mask: mask}).String()
+}
+
+// TestNetworkOfMatchesMholt: for random addresses of both families
+// (IPv4-mapped ones and upper-case ones included) and every prefix
+// length, networkOf agrees with mholt's reading.
+func TestNetworkOfMatchesMholt(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i := 0; i < 2000; i++ {
+		var b [16]byte
+		for j := range b {
+			b[j] = byte(rng.UintN(256))
+		}
+		var key string
+		switch i % 4 {
+		case 0:
+			key = netip.AddrFrom4([4]byte(b[:4])).String()
+		case 1:
+			key = netip.AddrFrom16(b).String()
+		case 2:
+			key = "::ffff:" + netip.AddrFrom4([4]byte(b[:4])).String()
+		default:
+			b[0] = 0x20 // a global unicast address, sometimes with runs of zeros
+			for j := 4; j < 16; j++ {
+				if rng.UintN(3) == 0 {
+					b[j] = 0
+				}
+			}
+			key = strings.ToUpper(netip.AddrFrom16(b).String())
+		}
+		v4, v6 := int(rng.UintN(33)), int(rng.UintN(129))
+		if got, want := networkOf(key, v4, v6), mholtNetwork(key, v4, v6); got != want {
+			t.Fatalf("networkOf(%q, %d, %d) = %q; mholt's reading %q", key, v4, v6, got, want)
+		}
+	}
+}
+
+// TestLogKey: with log_key, the "rate limited" line names the bucket key
+// that refused; without it, the key (a client identity) is not logged.
+func TestLogKey(t *testing.T) {
+	for _, logKey := range []bool{false, true} {
+		block := fmt.Sprintf("rate_limit {\n zone TestLogKey_%v {\n  key {http.request.header.X-Client}\n  events 1\n  window 1m\n }\n", logKey)
+		if logKey {
+			block += " log_key\n"
+		}
+		h, err := parse(t, block+"}")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := caddy.NewContext(caddy.Context{Context: t.Context()})
+		if err := h.Provision(ctx); err != nil {
+			t.Fatal(err)
+		}
+		core, logs := observer.New(zapcore.DebugLevel)
+		h.logger = zap.New(core)
+		for i, want := range []int{http.StatusOK, http.StatusTooManyRequests} {
+			r := httptest.NewRequest("GET", "/", nil)
+			r.Header.Set("X-Client", "alice-7")
+			r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, caddy.NewReplacer()))
+			w := httptest.NewRecorder()
+			if err := h.ServeHTTP(w, r, caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return nil })); err != nil || w.Code != want {
+				t.Fatalf("request %d: %d %v, want %d", i, w.Code, err, want)
+			}
+		}
+		lines := logs.FilterMessage("rate limited").All()
+		if len(lines) != 1 {
+			t.Fatalf("log_key %v: %d \"rate limited\" lines, want 1", logKey, len(lines))
+		}
+		key, has := lines[0].ContextMap()["key"].(string)
+		if has != logKey || (logKey && !strings.Contains(key, "alice-7")) {
+			t.Errorf("log_key %v: key field %q (present %v)", logKey, key, has)
+		}
+		h.Cleanup()
+		cancel()
 	}
 }
 

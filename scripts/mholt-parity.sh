@@ -1,32 +1,58 @@
 #!/usr/bin/env bash
-# Side by side with mholt/caddy-ratelimit: builds a Caddy with mholt's
-# plugin v0.1.0 (in a throwaway module, on the same Caddy as Cascade) and
-# Cascade's ./cmd/caddy, loads both with the same Caddyfile — mholt's
-# README example and zones of 3 per 2 s, 2 per 5 s and 100 per 10 s — and
-# sends the same requests to both at the same instants (bursts, a window's
-# wait, steady rates just above and below the limits; see
-# scripts/mholtparity). It prints the requests each admitted per pattern and
-# exits 1 if any count differs. About a minute, loopback only; it stops the
-# servers and removes its files at exit.
+# Side-by-side check of Cascade against mholt/caddy-ratelimit v0.1.0.
+#
+# Builds two Caddys on the same Caddy version (v2.11.9): one with mholt's
+# plugin at exactly v0.1.0, in a throwaway module under a temporary
+# directory, and Cascade's ./cmd/caddy from this repository. Starts both on
+# free loopback ports with the same Caddyfile (mholt's README dynamic
+# example, 2 events per 5s keyed by {remote_host}, plus zones of 3 per 2s
+# and 100 per 10s keyed by an X-Client header), sends both the same traffic
+# at the same instants (scripts/mholtparity), and prints how many requests
+# each admitted per traffic pattern.
 #
 #   scripts/mholt-parity.sh
+#
+# Exit status: 0 if every count is the same, 1 if one differs, 2 if the
+# run failed (a build, a server, an answer other than 200 or 429). The
+# traffic takes 30 s, bounded at 80 s; the builds take ~10 s with a warm
+# module cache (the first downloads mholt's module and its dependencies
+# through the Go module proxy). Nothing listens beyond 127.0.0.1; the
+# servers are stopped and the temporary directory removed on exit, Ctrl-C
+# included. The patterns and the table are described in
+# scripts/mholtparity/main.go.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-repo=$(pwd)
-caddy_version=$(go list -m -f '{{.Version}}' github.com/caddyserver/caddy/v2)
 
-work=$(mktemp -d)
-pids=()
+MHOLT_VERSION=v0.1.0
+CADDY_VERSION=v2.11.9
+
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/mholt-parity.XXXXXX")
+PIDS=()
 cleanup() {
-	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-	wait 2>/dev/null || true
-	rm -rf "$work"
+	local pid
+	trap '' INT TERM # a second signal must not cut the cleanup short
+	for pid in ${PIDS[@]+"${PIDS[@]}"}; do
+		kill "$pid" 2>/dev/null || true
+	done
+	for pid in ${PIDS[@]+"${PIDS[@]}"}; do
+		wait "$pid" 2>/dev/null || true
+	done
+	rm -rf "$WORK"
 }
 trap cleanup EXIT
+trap 'exit 130' INT TERM
 
-echo "== building Caddy $caddy_version with mholt/caddy-ratelimit v0.1.0"
-mkdir "$work/mholt"
-cat >"$work/mholt/main.go" <<'GO'
+# fail <what>: a build step failed; show its output and exit 2 (not 1,
+# which means the counts differ).
+fail() {
+	echo "mholt-parity: $1 failed:" >&2
+	cat "$WORK/build.log" >&2 2>/dev/null || true
+	exit 2
+}
+
+echo "== building Caddy $CADDY_VERSION with mholt/caddy-ratelimit $MHOLT_VERSION (throwaway module in $WORK/mholt)"
+mkdir -p "$WORK/mholt"
+cat >"$WORK/mholt/main.go" <<'EOF'
 package main
 
 import (
@@ -37,100 +63,112 @@ import (
 )
 
 func main() { caddycmd.Main() }
-GO
+EOF
 (
-	cd "$work/mholt"
-	go mod init mholtcaddy >/dev/null 2>&1
-	go get "github.com/caddyserver/caddy/v2@$caddy_version" github.com/mholt/caddy-ratelimit@v0.1.0 >/dev/null 2>&1
-	go mod tidy >/dev/null 2>&1
-	go build -o "$work/caddy-mholt" .
-)
-echo "== building Cascade's Caddy"
-go build -o "$work/caddy-cascade" ./cmd/caddy
-go build -o "$work/driver" ./scripts/mholtparity
+	cd "$WORK/mholt"
+	export GOWORK=off GOFLAGS=-mod=mod
+	go mod init parity.invalid/mholtcaddy &&
+		go get "github.com/mholt/caddy-ratelimit@$MHOLT_VERSION" &&
+		go get "github.com/caddyserver/caddy/v2@$CADDY_VERSION" &&
+		go mod tidy
+) >"$WORK/build.log" 2>&1 || fail "preparing the mholt module"
+got_rl=$(cd "$WORK/mholt" && GOWORK=off go list -m -f '{{.Version}}' github.com/mholt/caddy-ratelimit 2>"$WORK/build.log") ||
+	fail "reading the mholt module's versions"
+got_caddy=$(cd "$WORK/mholt" && GOWORK=off go list -m -f '{{.Version}}' github.com/caddyserver/caddy/v2 2>"$WORK/build.log") ||
+	fail "reading the mholt module's versions"
+if [ "$got_rl" != "$MHOLT_VERSION" ] || [ "$got_caddy" != "$CADDY_VERSION" ]; then
+	echo "mholt-parity: the mholt module resolved caddy-ratelimit $got_rl and caddy $got_caddy; want $MHOLT_VERSION and $CADDY_VERSION" >&2
+	exit 2
+fi
+(cd "$WORK/mholt" && GOWORK=off go build -o "$WORK/caddy-mholt" .) >"$WORK/build.log" 2>&1 || fail "building mholt's Caddy"
+echo "== building Cascade (./cmd/caddy)"
+got_caddy=$(go list -m -f '{{.Version}}' github.com/caddyserver/caddy/v2 2>"$WORK/build.log") || fail "reading Cascade's Caddy version"
+if [ "$got_caddy" != "$CADDY_VERSION" ]; then
+	echo "mholt-parity: Cascade builds on caddy $got_caddy; want $CADDY_VERSION, as mholt's side" >&2
+	exit 2
+fi
+go build -o "$WORK/caddy-cascade" ./cmd/caddy >"$WORK/build.log" 2>&1 || fail "building Cascade's Caddy"
+go build -o "$WORK/driver" ./scripts/mholtparity >"$WORK/build.log" 2>&1 || fail "building the traffic driver"
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-
-# caddyfile PORT: the same sites for both plugins.
-caddyfile() {
-	cat <<CADDY
+# One Caddyfile for both servers: the port and data directory come from
+# the environment. Each zone sits in a route of its own, so the directive
+# order (which the plugins register differently) plays no part.
+cat >"$WORK/Caddyfile" <<'EOF'
 {
 	admin off
 	auto_https off
-	skip_install_trust
 	persist_config off
+	storage file_system {$PARITY_DATA}
 }
 
-# mholt's README example, as written but for the address.
-http://127.0.0.1:$1 {
-	handle /readme {
-		rate_limit {
-			distributed
-			zone static_example {
-				match {
-					method GET
-				}
-				key    static
-				events 100
-				window 1m
-			}
-			zone dynamic_example {
-				key    {remote_host}
-				events 2
-				window 5s
-			}
-			log_key
-		}
-		respond "I'm behind the rate limiter!"
+http://127.0.0.1:{$PARITY_PORT} {
+	bind 127.0.0.1
+	handle /ready {
+		respond "ready" 200
 	}
-	handle {
-		rate_limit {
-			zone z3 {
-				match {
-					path /z3
+	handle /dynamic {
+		route {
+			rate_limit {
+				zone dynamic_example {
+					key    {remote_host}
+					events 2
+					window 5s
 				}
-				key    {http.request.header.X-Client}
-				events 3
-				window 2s
 			}
-			zone z2 {
-				match {
-					path /z2
-				}
-				key    {http.request.header.X-Client}
-				events 2
-				window 5s
-			}
-			zone z100 {
-				match {
-					path /z100
-				}
-				key    {http.request.header.X-Client}
-				events 100
-				window 10s
-			}
+			respond 200
 		}
-		respond "ok"
+	}
+	handle /three {
+		route {
+			rate_limit {
+				zone three_per_2s {
+					key    {http.request.header.X-Client}
+					events 3
+					window 2s
+				}
+			}
+			respond 200
+		}
+	}
+	handle /hundred {
+		route {
+			rate_limit {
+				zone hundred_per_10s {
+					key    {http.request.header.X-Client}
+					events 100
+					window 10s
+				}
+			}
+			respond 200
+		}
 	}
 }
-CADDY
-}
+EOF
 
+ports=$("$WORK/driver" -freeports 2)
+PORT_MHOLT=$(sed -n 1p <<<"$ports")
+PORT_CASCADE=$(sed -n 2p <<<"$ports")
 start() { # name port
-	caddyfile "$2" >"$work/$1.Caddyfile"
-	"$work/caddy-$1" run --adapter caddyfile --config "$work/$1.Caddyfile" >"$work/$1.log" 2>&1 &
-	pids+=($!)
-	for _ in $(seq 100); do
-		curl -s -o /dev/null "http://127.0.0.1:$2/nowhere" && return
-		sleep 0.1
-	done
-	echo "$1 did not start:"; cat "$work/$1.log"; exit 1
+	mkdir -p "$WORK/data-$1" "$WORK/home-$1"
+	HOME="$WORK/home-$1" XDG_DATA_HOME="$WORK/home-$1" XDG_CONFIG_HOME="$WORK/home-$1" \
+		PARITY_PORT="$2" PARITY_DATA="$WORK/data-$1" \
+		"$WORK/caddy-$1" run --adapter caddyfile --config "$WORK/Caddyfile" >"$WORK/$1.log" 2>&1 &
+	PIDS+=($!)
 }
-mholt_port=$(free_port)
-cascade_port=$(free_port)
-start mholt "$mholt_port"
-start cascade "$cascade_port"
-# The probes above touched no zone's key (no path of a zone, no client).
+start mholt "$PORT_MHOLT"
+start cascade "$PORT_CASCADE"
+echo "== mholt on 127.0.0.1:$PORT_MHOLT, Cascade on 127.0.0.1:$PORT_CASCADE; driving traffic"
+echo
 
-echo "== the same requests to both, at the same instants"
-"$work/driver" -mholt "http://127.0.0.1:$mholt_port" -cascade "http://127.0.0.1:$cascade_port"
+# In the background, so that a signal runs the traps at once.
+"$WORK/driver" -mholt "http://127.0.0.1:$PORT_MHOLT" -cascade "http://127.0.0.1:$PORT_CASCADE" &
+PIDS+=($!)
+rc=0
+wait "$!" || rc=$?
+if [ "$rc" = 2 ]; then
+	for name in mholt cascade; do
+		echo "-- last lines of $name's log" >&2
+		tail -n 20 "$WORK/$name.log" >&2 || true
+	done
+fi
+exit "$rc"
