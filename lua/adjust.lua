@@ -8,8 +8,90 @@
 -- window's followed by its log key. A key named twice is corrected twice,
 -- the second time from what the first left. The reply is the number of
 -- buckets adjusted.
+-- logAdjust returns the corrections of an exact sliding window, on
+-- algorithms('log')'s reader, scan and tickOf. It is here rather than in
+-- rate.lua so that decide.lua does not create it on every call.
+local function logAdjust(reader, scan, tickOf)
+  local unpk, pack = struct.unpack, struct.pack
+  local MAXC = 4294967295
+
+  -- adjust is Limit.adjustLog: the whole log unpacked (LRANGE), corrected
+  -- and returned as a state and a table of entries for write.
+  local function adjust(count, p, g, delta, a, b, t, h, m, now, charged, lk)
+    local entry = reader(lk)
+    local live, used, d
+    live, used, d, h = scan(a, b, t, h, m, now, p, entry)
+    local ts, cs, k = {}, {}, 0
+    if live then
+      local all = redis.call('LRANGE', lk, d, m - 1)
+      for i = 1, m - d do
+        local gap, cost = 0, 0
+        if all[i] and #all[i] == 10 then gap, cost = unpk('<I6I4', all[i]) end
+        k = k + 1
+        ts[k], cs[k] = h, cost
+        h = h + gap
+      end
+      k = k + 1
+      ts[k], cs[k] = t, b
+    end
+    if delta > 0 then
+      local dd = delta
+      if count < dd then dd = count end
+      local at = tickOf(now, g)
+      if k > 0 and at <= ts[k] and cs[k] + dd <= MAXC then
+        cs[k] = cs[k] + dd
+      else
+        if k > 0 and at < ts[k] then at = ts[k] end
+        k = k + 1
+        ts[k], cs[k] = at, dd
+      end
+      used = used + dd
+    elseif delta < 0 then
+      if charged == 0 then charged = tickOf(now, g) end
+      for i = 1, k do
+        if ts[i] == charged then
+          local take = cs[i]
+          if -delta < take then take = -delta end
+          cs[i] = cs[i] - take
+          used = used - take
+          if cs[i] == 0 then
+            table.remove(ts, i)
+            table.remove(cs, i)
+            k = k - 1
+          end
+          break
+        end
+      end
+    end
+    -- packLog
+    local out = {}
+    if k == 0 then return 0, 0, 0, 0, 0, out end
+    for i = 1, k - 1 do out[i] = pack('<I6I4', ts[i + 1] - ts[i], cs[i]) end
+    local first = 0
+    if k > 1 then first = ts[1] end
+    return used, cs[k], ts[k], first, k - 1, out
+  end
+
+  -- write replaces the list at lk with entries, expiring with the
+  -- bucket's key (ms and e as put returns them).
+  local function write(lk, entries, ms, e, now)
+    redis.call('DEL', lk)
+    if #entries == 0 or ms == false then return end
+    for i = 1, #entries, 1000 do
+      redis.call('RPUSH', lk, unpack(entries, i, math.min(i + 999, #entries)))
+    end
+    if ms ~= 0 then
+      redis.call('PEXPIRE', lk, ms + 1)
+    else
+      redis.call('PEXPIRE', lk, math.ceil((e - now) / 1000) + 2)
+    end
+  end
+
+  return adjust, write
+end
+
 local _, adjust, ttl, window, decode, spec, put = algorithms()
-local ladjust, lwrite, lcheck -- from logs, for the first exact sliding window
+local ladjust, lwrite, lcheck -- for the first exact sliding window
 local argv = ARGV[1]
 local now, i0 = struct.unpack('<d', argv)
 now = clock(now)
@@ -25,7 +107,7 @@ while i0 <= #argv do
   if alg == LOG then
     if not ladjust then
       local _, reader, scan, tickOf
-      _, _, reader, scan, tickOf, lcheck = logs()
+      _, _, reader, scan, tickOf, lcheck = algorithms('log')
       ladjust, lwrite = logAdjust(reader, scan, tickOf)
     end
     local h, m, entries = 0, 0

@@ -43,14 +43,16 @@ local nr = 0
 -- key's index, its new state and the expiry action.
 local pend = {0, '', 0, 0, '', 0, 0, '', 0, 0, '', 0, 0, '', 0, 0, '', 0, 0, '', 0}
 local map = ARGV[1]
-local m0, kn = 1, 0
+local m0 = 1
+local kn = 0 -- without a map: the last key taken (an exact sliding window takes two)
 local timeNow
 local apply, ttl, window, _ -- from algorithms, for the first sliding or calendar bucket
-local lapply, lsync, reader, lcheck -- from logs, for the first exact sliding window
+local lapply, lsync, reader, lcheck -- from algorithms('log'), for the first exact sliding window
 -- lpend holds the current decision's log writes, six entries per exact
 -- sliding window: its key's index, what apply said to drop and push, its
 -- entries, and the key's expiry action and E.
-local lpend, nl = {}, 0
+local lpend, nl = nil, 0 -- made for the first exact sliding window
+local nowPacked -- Redis TIME, packed once for every decision's reply
 for d = 2, #ARGV do
   local argv = ARGV[d]
   local now, i0 = unpk('<d', argv)
@@ -65,9 +67,8 @@ for d = 2, #ARGV do
     local alg, count, period, cap, n, k
     alg, count, period, cap, n, i0 = unpk('<Bdddd', argv, i0)
     if map == '' then
-      k = kn + 1
-      kn = k
-      if alg == LOG then kn = k + 1 end
+      kn = kn + 1
+      k = kn
     else
       k, m0 = unpk('<H', map, m0)
     end
@@ -75,25 +76,8 @@ for d = 2, #ARGV do
     local v = values[k]
     if v and #v >= 32 then a, b, t, e = unpk('<dddd', v) end
     local ok, tl, res
-    local extra, drop, push, h, m = ''
-    if alg == LOG then
-      -- the exact sliding window: see logs in rate.lua
-      local g
-      g, i0 = unpk('<d', argv, i0)
-      if not lapply then lapply, lsync, reader, _, _, lcheck = logs() end
-      h, m = 0, 0
-      if v and #v >= 48 then h, m = unpk('<dd', v, 33) end
-      b, h, m = lcheck(KEYS[k + 1], a, b, h, m)
-      local impossible, remaining, before, retry, reset
-      ok, impossible, remaining, before, retry, reset, a, b, t, h, m, drop, push =
-        lapply(count, period, g, n, a, b, t, h, m, now, reader(KEYS[k + 1]))
-      res = pack('<dddddd', ok, impossible, remaining, before, retry, reset)
-      if ok == 1 then
-        tl = 0
-        if b > 0 then tl = t + period - now end
-        extra = pack('<dd', h, m)
-      end
-    elseif alg ~= SLIDING and alg ~= CALENDAR then
+    local extra, drop, push, h, m -- an exact sliding window's (extra: H and M, packed)
+    if alg == 0 or alg > LOG then
       -- gcra: level, then Limit.gcra
       local perUnit = period / count
       local elapsed = now - t
@@ -127,6 +111,27 @@ for d = 2, #ARGV do
           res = pack('<dddddd', 0, 0, before, before, retry + 1, reset)
         end
       end
+    elseif alg == LOG then
+      -- the exact sliding window: see algorithms('log') in rate.lua
+      local g
+      g, i0 = unpk('<d', argv, i0)
+      if not lapply then
+        lapply, lsync, reader, _, _, lcheck = algorithms('log')
+        lpend = {}
+      end
+      if map == '' then kn = kn + 1 end -- its log key
+      h, m = 0, 0
+      if v and #v >= 48 then h, m = unpk('<dd', v, 33) end
+      b, h, m = lcheck(KEYS[k + 1], a, b, h, m)
+      local impossible, remaining, before, retry, reset
+      ok, impossible, remaining, before, retry, reset, a, b, t, h, m, drop, push =
+        lapply(count, period, g, n, a, b, t, h, m, now, reader(KEYS[k + 1]))
+      res = pack('<dddddd', ok, impossible, remaining, before, retry, reset)
+      if ok == 1 then
+        tl = 0
+        if b > 0 then tl = t + period - now end
+        extra = pack('<dd', h, m)
+      end
     else
       if not apply then apply, _, ttl, window = algorithms() end
       local start, stop
@@ -158,16 +163,23 @@ for d = 2, #ARGV do
         ms = ceil((tl + margin) / 1000)
         e = now + (ms - 1) * 1000
       end
-      pend[np + 1], pend[np + 2], pend[np + 3] = k, ms and pack('<dddd', a, b, t, e) .. extra, ms
-      np = np + 3
-      if alg == LOG then
+      if not extra then
+        pend[np + 1], pend[np + 2], pend[np + 3] = k, ms and pack('<dddd', a, b, t, e), ms
+      else
+        pend[np + 1], pend[np + 2], pend[np + 3] = k, ms and pack('<dddd', a, b, t, e) .. extra, ms
         lpend[nl + 1], lpend[nl + 2], lpend[nl + 3], lpend[nl + 4], lpend[nl + 5], lpend[nl + 6] = k, drop, push, m, ms, e
         nl = nl + 6
       end
+      np = np + 3
     end
   end
   nr = nr + 1
-  reply[nr] = pack('<d', now)
+  if now == timeNow then
+    if not nowPacked then nowPacked = pack('<d', now) end
+    reply[nr] = nowPacked
+  else
+    reply[nr] = pack('<d', now)
+  end
   if admit and nl == 6 then
     -- The lists change now, so that the decisions after this one read
     -- them as this one left them.

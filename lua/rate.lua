@@ -38,7 +38,177 @@ end
 -- closure a script creates costs Redis time on every call: decide.lua
 -- inlines GCRA (the common case) and put, and calls algorithms only for a
 -- sliding or calendar bucket.
-local function algorithms()
+--
+-- algorithms('log') returns instead the functions of the exact sliding
+-- window (inside). One factory for both: a script creates every closure of
+-- its top level on every call, whether it uses it or not.
+local function algorithms(log)
+  if log then
+    -- The exact sliding window (rate/log.go), for a call that has one.
+    -- decide.lua uses apply, sync and reader; adjust.lua reader, scan and
+    -- tickOf (with its logAdjust); both check.
+    --
+    -- Its state is split in two keys. The bucket's own key holds rate.State
+    -- {A, B, T} and E, like every bucket's, then H and M: the time of the
+    -- log's oldest entry and the number of entries (rate.Log's). The entries
+    -- are a list at the bucket's log key (the next key in KEYS), oldest first,
+    -- each the 10-byte string '<I6I4' of rate.Log: the gap in µs to the next
+    -- newer entry, and the cost. A decision reads only the entries that have
+    -- left the window (LINDEX, then LRANGE), pops them and pushes one,
+    -- so its cost does not grow with the log: a whole log made into a Lua
+    -- string would cost Redis about a µs per 1,000 bytes, each time.
+    local unpk, pack = struct.unpack, struct.pack
+    local MAXC = 4294967295 -- the most one entry holds (a uint32)
+
+    local function floornn(x)
+      if x <= 0 then return 0 end
+      return math.floor(x)
+    end
+
+    -- check returns the state (b, h, m) with the log at lk as the bucket's key
+    -- says it is (m entries); else — the list was evicted or deleted from
+    -- under its key, or cut short — with the whole log counted as its newest
+    -- charge (b = a, no entries), which leaves the window last: nothing
+    -- lost can leave the window early, so nothing is over-admitted. (The
+    -- stale list is replaced when the log next grows.)
+    local function check(lk, a, b, h, m)
+      if m > 0 and redis.call('LLEN', lk) ~= m then
+        b = a
+        if b > MAXC then b = MAXC end
+        return b, 0, 0
+      end
+      return b, h, m
+    end
+
+    -- tickOf is Limit.tickOf: the end of the tick of g µs holding t.
+    local function tickOf(t, g)
+      local m = math.fmod(t, g)
+      if m < 0 then m = m + g end
+      if m > 0 then t = t + g - m end
+      return t
+    end
+
+    -- reader returns entry(i): the gap and cost of entry i (from 0) of the
+    -- list at lk. The first entry asked for is read alone (LINDEX: a
+    -- decision usually needs one), then sixteen at a time (LRANGE). An
+    -- entry the list does not have (evicted from under the bucket) reads as
+    -- a cost of 0 at the previous entry's time: its charge is still counted
+    -- in A until the newest leaves.
+    local function reader(lk)
+      local buf, base, n = nil, 0, 0
+      return function(i)
+        if i < base or i >= base + n then
+          base = i
+          if not buf then
+            buf, n = {redis.call('LINDEX', lk, i)}, 1
+          else
+            buf, n = redis.call('LRANGE', lk, i, i + 15), 16
+          end
+        end
+        local v = buf[i - base + 1]
+        if not v or #v ~= 10 then return 0, 0 end
+        return unpk('<I6I4', v)
+      end
+    end
+
+    -- scan is Limit.scan: whether anything is in the window (now − p, now],
+    -- the cost in it, how many entries have left it (d), and the time of the
+    -- oldest entry still in it (t's own when none is).
+    local function scan(a, b, t, h, m, now, p, entry)
+      local cut = now - p
+      if b == 0 or t <= cut then return false, 0, m, t end
+      local used, d = a, 0
+      if m == 0 then h = t end
+      while d < m and h <= cut do
+        local gap, cost = entry(d)
+        used = used - cost
+        h = h + gap
+        d = d + 1
+      end
+      return true, used, d, h
+    end
+
+    -- apply is Limit.slidingLog: the verdict (as algorithms' apply), the
+    -- state to store if the decision admits (a, b, t, h, m), and what that
+    -- does to the list: drop entries from its front (-1: delete it, the
+    -- window being empty), then push an entry (false: none; a push onto an
+    -- empty log starts the list anew).
+    local function apply(count, p, g, n, a, b, t, h, m, now, entry)
+      local live, used, d
+      live, used, d, h = scan(a, b, t, h, m, now, p, entry)
+      local before = floornn(count - used)
+      local rs = 0
+      if live then rs = t + p - now end
+      if n > count then
+        return 0, 1, before, before, 0, rs, a, b, t, h, m, 0, false
+      end
+      if not (used + n <= count) then
+        -- Limit.retry: until need units of the oldest charges have left
+        local need, sum, i, at = used + n - count, 0, d, h
+        while i < m do
+          local gap, cost = entry(i)
+          sum = sum + cost
+          if sum >= need then break end
+          at = at + gap
+          i = i + 1
+        end
+        if i == m then at = t end
+        return 0, 0, before, before, at + p - now, rs, a, b, t, h, m, 0, false
+      end
+      -- Limit.compact, then Limit.record
+      local drop, push = d, false
+      if not live then
+        if m > 0 then drop = -1 end
+        a, b, t, h, m = 0, 0, 0, 0, 0
+      else
+        a, m = used, m - d
+        if m == 0 then h = 0 end
+      end
+      if n > 0 then
+        local at = tickOf(now, g)
+        if b == 0 then
+          a, b, t = n, n, at
+        else
+          if at < t then at = t end
+          if at == t and b + n <= MAXC then
+            a, b = a + n, b + n
+          else
+            if m == 0 then h = t end
+            push = pack('<I6I4', at - t, b)
+            a, b, t, m = a + n, n, at, m + 1
+          end
+        end
+      end
+      local reset = 0
+      if b > 0 then reset = t + p - now end
+      return 1, 0, floornn(count - used - n), before, 0, reset, a, b, t, h, m, drop, push
+    end
+
+    -- sync does to the list at lk what an admitted decision's apply asked
+    -- (drop, push), leaving it m entries, and keeps it at least as long as
+    -- the bucket's key: with the key's new expiry (ms, as put returns it),
+    -- or, for a list started anew under a kept expiry, until E (e).
+    local function sync(lk, drop, push, m, ms, e, now)
+      if drop < 0 then
+        redis.call('DEL', lk)
+      elseif drop > 0 then
+        redis.call('LPOP', lk, drop)
+      end
+      if push then
+        if m == 1 then redis.call('DEL', lk) end -- a new log: nothing stale under it
+        redis.call('RPUSH', lk, push)
+      end
+      if m > 0 then
+        if ms and ms ~= 0 then
+          redis.call('PEXPIRE', lk, ms + 1)
+        elseif push and m == 1 then
+          redis.call('PEXPIRE', lk, math.ceil((e - now) / 1000) + 2)
+        end
+      end
+    end
+
+    return apply, sync, reader, scan, tickOf, check
+  end
   -- pos is math.Max(0, x) (for the finite x that occur here; -0 becomes +0 as in Go).
   local function pos(x)
     if x > 0 then return x end
@@ -243,251 +413,3 @@ local function algorithms()
   return apply, adjust, ttl, window, decode, spec, put
 end
 
--- logs returns the functions of the exact sliding window (rate/log.go),
--- created only for a call that has such a bucket. decide.lua uses apply,
--- sync and reader; adjust.lua reader, scan and tickOf (with logAdjust);
--- both check.
---
--- Its state is split in two keys. The bucket's own key holds rate.State
--- {A, B, T} and E, like every bucket's, then H and M: the time of the
--- log's oldest entry and the number of entries (rate.Log's). The entries
--- are a list at the bucket's log key (the next key in KEYS), oldest first,
--- each the 10-byte string '<I6I4' of rate.Log: the gap in µs to the next
--- newer entry, and the cost. A decision reads only the entries that have
--- left the window (LINDEX, then LRANGE), pops them and pushes one,
--- so its cost does not grow with the log: a whole log made into a Lua
--- string would cost Redis about a µs per 1,000 bytes, each time.
-local function logs()
-  local unpk, pack = struct.unpack, struct.pack
-  local MAXC = 4294967295 -- the most one entry holds (a uint32)
-
-  local function floornn(x)
-    if x <= 0 then return 0 end
-    return math.floor(x)
-  end
-
-  -- check returns the state (b, h, m) with the log at lk as the bucket's key
-  -- says it is (m entries); else — the list was evicted or deleted from
-  -- under its key, or cut short — with the whole log counted as its newest
-  -- charge (b = a, no entries), which leaves the window last: nothing
-  -- lost can leave the window early, so nothing is over-admitted. (The
-  -- stale list is replaced when the log next grows.)
-  local function check(lk, a, b, h, m)
-    if m > 0 and redis.call('LLEN', lk) ~= m then
-      b = a
-      if b > MAXC then b = MAXC end
-      return b, 0, 0
-    end
-    return b, h, m
-  end
-
-  -- tickOf is Limit.tickOf: the end of the tick of g µs holding t.
-  local function tickOf(t, g)
-    local m = math.fmod(t, g)
-    if m < 0 then m = m + g end
-    if m > 0 then t = t + g - m end
-    return t
-  end
-
-  -- reader returns entry(i): the gap and cost of entry i (from 0) of the
-  -- list at lk. The first entry asked for is read alone (LINDEX: a
-  -- decision usually needs one), then sixteen at a time (LRANGE). An
-  -- entry the list does not have (evicted from under the bucket) reads as
-  -- a cost of 0 at the previous entry's time: its charge is still counted
-  -- in A until the newest leaves.
-  local function reader(lk)
-    local buf, base, n = nil, 0, 0
-    return function(i)
-      if i < base or i >= base + n then
-        base = i
-        if not buf then
-          buf, n = {redis.call('LINDEX', lk, i)}, 1
-        else
-          buf, n = redis.call('LRANGE', lk, i, i + 15), 16
-        end
-      end
-      local v = buf[i - base + 1]
-      if not v or #v ~= 10 then return 0, 0 end
-      return unpk('<I6I4', v)
-    end
-  end
-
-  -- scan is Limit.scan: whether anything is in the window (now − p, now],
-  -- the cost in it, how many entries have left it (d), and the time of the
-  -- oldest entry still in it (t's own when none is).
-  local function scan(a, b, t, h, m, now, p, entry)
-    local cut = now - p
-    if b == 0 or t <= cut then return false, 0, m, t end
-    local used, d = a, 0
-    if m == 0 then h = t end
-    while d < m and h <= cut do
-      local gap, cost = entry(d)
-      used = used - cost
-      h = h + gap
-      d = d + 1
-    end
-    return true, used, d, h
-  end
-
-  -- apply is Limit.slidingLog: the verdict (as algorithms' apply), the
-  -- state to store if the decision admits (a, b, t, h, m), and what that
-  -- does to the list: drop entries from its front (-1: delete it, the
-  -- window being empty), then push an entry (false: none; a push onto an
-  -- empty log starts the list anew).
-  local function apply(count, p, g, n, a, b, t, h, m, now, entry)
-    local live, used, d
-    live, used, d, h = scan(a, b, t, h, m, now, p, entry)
-    local before = floornn(count - used)
-    local rs = 0
-    if live then rs = t + p - now end
-    if n > count then
-      return 0, 1, before, before, 0, rs, a, b, t, h, m, 0, false
-    end
-    if not (used + n <= count) then
-      -- Limit.retry: until need units of the oldest charges have left
-      local need, sum, i, at = used + n - count, 0, d, h
-      while i < m do
-        local gap, cost = entry(i)
-        sum = sum + cost
-        if sum >= need then break end
-        at = at + gap
-        i = i + 1
-      end
-      if i == m then at = t end
-      return 0, 0, before, before, at + p - now, rs, a, b, t, h, m, 0, false
-    end
-    -- Limit.compact, then Limit.record
-    local drop, push = d, false
-    if not live then
-      if m > 0 then drop = -1 end
-      a, b, t, h, m = 0, 0, 0, 0, 0
-    else
-      a, m = used, m - d
-      if m == 0 then h = 0 end
-    end
-    if n > 0 then
-      local at = tickOf(now, g)
-      if b == 0 then
-        a, b, t = n, n, at
-      else
-        if at < t then at = t end
-        if at == t and b + n <= MAXC then
-          a, b = a + n, b + n
-        else
-          if m == 0 then h = t end
-          push = pack('<I6I4', at - t, b)
-          a, b, t, m = a + n, n, at, m + 1
-        end
-      end
-    end
-    local reset = 0
-    if b > 0 then reset = t + p - now end
-    return 1, 0, floornn(count - used - n), before, 0, reset, a, b, t, h, m, drop, push
-  end
-
-  -- sync does to the list at lk what an admitted decision's apply asked
-  -- (drop, push), leaving it m entries, and keeps it at least as long as
-  -- the bucket's key: with the key's new expiry (ms, as put returns it),
-  -- or, for a list started anew under a kept expiry, until E (e).
-  local function sync(lk, drop, push, m, ms, e, now)
-    if drop < 0 then
-      redis.call('DEL', lk)
-    elseif drop > 0 then
-      redis.call('LPOP', lk, drop)
-    end
-    if push then
-      if m == 1 then redis.call('DEL', lk) end -- a new log: nothing stale under it
-      redis.call('RPUSH', lk, push)
-    end
-    if m > 0 then
-      if ms and ms ~= 0 then
-        redis.call('PEXPIRE', lk, ms + 1)
-      elseif push and m == 1 then
-        redis.call('PEXPIRE', lk, math.ceil((e - now) / 1000) + 2)
-      end
-    end
-  end
-
-  return apply, sync, reader, scan, tickOf, check
-end
-
--- logAdjust returns, for adjust.lua, the corrections of an exact sliding
--- window, on logs' reader, scan and tickOf.
-local function logAdjust(reader, scan, tickOf)
-  local unpk, pack = struct.unpack, struct.pack
-  local MAXC = 4294967295
-
-  -- adjust is Limit.adjustLog: the whole log unpacked (LRANGE), corrected
-  -- and returned as a state and a table of entries for write.
-  local function adjust(count, p, g, delta, a, b, t, h, m, now, charged, lk)
-    local entry = reader(lk)
-    local live, used, d
-    live, used, d, h = scan(a, b, t, h, m, now, p, entry)
-    local ts, cs, k = {}, {}, 0
-    if live then
-      local all = redis.call('LRANGE', lk, d, m - 1)
-      for i = 1, m - d do
-        local gap, cost = 0, 0
-        if all[i] and #all[i] == 10 then gap, cost = unpk('<I6I4', all[i]) end
-        k = k + 1
-        ts[k], cs[k] = h, cost
-        h = h + gap
-      end
-      k = k + 1
-      ts[k], cs[k] = t, b
-    end
-    if delta > 0 then
-      local dd = delta
-      if count < dd then dd = count end
-      local at = tickOf(now, g)
-      if k > 0 and at <= ts[k] and cs[k] + dd <= MAXC then
-        cs[k] = cs[k] + dd
-      else
-        if k > 0 and at < ts[k] then at = ts[k] end
-        k = k + 1
-        ts[k], cs[k] = at, dd
-      end
-      used = used + dd
-    elseif delta < 0 then
-      if charged == 0 then charged = tickOf(now, g) end
-      for i = 1, k do
-        if ts[i] == charged then
-          local take = cs[i]
-          if -delta < take then take = -delta end
-          cs[i] = cs[i] - take
-          used = used - take
-          if cs[i] == 0 then
-            table.remove(ts, i)
-            table.remove(cs, i)
-            k = k - 1
-          end
-          break
-        end
-      end
-    end
-    -- packLog
-    local out = {}
-    if k == 0 then return 0, 0, 0, 0, 0, out end
-    for i = 1, k - 1 do out[i] = pack('<I6I4', ts[i + 1] - ts[i], cs[i]) end
-    local first = 0
-    if k > 1 then first = ts[1] end
-    return used, cs[k], ts[k], first, k - 1, out
-  end
-
-  -- write replaces the list at lk with entries, expiring with the
-  -- bucket's key (ms and e as put returns them).
-  local function write(lk, entries, ms, e, now)
-    redis.call('DEL', lk)
-    if #entries == 0 or ms == false then return end
-    for i = 1, #entries, 1000 do
-      redis.call('RPUSH', lk, unpack(entries, i, math.min(i + 999, #entries)))
-    end
-    if ms ~= 0 then
-      redis.call('PEXPIRE', lk, ms + 1)
-    else
-      redis.call('PEXPIRE', lk, math.ceil((e - now) / 1000) + 2)
-    end
-  end
-
-  return adjust, write
-end
