@@ -98,13 +98,19 @@ func post(t *testing.T, url, body string, headers ...string) resp {
 
 func llmSite(t *testing.T, upstream, storeBlock, reconcile string) string {
 	t.Helper()
+	return llmSiteLimit(t, upstream, storeBlock, reconcile, "limit 3000 tokens/min")
+}
+
+// llmSiteLimit is llmSite with another limit line for its user tier.
+func llmSiteLimit(t *testing.T, upstream, storeBlock, reconcile, limit string) string {
+	t.Helper()
 	port := freePort(t)
 	startCaddy(t, fmt.Sprintf(`
 http://127.0.0.1:%d {
 	rate_limit {
 		tree llm {
 			tier user {header.X-User} {
-				limit 3000 tokens/min
+				%s
 			}
 		}
 		cost tokens llm {
@@ -117,7 +123,7 @@ http://127.0.0.1:%d {
 		flush_interval -1
 	}
 }
-`, port, reconcile, storeBlock, strings.TrimPrefix(upstream, "http://")))
+`, port, limit, reconcile, storeBlock, strings.TrimPrefix(upstream, "http://")))
 	return fmt.Sprintf("http://127.0.0.1:%d", port)
 }
 

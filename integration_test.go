@@ -261,30 +261,9 @@ func TestOverridesAndUnits(t *testing.T) {
 func TestMholtReadmeExamples(t *testing.T) {
 	eachStore(t, func(t *testing.T, storeBlock string) {
 		port := freePort(t)
-		startCaddy(t, fmt.Sprintf(`
-http://127.0.0.1:%d
-
-rate_limit {
-	distributed
-	zone static_example {
-		match {
-			method GET
-		}
-		key    static
-		events 100
-		window 1m
-	}
-	zone dynamic_example {
-		key    {remote_host}
-		events 2
-		window 5s
-	}
-	log_key
-	%s
-}
-
-respond "I'm behind the rate limiter!"
-`, port, storeBlock), "order rate_limit before basicauth")
+		cf := strings.Replace(mholtReadmeCaddyfile, ":80", fmt.Sprintf("http://127.0.0.1:%d", port), 1)
+		cf = strings.Replace(cf, "\tlog_key\n}", "\tlog_key\n\t"+storeBlock+"\n}", 1)
+		startCaddy(t, cf, "order rate_limit before basicauth")
 		url := fmt.Sprintf("http://127.0.0.1:%d/", port)
 		if got := admitN(t, 3, url); got != 2 {
 			t.Fatalf("dynamic zone admitted %d of 3, want 2", got)

@@ -408,15 +408,8 @@ func (h *Handler) warnCoarseWindows(t *Tree) {
 			zap.Duration("tick", time.Duration(r.Tick())*time.Microsecond),
 			zap.String("instead", "gcra (a rate and a burst, in constant memory) or sliding approx (constant memory, may admit up to twice the count in a window)"))
 	}
-	for _, tier := range t.Tiers {
-		for _, l := range tier.Limits {
-			warn(tier, l)
-		}
-		for _, o := range tier.Values {
-			for _, l := range o.Limits {
-				warn(tier, l)
-			}
-		}
+	for tier, l := range t.Limits() {
+		warn(tier, l)
 	}
 }
 

@@ -225,19 +225,11 @@ func writePolicy(b *strings.Builder, hl *hierarchy.Limit, l rate.Limit) {
 // policyItems formats every limit's RateLimit-Policy item once.
 func policyItems(trees []*Tree) map[*hierarchy.Limit]string {
 	items := map[*hierarchy.Limit]string{}
-	add := func(ls []*hierarchy.Limit) {
-		for _, l := range ls {
+	for _, t := range trees {
+		for _, l := range t.Limits() {
 			var b strings.Builder
 			writePolicy(&b, l, l.Rate())
 			items[l] = b.String()
-		}
-	}
-	for _, t := range trees {
-		for _, tier := range t.Tiers {
-			add(tier.Limits)
-			for _, o := range tier.Values {
-				add(o.Limits)
-			}
 		}
 	}
 	return items

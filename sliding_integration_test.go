@@ -22,27 +22,7 @@ import (
 func TestReconcileExactSlidingWindow(t *testing.T) {
 	eachStore(t, func(t *testing.T, storeBlock string) {
 		up := newFakeLLM(t, 30, 870)
-		port := freePort(t)
-		startCaddy(t, fmt.Sprintf(`
-http://127.0.0.1:%d {
-	rate_limit {
-		tree llm {
-			tier user {header.X-User} {
-				limit 3000 tokens/min sliding
-			}
-		}
-		cost tokens llm {
-			reconcile {
-				provider openai
-			}
-		}
-		headers ietf x_ratelimit retry_after openai
-		%s
-	}
-	reverse_proxy %s
-}
-`, port, storeBlock, strings.TrimPrefix(up.srv.URL, "http://")))
-		url := fmt.Sprintf("http://127.0.0.1:%d/v1/chat/completions", port)
+		url := llmSiteLimit(t, up.srv.URL, storeBlock, "reconcile {\n provider openai\n }", "limit 3000 tokens/min sliding") + "/v1/chat/completions"
 		body := fmt.Sprintf(pythagoras, "")
 
 		// bob: estimated 64, used 900: a debt of 836.

@@ -21,7 +21,9 @@ package hierarchy
 
 import (
 	"fmt"
+	"iter"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -132,15 +134,8 @@ func QualifyPolicies(trees []*Tree) {
 	owners := map[string]map[*Tree]bool{}
 	each := func(fn func(t *Tree, l *Limit)) {
 		for _, t := range trees {
-			for _, tier := range t.Tiers {
-				for _, l := range tier.Limits {
-					fn(t, l)
-				}
-				for _, o := range tier.Values {
-					for _, l := range o.Limits {
-						fn(t, l)
-					}
-				}
+			for _, l := range t.Limits() {
+				fn(t, l)
 			}
 		}
 	}
@@ -359,24 +354,33 @@ func (l *Limit) compile() error {
 	return nil
 }
 
-// Dimensions lists every dimension the tree's limits count, once each.
-func (t *Tree) Dimensions() []string {
-	var out []string
-	add := func(ls []*Limit) {
-		for _, l := range ls {
-			found := false
-			for _, d := range out {
-				found = found || d == l.Dimension
+// Limits yields every limit of the tree with its tier: each tier's own
+// limits, then those of its value overrides.
+func (t *Tree) Limits() iter.Seq2[*Tier, *Limit] {
+	return func(yield func(*Tier, *Limit) bool) {
+		for _, tier := range t.Tiers {
+			for _, l := range tier.Limits {
+				if !yield(tier, l) {
+					return
+				}
 			}
-			if !found {
-				out = append(out, l.Dimension)
+			for _, o := range tier.Values {
+				for _, l := range o.Limits {
+					if !yield(tier, l) {
+						return
+					}
+				}
 			}
 		}
 	}
-	for _, tier := range t.Tiers {
-		add(tier.Limits)
-		for _, o := range tier.Values {
-			add(o.Limits)
+}
+
+// Dimensions lists every dimension the tree's limits count, once each.
+func (t *Tree) Dimensions() []string {
+	var out []string
+	for _, l := range t.Limits() {
+		if !slices.Contains(out, l.Dimension) {
+			out = append(out, l.Dimension)
 		}
 	}
 	return out
