@@ -925,3 +925,47 @@ func TestLogLostUnderItsKey(t *testing.T) {
 		t.Fatalf("at 11.5 s: %+v (%v), want 2 s's 1 and the 19", st, err)
 	}
 }
+
+// TestDecideBatchWithoutMap: a batch that shares no key is sent without a
+// key map (ARGV[1] empty): its buckets take KEYS in order, an exact sliding
+// window two (its key, then its log key), across every decision of the
+// call. Random mixed paths, each decision against rate.Limit.Apply.
+func TestDecideBatchWithoutMap(t *testing.T) {
+	c := client(t)
+	ctx := context.Background()
+	r, seed, n := randomRun(t, 17, 200, 40)
+	for i := 0; i < n; i++ {
+		now := randomCase(r).now
+		var keys []string
+		var limits []rate.Limit
+		argv := []any{""}
+		var want []int64
+		var sizes []int
+		for d := 1 + r.IntN(5); d > 0; d-- {
+			var ba []bucketArgs
+			for j := 1 + r.IntN(4); j > 0; j-- {
+				tc := randomCase(r)
+				key := fmt.Sprintf("{lua-nomap-%d}:%d:%d", seed, i, len(keys))
+				c.Del(ctx, key, logKey(key))
+				st := rate.State{}
+				if !tc.fresh && tc.limit.Algorithm == rate.GCRA {
+					st = tc.state
+					setState(ctx, c, key, tc.limit, st, 0, 0)
+				}
+				keys, limits = append(keys, key), append(limits, tc.limit)
+				ba = append(ba, bucketArgs{limit: tc.limit, cost: tc.cost})
+				_, res := tc.limit.Apply(st, now, tc.cost)
+				want = append(want, b2i(res.Allowed), b2i(res.Impossible), res.Remaining, res.Before, res.RetryAfter, res.Reset)
+			}
+			sizes = append(sizes, len(ba))
+			argv = append(argv, args(now, now, ba...)...)
+		}
+		raw, err := lua.Decide.Run(ctx, c, scriptKeys(keys, limits), argv...).Text()
+		if err != nil {
+			t.Fatalf("batch %d: %v", i, err)
+		}
+		if got := decideReply(t, raw, now, sizes...); fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("batch %d over %v:\nscript replied %v\nrate.Apply     %v", i, limits, got, want)
+		}
+	}
+}
