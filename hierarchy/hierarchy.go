@@ -26,6 +26,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddy-cascade/cascade/rate"
@@ -57,6 +58,44 @@ type Tree struct {
 	Name string `json:"name"`
 	// Tiers from the root (e.g. org) down to the leaf (e.g. agent).
 	Tiers []*Tier `json:"tiers"`
+
+	// qualified holds the limit names that QualifyPolicies found in other
+	// trees too: their policies are written tree/name, runtime overrides'
+	// included.
+	qualified map[string]bool
+}
+
+// Tier returns the tier of that name and its index, or nil and -1.
+func (t *Tree) Tier(name string) (*Tier, int) {
+	for i, tier := range t.Tiers {
+		if tier.Name == name {
+			return tier, i
+		}
+	}
+	return nil, -1
+}
+
+// CompileOverride validates and compiles an override of one of the tree's
+// tiers, made while the tree is in use, so that tier.SetRuntime can install
+// it: its limits are named, and their policies qualified, as a value block
+// of the configuration would be. The override's limits are changed (their
+// compiled form set): give it limits of its own.
+func (t *Tree) CompileOverride(tier *Tier, o *Override) error {
+	if o.Unlimited && len(o.Limits) > 0 {
+		return fmt.Errorf("unlimited and limits are exclusive")
+	}
+	if !o.Unlimited && len(o.Limits) == 0 {
+		return fmt.Errorf("no limits (say unlimited to exempt the value)")
+	}
+	if err := compileLimits(tier.Name, o.Limits); err != nil {
+		return err
+	}
+	for _, l := range o.Limits {
+		if t.qualified[l.name] {
+			l.policy = t.Name + "/" + l.name
+		}
+	}
+	return nil
 }
 
 // Tier is one level of a tree.
@@ -78,7 +117,41 @@ type Tier struct {
 	Adaptive bool `json:"adaptive,omitempty"`
 
 	dynamic bool // the key has a placeholder
+	// runtime holds the overrides set while the tree is in use (an
+	// operator's, through the admin API), compiled by CompileOverride:
+	// they win over Values. A map replaced whole, never changed, so
+	// Resolve reads it without a lock.
+	runtime atomic.Pointer[map[string]*Override]
 }
+
+// SetRuntime installs the runtime overrides of the tier, by value, each
+// compiled by Tree.CompileOverride; they win over the tier's Values. An
+// empty or nil map removes them. The map must not change afterwards. Safe
+// to call while requests are resolved: each request sees the old or the
+// new overrides, never a mix within the tier.
+func (tier *Tier) SetRuntime(overrides map[string]*Override) {
+	if len(overrides) == 0 {
+		tier.runtime.Store(nil)
+		return
+	}
+	tier.runtime.Store(&overrides)
+}
+
+// OverrideOf returns the override that applies to value v of the tier, if
+// any: the runtime one, else the configured one (Values). runtime tells
+// which.
+func (tier *Tier) OverrideOf(v string) (o *Override, runtime bool) {
+	if rt := tier.runtime.Load(); rt != nil {
+		if o, ok := (*rt)[v]; ok {
+			return o, true
+		}
+	}
+	return tier.Values[v], false
+}
+
+// Dynamic reports whether the tier's key has a placeholder: else it is a
+// constant, one bucket for every request. Valid after Tree.Compile.
+func (tier *Tier) Dynamic() bool { return tier.dynamic }
 
 // Override replaces a tier's limits for one value of its key.
 type Override struct {
@@ -149,6 +222,10 @@ func QualifyPolicies(trees []*Tree) {
 		l.policy = l.name
 		if len(owners[l.name]) > 1 {
 			l.policy = t.Name + "/" + l.name
+			if t.qualified == nil {
+				t.qualified = map[string]bool{}
+			}
+			t.qualified[l.name] = true
 		}
 	})
 }

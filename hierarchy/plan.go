@@ -25,7 +25,9 @@ type Plan struct {
 }
 
 // Resolve appends the buckets of tree t for one request to plan. values[i]
-// is the resolved key of t.Tiers[i] ("" when missing).
+// is the resolved key of t.Tiers[i] ("" when missing). Tiers beyond
+// len(values) are left out: the path then ends at the last value given (as
+// an operator inspecting a team's buckets gives no user).
 //
 // The hash tag of every key is the tree name plus the value of the first
 // tier whose key has a placeholder (the tenant): one tenant's subtree lives
@@ -41,7 +43,7 @@ func (t *Tree) Resolve(values []string, plan *Plan) {
 	spans := spanBuf[:0]
 	size := 0
 	tag, tenantStart := -1, 0 // the tenant's segment in path: the hash tag
-	for i, tier := range t.Tiers {
+	for i, tier := range t.Tiers[:min(len(values), len(t.Tiers))] {
 		v := values[i]
 		if v == "" {
 			switch tier.Missing {
@@ -73,7 +75,7 @@ func (t *Tree) Resolve(values []string, plan *Plan) {
 			tenantStart = segment
 		}
 		limits := tier.Limits
-		if o, ok := tier.Values[v]; ok {
+		if o, _ := tier.OverrideOf(v); o != nil {
 			if o.Unlimited {
 				continue
 			}
@@ -109,3 +111,36 @@ func (t *Tree) Resolve(values []string, plan *Plan) {
 
 // isDynamic reports whether a key template has a placeholder.
 func isDynamic(key string) bool { return strings.ContainsRune(key, '{') }
+
+// Subtree selects the stored buckets of the subtree rooted at the last of
+// values (values[i] the value of t.Tiers[i], as for Resolve): that value's
+// own buckets, every limit's, and those of every value below it. glob is a
+// Redis SCAN pattern over the keys, match the same selection as a function.
+func (t *Tree) Subtree(values []string) (glob string, match func(key string) bool) {
+	var b strings.Builder
+	for i, tier := range t.Tiers[:min(len(values), len(t.Tiers))] {
+		if values[i] == "" && tier.Missing == MissingSkip {
+			continue
+		}
+		if b.Len() > 0 {
+			b.WriteByte('/')
+		}
+		b.WriteString(tier.Name + "=" + Escape(values[i]))
+	}
+	path := b.String()
+	head := "{" + t.Name + "|"
+	// Escaped values hold no glob character (*?[]\), nor do names.
+	glob = head + "*}" + path + "[#/]*"
+	match = func(key string) bool {
+		if !strings.HasPrefix(key, head) {
+			return false
+		}
+		end := strings.IndexByte(key, '}')
+		if end < 0 {
+			return false
+		}
+		rest := key[end+1:]
+		return len(rest) > len(path) && strings.HasPrefix(rest, path) && (rest[len(path)] == '#' || rest[len(path)] == '/')
+	}
+	return glob, match
+}

@@ -218,3 +218,11 @@ func benchmarkMemoryDecide(b *testing.B, into bool) {
 		})
 	}
 }
+
+func TestMemoryOps(t *testing.T) {
+	storetest.RunOps(t, func(t *testing.T, clock store.Clock) store.Store {
+		m := store.NewMemory(store.MemoryOptions{Clock: clock, SweepInterval: -1})
+		t.Cleanup(func() { m.Close() })
+		return m
+	})
+}

@@ -987,3 +987,17 @@ func TestRedisClusterFollowsAMovedSlot(t *testing.T) {
 		t.Fatalf("%d of 50 decisions failed after their slot moved; want only the first (MOVED, then a reloaded map)", failed)
 	}
 }
+
+func TestRedisOps(t *testing.T) {
+	addr := redistest.Shared(t).Addr()
+	storetest.RunOps(t, func(t *testing.T, clock store.Clock) store.Store {
+		return newRedis(t, store.RedisOptions{Addrs: []string{addr}, KeyPrefix: prefix(t), Clock: clock})
+	})
+}
+
+func TestRedisClusterOps(t *testing.T) {
+	addrs := redistest.SharedCluster(t).Addrs()
+	storetest.RunOps(t, func(t *testing.T, clock store.Clock) store.Store {
+		return newRedis(t, store.RedisOptions{Addrs: addrs, KeyPrefix: prefix(t), Clock: clock})
+	})
+}
