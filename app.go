@@ -139,16 +139,16 @@ func (a *App) Provision(ctx caddy.Context) error {
 	}
 	var publisher adaptive.Publisher
 	if a.Share != nil {
-		s, key, _, err := (&StoreConfig{Redis: a.Share}).open(ctx, 0)
+		o, err := (&StoreConfig{Redis: a.Share}).open(ctx, 0)
 		if err != nil {
 			return fmt.Errorf("cascade: adaptive share: %w", err)
 		}
-		a.shareKey = key
+		a.shareKey = o.poolKey
 		prefix := a.Share.KeyPrefix
 		if prefix == "" {
 			prefix = "cascade:"
 		}
-		publisher = newRedisPublisher(s.(*store.Redis).Client(), prefix, cfg.SharedMaxAge)
+		publisher = newRedisPublisher(o.Store.(*store.Redis).Client(), prefix, cfg.SharedMaxAge)
 	}
 	key, _ := json.Marshal(struct {
 		adaptive.Config

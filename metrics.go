@@ -60,6 +60,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		if m.reconcileErrors, err = register(reg, m.reconcileErrors); err != nil {
 			return nil, err
 		}
+		if _, err = register(reg, newStateCollector()); err != nil {
+			return nil, err
+		}
 	}
 	m.ok = m.decisions.WithLabelValues("ok")
 	return m, nil

@@ -31,10 +31,14 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddy-cascade/cascade/adaptive"
+	"github.com/caddy-cascade/cascade/admin"
+	"github.com/caddy-cascade/cascade/control"
 	"github.com/caddy-cascade/cascade/cost"
 	"github.com/caddy-cascade/cascade/hierarchy"
+	"github.com/caddy-cascade/cascade/logsample"
 	"github.com/caddy-cascade/cascade/rate"
 	"github.com/caddy-cascade/cascade/store"
+	"github.com/caddy-cascade/cascade/topk"
 )
 
 func init() {
@@ -117,6 +121,13 @@ type Handler struct {
 	// counts nothing). (mholt/caddy-ratelimit's setting of that name.)
 	DisableMetrics bool `json:"disable_metrics,omitempty"`
 
+	// DenialLog says how denials are logged: "values" (default: an INFO
+	// line naming the tree, the tier and the key values refused), "no_values"
+	// (the line without the values, for privacy) or "off". Either way the
+	// first denial of a key per minute is logged, and the rest are counted
+	// in one line a minute, so that a flood of denials cannot flood the log.
+	DenialLog string `json:"denial_log,omitempty"`
+
 	// SweepInterval is how often the memory store drops expired state;
 	// default 1m. (Also mholt/caddy-ratelimit's setting of that name.)
 	SweepInterval caddy.Duration `json:"sweep_interval,omitempty"`
@@ -144,6 +155,14 @@ type Handler struct {
 
 	storeErrors      *atomic.Int64 // failures not yet logged
 	storeErrorLogged *atomic.Int64 // when the last one was (unix ns)
+
+	storeName   string           // the store's name in logs, metrics and the admin API
+	runtime     *control.Runtime // overrides and modes set at runtime, kept in the store
+	top         *topk.Sketch     // the most-denied keys of the store
+	denials     *logsample.Sampler
+	applying    *sync.Mutex // orders applyRuntime's calls
+	unsubscribe func()
+	unregister  func()
 }
 
 // Tree is a hierarchy.Tree with optional request matchers.
@@ -153,6 +172,9 @@ type Tree struct {
 	MatcherSetsRaw caddyhttp.RawMatcherSets `json:"match,omitempty" caddy:"namespace=http.matchers"`
 
 	matchers caddyhttp.MatcherSets
+	// mode is the tree's mode set at runtime (admin API), nil when none
+	// is: the handler's Mode applies.
+	mode     atomic.Pointer[string]
 	dynamic  []bool   // per tier: does the key have placeholders?
 	header   []string // per tier: the header name when the key is just {http.request.header.NAME}
 	// ipv4Prefix and ipv6Prefix group an IP address key by network (an
@@ -303,16 +325,25 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if h.Store == nil {
 		h.Store = &StoreConfig{}
 	}
-	var apply func()
-	h.store, h.poolKey, apply, err = h.Store.open(ctx, time.Duration(h.SweepInterval))
+	o, err := h.Store.open(ctx, time.Duration(h.SweepInterval))
 	if err != nil {
 		return fmt.Errorf("rate_limit: store: %w", err)
 	}
+	h.store, h.poolKey, h.storeName, h.runtime, h.top = o.Store, o.poolKey, o.name, o.runtime, o.top
 	h.into, _ = h.store.(decideInto)
 	h.applyStore = new(atomic.Pointer[func()])
-	if apply != nil {
-		h.applyStore.Store(&apply)
+	if o.apply != nil {
+		h.applyStore.Store(&o.apply)
 	}
+	if h.DenialLog != "off" {
+		h.denials = logsample.New(time.Minute, 10000)
+	}
+	h.applying = new(sync.Mutex)
+	if h.runtime != nil {
+		h.unsubscribe = h.runtime.Subscribe(h.applyRuntime)
+		h.applyRuntime(h.runtime.Snapshot())
+	}
+	h.unregister = admin.Register(h, ctx.Done())
 	return nil
 }
 
@@ -425,6 +456,11 @@ func (h *Handler) Validate() error {
 	default:
 		return fmt.Errorf("rate_limit: mode %q: use enforce, warn or shadow", h.Mode)
 	}
+	switch h.DenialLog {
+	case "", "values", "no_values", "off":
+	default:
+		return fmt.Errorf("rate_limit: denial_log %q: use values, no_values or off", h.DenialLog)
+	}
 	if !(h.Jitter >= 0) || math.IsInf(h.Jitter, 1) { // written so that NaN fails
 		return fmt.Errorf("rate_limit: jitter %v: use a non-negative fraction (0.2 is up to 20%%)", h.Jitter)
 	}
@@ -437,6 +473,12 @@ func (h *Handler) Validate() error {
 // Cleanup releases this config's hold on the store; the store itself lives
 // on while a newer config uses it, so limits survive reloads.
 func (h *Handler) Cleanup() error {
+	if h.unregister != nil {
+		h.unregister()
+	}
+	if h.unsubscribe != nil {
+		h.unsubscribe()
+	}
 	if h.adjusting != nil {
 		h.adjusting.Wait()
 	}
@@ -460,7 +502,10 @@ type decision struct {
 	scaled   bool             // some limit was scaled by the adaptive factor
 	inputErr *cost.InputError // why the request's cost could not be estimated
 
-	reason  string // ok | limited | impossible | missing_key | store_error | bad_cost
+	mode      string // the mode that applies to the response: enforce, warn or shadow
+	enforcing bool   // some tree that applies to the request enforces its limits
+
+	reason  string // ok | limited | impossible | missing_key | store_error | bad_cost | matcher_error
 	blocked string // tree/tier of the first denying bucket
 	closest int    // index of the bucket closest to exhaustion, -1 if none
 	retry   time.Duration
@@ -532,7 +577,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if repl == nil {
 		repl = caddy.NewReplacer()
 	}
-	if h.ShedAtFloor && h.Mode != "shadow" && h.Mode != "warn" && h.atFloor() {
+	if h.ShedAtFloor && h.configuredMode() == "enforce" && h.atFloor() {
 		d := &decision{reason: "reduced_capacity", closest: -1}
 		h.metrics.observe(d, 0)
 		h.setPlaceholders(r, repl, d)
@@ -550,15 +595,15 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 
 	if d.reason == "store_error" {
 		h.logStoreError(err)
-		if h.onStoreError() == "allow" || h.Mode == "shadow" || h.Mode == "warn" {
+		if h.onStoreError() == "allow" || !d.enforcing {
 			return h.pass(w, r, next)
 		}
 		w.Header().Set("Retry-After", "1")
 		return h.problem(w, http.StatusServiceUnavailable, problemUnavailable, "Rate limit unavailable",
 			"the rate limit store could not decide this request; try again shortly", d)
 	}
-	if status != 0 { // a client error before any decision (missing key, bad cost)
-		if h.Mode == "shadow" || h.Mode == "warn" { // never change what clients get
+	if status != 0 { // a client error before any decision (bad cost, a matcher's error)
+		if !d.enforcing { // no tree enforces: never change what clients get
 			h.logger.Debug("rate limit not decided", zap.String("reason", d.reason), zap.Error(err))
 			return h.pass(w, r, next)
 		}
@@ -568,7 +613,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return h.problem(w, status, d.reason, http.StatusText(status), err.Error(), d)
 	}
 
-	mode := h.Mode
+	mode := d.mode
 	if mode != "shadow" {
 		h.writeHeaders(w.Header(), d)
 	}
@@ -587,18 +632,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if d.Allowed || d.buckets == nil {
 		return h.pass(w, r, next)
 	}
-	if ce := h.logger.Check(zap.DebugLevel, "rate limited"); ce != nil {
-		fields := []zap.Field{
-			zap.String("blocked_by", d.blocked),
-			zap.String("reason", d.reason),
-			zap.Duration("retry_after", d.retry),
-			zap.String("path", r.URL.Path),
-		}
-		if h.LogKey && d.closest >= 0 && d.closest < len(d.buckets) {
-			fields = append(fields, zap.String("key", d.buckets[d.closest].Key))
-		}
-		ce.Write(fields...)
-	}
+	h.noteDenial(r, d)
 	if mode == "shadow" || mode == "warn" {
 		return h.pass(w, r, next)
 	}
@@ -694,10 +728,21 @@ func (h *Handler) decide(r *http.Request, repl *caddy.Replacer, d *decision) (in
 	d.scratch = sc
 	plan := hierarchy.Plan{Buckets: sc.buckets[:0]}
 	var valueBuf [8]string
+	lenient := "" // the mode of the trees that apply and do not enforce (warn over shadow)
 	for _, t := range h.trees {
-		if t.matchers != nil && !t.matchers.AnyMatch(r) {
-			continue
+		if t.matchers != nil {
+			match, err := t.matchers.AnyMatchWithError(r)
+			if err != nil {
+				// A matcher that cannot decide must not let the tree's
+				// limits go unenforced: the request is refused.
+				d.reason, d.blocked, d.enforcing, d.mode = "matcher_error", t.Name, true, "enforce"
+				return http.StatusBadRequest, fmt.Errorf("the matcher of tree %s failed on this request: %w", t.Name, err)
+			}
+			if !match {
+				continue
+			}
 		}
+		mode := h.treeMode(t)
 		values := valueBuf[:0]
 		for i, tier := range t.Tiers {
 			var v string
@@ -711,14 +756,30 @@ func (h *Handler) decide(r *http.Request, repl *caddy.Replacer, d *decision) (in
 			}
 			values = append(values, v)
 		}
+		before := len(plan.Buckets)
 		t.Resolve(values, &plan)
-		d.used = len(plan.Buckets)
+		d.used = max(d.used, len(plan.Buckets))
 		if plan.MissingTier != nil {
-			d.reason = "missing_key"
+			if mode != "enforce" {
+				// A tree that does not enforce never refuses a request:
+				// it leaves this one out.
+				plan.Buckets, plan.MissingTier = plan.Buckets[:before], nil
+				continue
+			}
+			d.reason, d.enforcing, d.mode = "missing_key", true, "enforce"
 			d.blocked = t.Name + "/" + plan.MissingTier.Name
 			return http.StatusBadRequest, fmt.Errorf("this request has no %s: its %s key (%s) is empty, and the tier refuses requests without it",
 				plan.MissingTier.Name, d.blocked, plan.MissingTier.Key)
 		}
+		if mode == "enforce" {
+			d.enforcing = true
+		} else if lenient != "warn" {
+			lenient = mode
+		}
+	}
+	d.mode = "enforce"
+	if !d.enforcing && lenient != "" {
+		d.mode = lenient
 	}
 	d.buckets = plan.Buckets
 	if len(d.buckets) == 0 {
@@ -751,16 +812,32 @@ func (h *Handler) decide(r *http.Request, repl *caddy.Replacer, d *decision) (in
 		}
 	}
 	d.limits = sb
-	ctx := r.Context()
-	var res store.Decision
-	if h.into != nil {
-		res, err = h.into.DecideInto(ctx, sb, sc.results[:])
-	} else {
-		res, err = h.store.Decide(ctx, sb)
-	}
-	if err != nil {
+	if err := h.settle(r.Context(), d, sc); err != nil {
 		d.reason = "store_error"
 		return 0, err
+	}
+	if !d.Allowed && d.mode == "enforce" && lenient != "" {
+		if err := h.enforceOnly(r.Context(), d); err != nil {
+			d.reason = "store_error"
+			return 0, err
+		}
+	}
+	return 0, nil
+}
+
+// settle decides d's buckets (limits) in the store and reads the verdict:
+// the reason, the bucket that denied or is closest to exhaustion, the
+// retry.
+func (h *Handler) settle(ctx context.Context, d *decision, sc *scratch) error {
+	var res store.Decision
+	var err error
+	if h.into != nil && sc != nil {
+		res, err = h.into.DecideInto(ctx, d.limits, sc.results[:])
+	} else {
+		res, err = h.store.Decide(ctx, d.limits)
+	}
+	if err != nil {
+		return err
 	}
 	d.Decision = res
 	if res.Impossible && d.scaled {
@@ -789,7 +866,70 @@ func (h *Handler) decide(r *http.Request, repl *caddy.Replacer, d *decision) (in
 			d.retry += time.Duration(rand.Float64() * h.Jitter * float64(d.retry))
 		}
 	}
-	return 0, nil
+	return nil
+}
+
+// enforceOnly handles a denial on a path where trees of different modes
+// apply. A bucket of an enforcing tree that denies is a denial. But when
+// only trees in warn or shadow mode denied, the request must still be
+// charged to the enforcing trees, as it would be without the others (all
+// or nothing charged it nowhere): it is decided again on the enforcing
+// trees' buckets alone, a second store call on this rare path only.
+func (h *Handler) enforceOnly(ctx context.Context, d *decision) error {
+	for i, rr := range d.Results {
+		if !rr.Allowed && h.treeMode(h.treeOf(d.buckets[i].Tree)) == "enforce" {
+			return nil // an enforcing tree denied: that is the answer
+		}
+	}
+	var buckets []hierarchy.Bucket
+	var limits []store.Bucket
+	var costs []int64
+	for i, b := range d.buckets {
+		if h.treeMode(h.treeOf(b.Tree)) == "enforce" {
+			buckets = append(buckets, b)
+			limits = append(limits, d.limits[i])
+			costs = append(costs, d.costs[i])
+		}
+	}
+	if ce := h.logger.Check(zap.DebugLevel, "rate limited by a tree that does not enforce"); ce != nil {
+		ce.Write(zap.String("blocked_by", d.blocked), zap.String("reason", d.reason))
+	}
+	d.buckets, d.limits, d.costs, d.blocked, d.retry = buckets, limits, costs, "", 0
+	d.Decision = store.Decision{}
+	if len(buckets) == 0 {
+		d.Allowed, d.reason, d.closest = true, "ok", -1
+		return nil
+	}
+	return h.settle(ctx, d, nil)
+}
+
+// treeOf returns the handler's Tree whose hierarchy.Tree t is.
+func (h *Handler) treeOf(t *hierarchy.Tree) *Tree {
+	for _, ht := range h.trees {
+		if &ht.Tree == t {
+			return ht
+		}
+	}
+	return nil
+}
+
+// configuredMode is the handler's Mode, "enforce" when unset.
+func (h *Handler) configuredMode() string {
+	if h.Mode == "" {
+		return "enforce"
+	}
+	return h.Mode
+}
+
+// treeMode is the mode in force for tree t: the runtime mode set through
+// the admin API, else the handler's.
+func (h *Handler) treeMode(t *Tree) string {
+	if t != nil {
+		if m := t.mode.Load(); m != nil {
+			return *m
+		}
+	}
+	return h.configuredMode()
 }
 
 // reducedNotImpossible turns an "impossible" decision back into a plain

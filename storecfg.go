@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -14,7 +15,9 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 
+	"github.com/caddy-cascade/cascade/control"
 	"github.com/caddy-cascade/cascade/store"
+	"github.com/caddy-cascade/cascade/topk"
 )
 
 // stores holds the open stores, shared by every handler that configures the
@@ -77,10 +80,25 @@ type RedisTLS struct {
 	CA string `json:"ca,omitempty"`
 }
 
-// pooled is a store in the usage pool.
+// pooled is a store in the usage pool, with what lives as long as it: the
+// runtime state kept in it (overrides and modes, package control) and the
+// most-denied keys of its buckets.
 type pooled struct {
 	store.Store
 	settings *memorySettings // a memory store's, per configuration
+	runtime  *control.Runtime
+	top      *topk.Sketch
+	name     string // for logs, metrics and the admin API: "memory/default", "redis/host:port"
+}
+
+// topKeys is how many of the most-denied keys a store's sketch tracks.
+const topKeys = 1000
+
+// opened is a store as open returns it.
+type opened struct {
+	pooled
+	poolKey string
+	apply   func() // settings to apply at the first request (see memorySettings)
 }
 
 // memorySettings are the settings each configuration gives a shared memory
@@ -156,23 +174,28 @@ func (s *memorySettings) add(config <-chan struct{}, name string, maxKeys int, s
 	return func() { c.once.Do(func() { s.mem.Reconfigure(c.options()) }) }, nil
 }
 
-func (p pooled) Destruct() error { return p.Close() }
+func (p pooled) Destruct() error {
+	if p.runtime != nil {
+		_ = p.runtime.Close()
+	}
+	return p.Close()
+}
 
 // open returns the configured store from the pool, opening it if needed.
 // For a memory store that a previous configuration opened (a reload), it
 // returns apply, for the handler to run at its first request (see
 // memorySettings).
-func (c *StoreConfig) open(ctx caddy.Context, sweep time.Duration) (s store.Store, poolKey string, apply func(), err error) {
+func (c *StoreConfig) open(ctx caddy.Context, sweep time.Duration) (opened, error) {
 	if c.Memory != nil && c.Redis != nil {
-		return nil, "", nil, errors.New("configure one store: memory or redis")
+		return opened{}, errors.New("configure one store: memory or redis")
 	}
 	if c.Redis != nil {
 		opts, err := c.Redis.options(ctx.Logger())
 		if err != nil {
-			return nil, "", nil, err
+			return opened{}, err
 		}
 		key, _ := json.Marshal(c.Redis)
-		poolKey = "redis/" + string(key)
+		poolKey := "redis/" + string(key)
 		v, _, err := stores.LoadOrNew(poolKey, func() (caddy.Destructor, error) {
 			s, err := store.NewRedis(ctx, opts)
 			if errors.Is(err, store.ErrUnavailable) {
@@ -186,41 +209,63 @@ func (c *StoreConfig) open(ctx caddy.Context, sweep time.Duration) (s store.Stor
 			if err != nil {
 				return nil, err
 			}
-			return pooled{Store: s}, nil
+			name := "redis/" + strings.Join(opts.Addrs, ",")
+			if opts.MasterName != "" {
+				name += "/" + opts.MasterName
+			}
+			if opts.DB != 0 {
+				name += "/db" + strconv.Itoa(opts.DB)
+			}
+			logger := ctx.Logger().With(zap.String("store", name))
+			rt, err := control.New(control.NewRedisBackend(s.Client(), opts.KeyPrefix), control.Options{Logger: logger})
+			if err != nil {
+				s.Close()
+				return nil, fmt.Errorf("runtime state: %w", err)
+			}
+			return pooled{Store: s, runtime: rt, top: topk.New(topKeys), name: name}, nil
 		})
 		if err != nil {
-			return nil, "", nil, err
+			return opened{}, err
 		}
-		return v.(pooled).Store, poolKey, nil, nil
+		return opened{pooled: v.(pooled), poolKey: poolKey}, nil
 	}
 	m := c.Memory
 	if m == nil {
 		m = &MemoryStoreConfig{}
 	}
 	if m.MaxKeys < 0 {
-		return nil, "", nil, fmt.Errorf("memory max_keys %d must not be negative", m.MaxKeys)
+		return opened{}, fmt.Errorf("memory max_keys %d must not be negative", m.MaxKeys)
 	}
 	name := m.Name
 	if name == "" {
 		name = "default"
 	}
-	poolKey = "memory/" + name
+	poolKey := "memory/" + name
 	v, _, err := stores.LoadOrNew(poolKey, func() (caddy.Destructor, error) {
 		mem := store.NewMemory(store.MemoryOptions{MaxKeys: m.MaxKeys, SweepInterval: sweep})
-		return pooled{Store: mem, settings: &memorySettings{mem: mem, created: ctx.Done(), configs: map[<-chan struct{}]*configSettings{}}}, nil
+		rt, err := control.New(control.NewMemoryBackend(), control.Options{Logger: ctx.Logger().With(zap.String("store", poolKey))})
+		if err != nil {
+			mem.Close()
+			return nil, fmt.Errorf("runtime state: %w", err)
+		}
+		return pooled{
+			Store: mem, runtime: rt, top: topk.New(topKeys), name: poolKey,
+			settings: &memorySettings{mem: mem, created: ctx.Done(), configs: map[<-chan struct{}]*configSettings{}},
+		}, nil
 	})
 	if err != nil {
-		return nil, "", nil, err
+		return opened{}, err
 	}
 	p := v.(pooled)
 	if p.settings == nil { // not a memory store: the pool key says it is
-		return p.Store, poolKey, nil, nil
+		return opened{pooled: p, poolKey: poolKey}, nil
 	}
-	if apply, err = p.settings.add(ctx.Done(), name, m.MaxKeys, sweep); err != nil {
+	apply, err := p.settings.add(ctx.Done(), name, m.MaxKeys, sweep)
+	if err != nil {
 		stores.Delete(poolKey)
-		return nil, "", nil, err
+		return opened{}, err
 	}
-	return p.Store, poolKey, apply, nil
+	return opened{pooled: p, poolKey: poolKey, apply: apply}, nil
 }
 
 // options translates the JSON config into store.RedisOptions.

@@ -152,3 +152,10 @@ var factorSource string
 // fresh factor of all instances (see factor.lua for its arguments), so
 // that Caddy instances sharing a Redis converge on one factor.
 var Factor = redis.NewScript(factorSource)
+
+//go:embed control.lua
+var controlSource string
+
+// Control changes one field of the runtime state (package control) and
+// increments its version, atomically: see control.lua.
+var Control = redis.NewScript(controlSource)

@@ -1,0 +1,597 @@
+// Package admin is Cascade's admin API, `admin.api.rate_limit`, served on
+// Caddy's admin endpoint (and so behind its access control: local by
+// default, remote admin with mTLS where configured), and the
+// `caddy rate-limit` command that calls it.
+//
+//	GET    /rate_limit/trees                               the running trees, with the overrides in force
+//	GET    /rate_limit/buckets?tree=T&<tier>=<value>…      one path's buckets, read without charging
+//	POST   /rate_limit/reset?tree=T&<tier>=<value>…        make them full again (&below=1: the subtree)
+//	GET    /rate_limit/overrides                           the runtime overrides and modes
+//	PUT    /rate_limit/overrides/<tree>/<tier>/<value>     set a value's limits (OverrideRequest)
+//	DELETE /rate_limit/overrides/<tree>/<tier>/<value>     back to the configuration's
+//	PUT    /rate_limit/mode/<tree>                         enforce, warn or shadow (ModeRequest)
+//	DELETE /rate_limit/mode/<tree>                         back to the configured mode
+//	GET    /rate_limit/top?n=N                             the most-denied keys
+//
+// The API operates on Engines: the rate_limit handlers of the running
+// configuration, which register themselves (Register). Overrides and modes
+// are written to the engines' stores through package control, so every
+// instance sharing a Redis applies them, and the memory store keeps them
+// across reloads.
+package admin
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/caddy-cascade/cascade/control"
+	"github.com/caddy-cascade/cascade/topk"
+)
+
+func init() {
+	caddy.RegisterModule(API{})
+}
+
+// Interface guards.
+var (
+	_ caddy.Module      = API{}
+	_ caddy.AdminRouter = API{}
+)
+
+// Engine is a running rate limiter as the admin API sees it: one rate_limit
+// handler of the configuration.
+type Engine interface {
+	// Describe describes the engine's trees, with the overrides and modes in
+	// force.
+	Describe() []Tree
+	// HasTree tells whether the engine has a tree of that name.
+	HasTree(name string) bool
+	// Runtime is the runtime state of the engine's store, where overrides
+	// and modes are written.
+	Runtime() *control.Runtime
+	// Top is the most-denied keys of the engine's store.
+	Top() *topk.Sketch
+	// Inspect reads the buckets of one path of a tree without charging
+	// them. values are the tiers' values by tier name; cost says what the
+	// request RetryAfter is asked for costs.
+	Inspect(r *http.Request, tree string, values map[string]string, cost Cost) (*Buckets, error)
+	// Reset makes the buckets of the last tier given full again; with
+	// below, every bucket of the subtree of that value.
+	Reset(r *http.Request, tree string, values map[string]string, below bool) (*Reset, error)
+	// CheckOverride tells whether an override can apply to the engine's
+	// tree: its tier exists, its limits compile and every dimension they
+	// count has a cost. Its error says what to fix.
+	CheckOverride(o *control.Override) error
+}
+
+// Cost is the cost of the request an inspection asks about: Dims per
+// dimension, and Default for every other dimension but requests (which a
+// request costs 1 of), or for requests when the tree counts nothing else.
+type Cost struct {
+	Default int64
+	Dims    map[string]int64
+}
+
+// engines holds the registered engines of every configuration loaded (the
+// running one's, and during a reload the next one's): a UsagePool, like
+// reverse_proxy's upstreams, because the admin API's module is created
+// apart from the handlers.
+var engines = caddy.NewUsagePool()
+
+type registered struct {
+	engine Engine
+	done   <-chan struct{} // closed when its configuration is unloaded
+	seq    string
+}
+
+func (registered) Destruct() error { return nil }
+
+// Register makes an engine visible to the admin API until the returned
+// function is called (at the handler's Cleanup) or done is closed. done is
+// the Done channel of the configuration's context: of the configurations
+// loaded, the API shows the running one's engines.
+func Register(e Engine, done <-chan struct{}) (unregister func()) {
+	key := fmt.Sprintf("%p", e)
+	engines.LoadOrStore(key, registered{engine: e, done: done, seq: key})
+	return func() { _, _ = engines.Delete(key) }
+}
+
+// Active returns the engines of the running configuration (or, when none
+// is known to be running, every live one), in a stable order.
+func Active() []Engine { return active() }
+
+// active returns the engines of the running configuration (or, when none
+// is known to be running, every live one).
+func active() []Engine {
+	var current <-chan struct{}
+	if ctx := caddy.ActiveContext(); ctx.Context != nil {
+		current = ctx.Done()
+	}
+	var live, running []registered
+	engines.Range(func(_, v any) bool {
+		r := v.(registered)
+		select {
+		case <-r.done:
+			return true
+		default:
+		}
+		live = append(live, r)
+		if r.done == current {
+			running = append(running, r)
+		}
+		return true
+	})
+	if len(running) > 0 {
+		live = running
+	}
+	// Range's order is a map's: sort, so that answers are stable.
+	slices.SortFunc(live, func(a, b registered) int { return strings.Compare(a.seq, b.seq) })
+	out := make([]Engine, len(live))
+	for i, r := range live {
+		out[i] = r.engine
+	}
+	return out
+}
+
+// API is the admin API module, admin.api.rate_limit. It has no
+// configuration: Caddy loads every admin.api module by itself.
+type API struct{}
+
+// CaddyModule returns the Caddy module information.
+func (API) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{ID: "admin.api.rate_limit", New: func() caddy.Module { return new(API) }}
+}
+
+// Routes implements caddy.AdminRouter.
+func (API) Routes() []caddy.AdminRoute {
+	return []caddy.AdminRoute{
+		{Pattern: "/rate_limit/trees", Handler: caddy.AdminHandlerFunc(handleTrees)},
+		{Pattern: "/rate_limit/buckets", Handler: caddy.AdminHandlerFunc(handleBuckets)},
+		{Pattern: "/rate_limit/reset", Handler: caddy.AdminHandlerFunc(handleReset)},
+		{Pattern: "/rate_limit/overrides", Handler: caddy.AdminHandlerFunc(handleOverrides)},
+		{Pattern: "/rate_limit/overrides/", Handler: caddy.AdminHandlerFunc(handleOverrides)},
+		{Pattern: "/rate_limit/mode/", Handler: caddy.AdminHandlerFunc(handleMode)},
+		{Pattern: "/rate_limit/top", Handler: caddy.AdminHandlerFunc(handleTop)},
+	}
+}
+
+// maxBody bounds a request body: an override is a few hundred bytes.
+const maxBody = 64 << 10
+
+// apiError is an error of the caller's: status, and a message saying what
+// to fix.
+func apiError(status int, format string, args ...any) error {
+	return caddy.APIError{HTTPStatus: status, Err: fmt.Errorf(format, args...)}
+}
+
+func method(r *http.Request, allowed ...string) error {
+	if slices.Contains(allowed, r.Method) {
+		return nil
+	}
+	return apiError(http.StatusMethodNotAllowed, "%s is not allowed here: use %s", r.Method, strings.Join(allowed, " or "))
+}
+
+func writeJSON(w http.ResponseWriter, v any) error {
+	w.Header().Set("Content-Type", "application/json")
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func handleTrees(w http.ResponseWriter, r *http.Request) error {
+	if err := method(r, http.MethodGet); err != nil {
+		return err
+	}
+	trees := []Tree{}
+	seen := map[string]bool{}
+	for _, e := range active() {
+		for _, t := range e.Describe() {
+			// Handlers that share a store and name a tree alike share its
+			// buckets: one tree.
+			if id := t.Store + "\x00" + t.Name; !seen[id] {
+				seen[id] = true
+				trees = append(trees, t)
+			}
+		}
+	}
+	return writeJSON(w, trees)
+}
+
+// withTree returns the running engines that have the tree, or a 404 that
+// lists the trees there are.
+func withTree(name string) ([]Engine, error) {
+	if name == "" {
+		return nil, apiError(http.StatusBadRequest, "no tree: say which, e.g. ?tree=%s", treeNames()[0])
+	}
+	var out []Engine
+	for _, e := range active() {
+		if e.HasTree(name) {
+			out = append(out, e)
+		}
+	}
+	if len(out) == 0 {
+		return nil, apiError(http.StatusNotFound, "no tree %q in the running configuration: its trees are %s", name, strings.Join(treeNames(), ", "))
+	}
+	return out, nil
+}
+
+func treeNames() []string {
+	var names []string
+	for _, e := range active() {
+		for _, t := range e.Describe() {
+			if !slices.Contains(names, t.Name) {
+				names = append(names, t.Name)
+			}
+		}
+	}
+	if len(names) == 0 {
+		return []string{"(none: no rate_limit handler is loaded)"}
+	}
+	slices.Sort(names)
+	return names
+}
+
+// reserved are the query parameters that are not a tier's value; a tier
+// of one of these names is given as tier.<name>=<value>.
+var reserved = []string{"tree", "cost", "below", "n"}
+
+// pathValues reads the tiers' values of a query: <tier>=<value> or
+// tier.<tier>=<value>, each tier once.
+func pathValues(q url.Values) (map[string]string, error) {
+	values := map[string]string{}
+	for name, vs := range q {
+		tier := name
+		switch {
+		case strings.HasPrefix(name, "tier."):
+			tier = name[len("tier."):]
+		case slices.Contains(reserved, name), strings.HasPrefix(name, "cost."):
+			continue
+		}
+		if len(vs) != 1 {
+			return nil, apiError(http.StatusBadRequest, "tier %s is given %d times: give each tier one value", tier, len(vs))
+		}
+		values[tier] = vs[0]
+	}
+	return values, nil
+}
+
+func handleBuckets(w http.ResponseWriter, r *http.Request) error {
+	if err := method(r, http.MethodGet); err != nil {
+		return err
+	}
+	q := r.URL.Query()
+	es, err := withTree(q.Get("tree"))
+	if err != nil {
+		return err
+	}
+	values, err := pathValues(q)
+	if err != nil {
+		return err
+	}
+	cost := Cost{Default: 1, Dims: map[string]int64{}}
+	for name, vs := range q {
+		dim, isCost := strings.CutPrefix(name, "cost")
+		if !isCost || (dim != "" && dim[0] != '.') {
+			continue
+		}
+		n, err := strconv.ParseInt(vs[0], 10, 64)
+		if len(vs) != 1 || err != nil || n < 0 {
+			return apiError(http.StatusBadRequest, "%s=%s: give one whole number, 0 or more", name, strings.Join(vs, ","))
+		}
+		if dim == "" {
+			cost.Default = n
+		} else {
+			cost.Dims[dim[1:]] = n
+		}
+	}
+	b, err := es[0].Inspect(r, q.Get("tree"), values, cost)
+	if err != nil {
+		return err
+	}
+	return writeJSON(w, b)
+}
+
+func handleReset(w http.ResponseWriter, r *http.Request) error {
+	if err := method(r, http.MethodPost); err != nil {
+		return err
+	}
+	q := r.URL.Query()
+	es, err := withTree(q.Get("tree"))
+	if err != nil {
+		return err
+	}
+	values, err := pathValues(q)
+	if err != nil {
+		return err
+	}
+	below := false
+	if s := q.Get("below"); s != "" {
+		if below, err = strconv.ParseBool(s); err != nil {
+			return apiError(http.StatusBadRequest, "below=%s: use below=1 to reset the whole subtree, or leave it out", s)
+		}
+	}
+	res, err := es[0].Reset(r, q.Get("tree"), values, below)
+	if err != nil {
+		return err
+	}
+	return writeJSON(w, res)
+}
+
+// segments splits what follows prefix in the request's path into its
+// unescaped segments, so that a value may hold '/' (as %2F).
+func segments(r *http.Request, prefix string) ([]string, error) {
+	rest, ok := strings.CutPrefix(r.URL.EscapedPath(), prefix)
+	if !ok {
+		return nil, nil
+	}
+	if rest == "" {
+		return nil, nil
+	}
+	parts := strings.Split(rest, "/")
+	for i, p := range parts {
+		s, err := url.PathUnescape(p)
+		if err != nil {
+			return nil, apiError(http.StatusBadRequest, "path segment %q: %v: escape it as url.PathEscape does", p, err)
+		}
+		parts[i] = s
+	}
+	return parts, nil
+}
+
+// runtimes returns the distinct runtime states of engines: one per store.
+func runtimes(es []Engine) []*control.Runtime {
+	var out []*control.Runtime
+	for _, e := range es {
+		if rt := e.Runtime(); rt != nil && !slices.Contains(out, rt) {
+			out = append(out, rt)
+		}
+	}
+	return out
+}
+
+// decode reads a JSON body of at most maxBody bytes into v, strictly.
+func decode(r *http.Request, v any) error {
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
+	if err != nil {
+		return apiError(http.StatusBadRequest, "reading the body: %v", err)
+	}
+	if len(body) > maxBody {
+		return apiError(http.StatusRequestEntityTooLarge, "the body is over %d KiB: an override or a mode is a small JSON object", maxBody>>10)
+	}
+	dec := json.NewDecoder(strings.NewReader(string(body)))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return apiError(http.StatusBadRequest, "the body is not the JSON expected: %v", err)
+	}
+	if dec.More() {
+		return apiError(http.StatusBadRequest, "the body holds more than one JSON value")
+	}
+	return nil
+}
+
+func handleOverrides(w http.ResponseWriter, r *http.Request) error {
+	parts, err := segments(r, "/rate_limit/overrides/")
+	if err != nil {
+		return err
+	}
+	if len(parts) == 0 {
+		if err := method(r, http.MethodGet); err != nil {
+			return err
+		}
+		out := Overrides{Overrides: []*control.Override{}, Modes: []*control.Mode{}}
+		for _, rt := range runtimes(active()) {
+			snap := rt.Snapshot()
+			out.Overrides = append(out.Overrides, snap.Overrides()...)
+			out.Modes = append(out.Modes, snap.Modes()...)
+		}
+		return writeJSON(w, out)
+	}
+	if len(parts) != 3 {
+		return apiError(http.StatusBadRequest, "use /rate_limit/overrides/<tree>/<tier>/<value>, each part escaped (a '/' in a value as %%2F)")
+	}
+	if err := method(r, http.MethodGet, http.MethodPut, http.MethodDelete); err != nil {
+		return err
+	}
+	tree, tier, value := parts[0], parts[1], parts[2]
+	es, err := withTree(tree)
+	if err != nil {
+		return err
+	}
+	rts := runtimes(es)
+	if len(rts) == 0 {
+		return apiError(http.StatusInternalServerError, "tree %s has no runtime state", tree)
+	}
+	switch r.Method {
+	case http.MethodGet:
+		o := rts[0].Snapshot().Override(tree, tier, value)
+		if o == nil {
+			return apiError(http.StatusNotFound, "no override of %s/%s/%q", tree, tier, value)
+		}
+		return writeJSON(w, o)
+	case http.MethodDelete:
+		var change Change[control.Override]
+		for _, rt := range rts {
+			old, err := rt.DeleteOverride(r.Context(), tree, tier, value)
+			if err != nil {
+				return apiError(http.StatusServiceUnavailable, "deleting the override: %v", err)
+			}
+			if old != nil {
+				change.Old = old
+			}
+		}
+		return writeJSON(w, change)
+	}
+	var req OverrideRequest
+	if err := decode(r, &req); err != nil {
+		return err
+	}
+	o := &control.Override{Tree: tree, Tier: tier, Value: value, Limits: req.Limits, Unlimited: req.Unlimited, Note: req.Note}
+	if req.Expires != "" {
+		t, err := time.Parse(time.RFC3339, req.Expires)
+		if err != nil {
+			return apiError(http.StatusBadRequest, "expires %q: write an RFC 3339 time such as %s", req.Expires, time.Now().Add(24*time.Hour).UTC().Format(time.RFC3339))
+		}
+		if !t.After(time.Now()) {
+			return apiError(http.StatusBadRequest, "expires %s is in the past: give a future RFC 3339 time, or leave it out", req.Expires)
+		}
+		o.Expires = t
+	}
+	for _, e := range es {
+		if err := e.CheckOverride(o); err != nil {
+			return apiError(http.StatusBadRequest, "%v", err)
+		}
+	}
+	var change Change[control.Override]
+	for _, rt := range rts {
+		old, err := rt.SetOverride(r.Context(), o)
+		if err != nil {
+			return errorOf(err, "setting the override")
+		}
+		if old != nil {
+			change.Old = old
+		}
+	}
+	change.New = rts[0].Snapshot().Override(tree, tier, value)
+	if change.New == nil {
+		change.New = o
+	}
+	return writeJSON(w, change)
+}
+
+// errorOf turns an error of package control into an API error: a
+// validation error is the caller's (400), anything else the store's (503).
+func errorOf(err error, doing string) error {
+	var invalid *control.InvalidError
+	if errors.As(err, &invalid) {
+		return apiError(http.StatusBadRequest, "%v", err)
+	}
+	return apiError(http.StatusServiceUnavailable, "%s: %v", doing, err)
+}
+
+func handleMode(w http.ResponseWriter, r *http.Request) error {
+	parts, err := segments(r, "/rate_limit/mode/")
+	if err != nil {
+		return err
+	}
+	if len(parts) != 1 || parts[0] == "" {
+		return apiError(http.StatusBadRequest, "use /rate_limit/mode/<tree>")
+	}
+	if err := method(r, http.MethodPut, http.MethodDelete); err != nil {
+		return err
+	}
+	tree := parts[0]
+	es, err := withTree(tree)
+	if err != nil {
+		return err
+	}
+	rts := runtimes(es)
+	var change Change[control.Mode]
+	if r.Method == http.MethodDelete {
+		for _, rt := range rts {
+			old, err := rt.DeleteMode(r.Context(), tree)
+			if err != nil {
+				return errorOf(err, "deleting the mode")
+			}
+			if old != nil {
+				change.Old = old
+			}
+		}
+		return writeJSON(w, change)
+	}
+	var req ModeRequest
+	if err := decode(r, &req); err != nil {
+		return err
+	}
+	switch req.Mode {
+	case "enforce", "warn", "shadow":
+	default:
+		return apiError(http.StatusBadRequest, "mode %q: use enforce, warn or shadow", req.Mode)
+	}
+	m := &control.Mode{Tree: tree, Mode: req.Mode, Note: req.Note}
+	for _, rt := range rts {
+		old, err := rt.SetMode(r.Context(), m)
+		if err != nil {
+			return errorOf(err, "setting the mode")
+		}
+		if old != nil {
+			change.Old = old
+		}
+	}
+	change.New = rts[0].Snapshot().Mode(tree)
+	return writeJSON(w, change)
+}
+
+func handleTop(w http.ResponseWriter, r *http.Request) error {
+	if err := method(r, http.MethodGet); err != nil {
+		return err
+	}
+	n := 20
+	if s := r.URL.Query().Get("n"); s != "" {
+		v, err := strconv.Atoi(s)
+		if err != nil || v < 1 || v > 10000 {
+			return apiError(http.StatusBadRequest, "n=%s: give a number of keys from 1 to 10000", s)
+		}
+		n = v
+	}
+	var sketches []*topk.Sketch
+	for _, e := range active() {
+		if s := e.Top(); s != nil && !slices.Contains(sketches, s) {
+			sketches = append(sketches, s)
+		}
+	}
+	out := Top{Keys: []TopEntry{}}
+	for _, s := range sketches {
+		out.Total += s.Total()
+		for _, en := range s.Top(0) {
+			out.Keys = append(out.Keys, topEntry(en))
+		}
+	}
+	slices.SortStableFunc(out.Keys, func(a, b TopEntry) int {
+		if a.Count != b.Count {
+			if a.Count > b.Count {
+				return -1
+			}
+			return 1
+		}
+		return strings.Compare(a.Key, b.Key)
+	})
+	if len(out.Keys) > n {
+		out.Keys = out.Keys[:n]
+	}
+	return writeJSON(w, out)
+}
+
+// topEntry decodes a key of the top-K sketch: a bucket's storage key
+// without its limit, "{tree|tag}tier=value/tier=value" (values escaped, as
+// package hierarchy writes them: percent-encoded, or hashed when long).
+func topEntry(e topk.Entry) TopEntry {
+	out := TopEntry{Entry: e, Path: []PathValue{}}
+	key := e.Key
+	if rest, ok := strings.CutPrefix(key, "{"); ok {
+		if bar := strings.IndexByte(rest, '|'); bar >= 0 {
+			out.Tree = rest[:bar]
+		}
+		if end := strings.IndexByte(key, '}'); end >= 0 {
+			key = key[end+1:]
+		}
+	}
+	for _, seg := range strings.Split(key, "/") {
+		tier, v, _ := strings.Cut(seg, "=")
+		if u, err := url.PathUnescape(v); err == nil {
+			v = u
+		}
+		out.Path = append(out.Path, PathValue{Tier: tier, Value: v})
+		out.Tier = tier
+	}
+	return out
+}

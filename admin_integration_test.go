@@ -1,0 +1,299 @@
+package cascade
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/caddy-cascade/cascade/admin"
+)
+
+// adminSite runs a rate-limited site with Caddy's admin endpoint on a free
+// port and returns the site's URL and the admin endpoint's.
+func adminSite(t *testing.T, rateLimit string) (site, api string) {
+	t.Helper()
+	port, adminPort := freePort(t), freePort(t)
+	cf := fmt.Sprintf(`{
+	admin 127.0.0.1:%d
+	skip_install_trust
+	auto_https off
+	persist_config off
+}
+http://127.0.0.1:%d {
+	rate_limit {
+%s
+	}
+	respond "ok" 200
+}
+`, adminPort, port, rateLimit)
+	cfg, err := adapt(t, cf)
+	if err != nil {
+		t.Fatalf("adapting: %v\n%s", err, cf)
+	}
+	if err := caddy.Load(cfg, true); err != nil {
+		t.Fatalf("loading: %v", err)
+	}
+	t.Cleanup(func() { _ = caddy.Stop() })
+	return fmt.Sprintf("http://127.0.0.1:%d/", port), fmt.Sprintf("http://127.0.0.1:%d", adminPort)
+}
+
+// call sends an admin API request and decodes a 2xx answer into out.
+func call(t *testing.T, method, url string, body any, out any) (int, string) {
+	t.Helper()
+	var rd io.Reader
+	switch b := body.(type) {
+	case nil:
+	case string:
+		rd = strings.NewReader(b)
+	case []byte:
+		rd = bytes.NewReader(b)
+	default:
+		j, _ := json.Marshal(b)
+		rd = bytes.NewReader(j)
+	}
+	req, _ := http.NewRequest(method, url, rd)
+	if rd != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	res, err := client.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, url, err)
+	}
+	defer res.Body.Close()
+	raw, _ := io.ReadAll(res.Body)
+	if res.StatusCode/100 == 2 && out != nil {
+		if err := json.Unmarshal(raw, out); err != nil {
+			t.Fatalf("%s %s: decoding %s: %v", method, url, raw, err)
+		}
+	}
+	return res.StatusCode, string(raw)
+}
+
+const opsTree = `
+		tree acme {
+			tier org {header.X-Org} {
+				limit 100/min
+			}
+			tier user {header.X-User} {
+				limit 5/min
+				value vip {
+					limit 7/min
+				}
+			}
+		}
+`
+
+// remainingOf inspects one path and returns each bucket's remaining count,
+// by tier.
+func remainingOf(t *testing.T, api, query string) (map[string]int64, admin.Buckets) {
+	t.Helper()
+	var b admin.Buckets
+	if code, body := call(t, "GET", api+"/rate_limit/buckets?"+query, nil, &b); code != 200 {
+		t.Fatalf("inspect %s: %d %s", query, code, body)
+	}
+	out := map[string]int64{}
+	for _, bk := range b.Buckets {
+		out[bk.Tier] = bk.Remaining
+	}
+	return out, b
+}
+
+func TestAdminInspectResetOverrideMode(t *testing.T) {
+	eachStore(t, func(t *testing.T, storeBlock string) {
+		site, api := adminSite(t, opsTree+storeBlock)
+		alice := []string{"X-Org: acme", "X-User: alice"}
+		if got := admitN(t, 3, site, alice...); got != 3 {
+			t.Fatalf("admitted %d of 3", got)
+		}
+
+		// Inspect shows the exact remaining values, and charges nothing.
+		for i := 0; i < 3; i++ {
+			rem, b := remainingOf(t, api, "tree=acme&org=acme&user=alice")
+			if rem["org"] != 97 || rem["user"] != 2 || !b.Allowed || b.RetryAfter != 0 {
+				t.Fatalf("inspect %d: %v %+v", i, rem, b)
+			}
+		}
+		_, b := remainingOf(t, api, "tree=acme&org=acme&user=alice&cost=3")
+		if b.Allowed || b.RetryAfter <= 0 || b.RetryAfter > 12 || b.Buckets[1].RetryAfter != b.RetryAfter || b.Buckets[0].RetryAfter != 0 {
+			t.Fatalf("a cost of 3: %+v", b)
+		}
+		if rem, _ := remainingOf(t, api, "tree=acme&org=acme"); len(rem) != 1 || rem["org"] != 97 {
+			t.Fatalf("the org alone: %v", rem)
+		}
+		if got := admitN(t, 3, site, alice...); got != 2 {
+			t.Fatalf("after inspecting, admitted %d of 3, want the 2 left", got)
+		}
+
+		// Reset alice's bucket: full again; the org's keeps its count.
+		var reset admin.Reset
+		if code, body := call(t, "POST", api+"/rate_limit/reset?tree=acme&org=acme&user=alice", nil, &reset); code != 200 || reset.Buckets != 1 {
+			t.Fatalf("reset: %d %s", code, body)
+		}
+		if rem, _ := remainingOf(t, api, "tree=acme&org=acme&user=alice"); rem["user"] != 5 || rem["org"] != 95 {
+			t.Fatalf("after the reset: %v", rem)
+		}
+		// Reset the org's subtree: the org and every user under it.
+		admitN(t, 1, site, alice...)
+		admitN(t, 1, site, "X-Org: acme", "X-User: bob")
+		if code, body := call(t, "POST", api+"/rate_limit/reset?tree=acme&org=acme&below=1", nil, &reset); code != 200 || reset.Buckets != 3 {
+			t.Fatalf("reset below: %d %s", code, body)
+		}
+		if rem, _ := remainingOf(t, api, "tree=acme&org=acme&user=bob"); rem["user"] != 5 || rem["org"] != 100 {
+			t.Fatalf("after the subtree's reset: %v", rem)
+		}
+
+		// An override lowers alice's limit on the next request, and its
+		// deletion restores it.
+		var change admin.Change[json.RawMessage]
+		if code, body := call(t, "PUT", api+"/rate_limit/overrides/acme/user/alice",
+			`{"limits":[{"count":2,"per":"min"}],"note":"ticket 42"}`, &change); code != 200 || change.New == nil {
+			t.Fatalf("put override: %d %s", code, body)
+		}
+		if got := admitN(t, 3, site, alice...); got != 2 {
+			t.Fatalf("with an override of 2/min, admitted %d of 3", got)
+		}
+		if code, body := call(t, "DELETE", api+"/rate_limit/overrides/acme/user/alice", nil, &change); code != 200 || change.Old == nil {
+			t.Fatalf("delete override: %d %s", code, body)
+		}
+		if got := admitN(t, 5, site, alice...); got != 3 {
+			t.Fatalf("back to 5/min (2 used), admitted %d of 5, want 3", got)
+		}
+		// An override wins over the configuration's value block; a value
+		// with ':' and unicode is escaped as on the request path.
+		odd := "a:b/é"
+		if code, body := call(t, "PUT", api+"/rate_limit/overrides/acme/user/"+url.PathEscape(odd), `{"limits":[{"count":1,"per":"min"}]}`, nil); code != 200 {
+			t.Fatalf("put override: %d %s", code, body)
+		}
+		if got := admitN(t, 3, site, "X-Org: acme", "X-User: "+odd); got != 1 {
+			t.Fatalf("%q with an override of 1/min: admitted %d", odd, got)
+		}
+		call(t, "PUT", api+"/rate_limit/overrides/acme/user/vip", `{"limits":[{"count":9,"per":"min"}]}`, nil)
+		if got := admitN(t, 10, site, "X-Org: acme", "X-User: vip"); got != 9 {
+			t.Fatalf("vip (7/min in the config, 9/min overridden): admitted %d", got)
+		}
+		var trees []admin.Tree
+		call(t, "GET", api+"/rate_limit/trees", nil, &trees)
+		if len(trees) != 1 || len(trees[0].Tiers) != 2 || len(trees[0].Tiers[1].Values) != 2 {
+			t.Fatalf("trees: %+v", trees)
+		}
+		for _, v := range trees[0].Tiers[1].Values {
+			if v.Value == "vip" && (v.Source != "override" || v.Configured == nil || v.Limits[0].Count != 9) {
+				t.Fatalf("vip as listed: %+v", v)
+			}
+		}
+
+		// Modes: shadow lets the over-limit request through silently, warn
+		// with the headers, and deleting the mode enforces again.
+		carol := []string{"X-Org: acme", "X-User: carol"}
+		admitN(t, 5, site, carol...)
+		if r := do(t, "GET", site, carol...); r.status != 429 {
+			t.Fatalf("enforced: %d", r.status)
+		}
+		call(t, "PUT", api+"/rate_limit/mode/acme", `{"mode":"shadow","note":"rollout"}`, nil)
+		if r := do(t, "GET", site, carol...); r.status != 200 || r.header.Get("RateLimit") != "" {
+			t.Fatalf("shadow: %d %v", r.status, r.header)
+		}
+		call(t, "PUT", api+"/rate_limit/mode/acme", `{"mode":"warn"}`, nil)
+		if r := do(t, "GET", site, carol...); r.status != 200 || r.header.Get("RateLimit") == "" {
+			t.Fatalf("warn: %d %v", r.status, r.header)
+		}
+		call(t, "GET", api+"/rate_limit/trees", nil, &trees)
+		if trees[0].Mode != "warn" || trees[0].ConfiguredMode != "enforce" {
+			t.Fatalf("modes listed: %s / %s", trees[0].Mode, trees[0].ConfiguredMode)
+		}
+		call(t, "DELETE", api+"/rate_limit/mode/acme", nil, nil)
+		if r := do(t, "GET", site, carol...); r.status != 429 {
+			t.Fatalf("enforced again: %d", r.status)
+		}
+
+		// The most-denied keys.
+		var top admin.Top
+		call(t, "GET", api+"/rate_limit/top?n=5", nil, &top)
+		if top.Total == 0 || len(top.Keys) == 0 || top.Keys[0].Tree != "acme" {
+			t.Fatalf("top: %+v", top)
+		}
+	})
+}
+
+// TestAdminOverrideExpires: an override that expires is gone by itself.
+func TestAdminOverrideExpires(t *testing.T) {
+	site, api := adminSite(t, opsTree+memoryStore().block(t))
+	expires := time.Now().Add(1500 * time.Millisecond).UTC().Format(time.RFC3339Nano)
+	if code, body := call(t, "PUT", api+"/rate_limit/overrides/acme/user/dave",
+		fmt.Sprintf(`{"unlimited":true,"expires":%q}`, expires), nil); code != 200 {
+		t.Fatalf("put: %d %s", code, body)
+	}
+	dave := []string{"X-Org: acme", "X-User: dave"}
+	if got := admitN(t, 6, site, dave...); got != 6 {
+		t.Fatalf("unlimited: admitted %d of 6", got)
+	}
+	eventually(t, 4*time.Second, func() bool {
+		var o admin.Overrides
+		call(t, "GET", api+"/rate_limit/overrides", nil, &o)
+		return len(o.Overrides) == 0
+	}, "the expired override to go")
+	if got := admitN(t, 6, site, dave...); got != 5 {
+		t.Fatalf("after expiry: admitted %d of 6, want 5", got)
+	}
+}
+
+// TestAdminBadInput: every route refuses bad input with a 4xx that says
+// what to fix, and changes nothing.
+func TestAdminBadInput(t *testing.T) {
+	_, api := adminSite(t, opsTree+memoryStore().block(t))
+	big := `{"note":"` + strings.Repeat("x", 1<<20) + `"}`
+	past := time.Now().Add(-time.Hour).UTC().Format(time.RFC3339)
+	tests := []struct {
+		method, path, body string
+		status             int
+		says               string
+	}{
+		{"GET", "/rate_limit/buckets?tree=nope&org=a", "", 404, "its trees are acme"},
+		{"GET", "/rate_limit/buckets?org=a", "", 400, "no tree"},
+		{"GET", "/rate_limit/buckets?tree=acme&usr=a", "", 400, "its tiers are org, user"},
+		{"GET", "/rate_limit/buckets?tree=acme&user=a", "", 400, "needs the value of tier org"},
+		{"GET", "/rate_limit/buckets?tree=acme&org=a&cost=-1", "", 400, "whole number"},
+		{"GET", "/rate_limit/buckets?tree=acme&org=a&cost.tokens=5", "", 400, "counts no tokens"},
+		{"POST", "/rate_limit/reset?tree=acme&org=a&below=maybe", "", 400, "below=1"},
+		{"GET", "/rate_limit/reset?tree=acme&org=a", "", 405, "POST"},
+		{"PUT", "/rate_limit/overrides/acme/user/x", `{"limits":[{"count":5,"per":"min"}`, 400, "JSON"},
+		{"PUT", "/rate_limit/overrides/acme/user/x", `{"limits":[{"count":-5,"per":"min"}]}`, 400, "count"},
+		{"PUT", "/rate_limit/overrides/acme/user/x", `{"limits":[{"count":5,"per":"fortnight"}]}`, 400, "fortnight"},
+		{"PUT", "/rate_limit/overrides/acme/user/x", `{"limits":[{"count":5,"per":"min","dimension":"tokens"}]}`, 400, "no cost for tokens"},
+		{"PUT", "/rate_limit/overrides/acme/user/x", `{}`, 400, "no limits"},
+		{"PUT", "/rate_limit/overrides/acme/user/x", `{"unlimited":true,"limits":[{"count":5,"per":"min"}]}`, 400, "exclusive"},
+		{"PUT", "/rate_limit/overrides/acme/user/x", `{"unlimited":true,"expires":"` + past + `"}`, 400, "in the past"},
+		{"PUT", "/rate_limit/overrides/acme/user/x", `{"unlimited":true,"expires":"tomorrow"}`, 400, "RFC 3339"},
+		{"PUT", "/rate_limit/overrides/acme/user/x", `{"unlimited":true,"colour":"red"}`, 400, "colour"},
+		{"PUT", "/rate_limit/overrides/acme/user/x", big, 413, "KiB"},
+		{"PUT", "/rate_limit/overrides/acme/team/x", `{"unlimited":true}`, 400, "no tier \"team\""},
+		{"PUT", "/rate_limit/overrides/nope/user/x", `{"unlimited":true}`, 404, "its trees are acme"},
+		{"PUT", "/rate_limit/overrides/acme/user", `{"unlimited":true}`, 400, "<tree>/<tier>/<value>"},
+		{"PUT", "/rate_limit/mode/acme", `{"mode":"loud"}`, 400, "enforce, warn or shadow"},
+		{"PUT", "/rate_limit/mode/nope", `{"mode":"warn"}`, 404, "its trees are acme"},
+		{"GET", "/rate_limit/top?n=0", "", 400, "from 1"},
+	}
+	for _, tt := range tests {
+		code, body := call(t, tt.method, api+tt.path, tt.body, nil)
+		var e struct{ Error string }
+		if json.Unmarshal([]byte(body), &e) == nil && e.Error != "" {
+			body = e.Error
+		}
+		if code != tt.status || !strings.Contains(body, tt.says) {
+			t.Errorf("%s %s: %d %s; want %d saying %q", tt.method, tt.path, code, truncate(body, 300), tt.status, tt.says)
+		}
+	}
+	var o admin.Overrides
+	call(t, "GET", api+"/rate_limit/overrides", nil, &o)
+	if len(o.Overrides) != 0 || len(o.Modes) != 0 {
+		t.Fatalf("bad input changed the state: %+v", o)
+	}
+}

@@ -1,0 +1,71 @@
+package cascade
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/caddy-cascade/cascade/admin"
+	"github.com/caddy-cascade/cascade/store"
+)
+
+// stateCollector exports the state Cascade keeps, read when Prometheus
+// scrapes (nothing is counted on the request path): each memory store's
+// bucket count and evictions, the runtime overrides in force per store,
+// and the mode of each tree of the running configuration.
+type stateCollector struct {
+	keys, evictions, overrides, mode *prometheus.Desc
+}
+
+func newStateCollector() *stateCollector {
+	return &stateCollector{
+		keys: prometheus.NewDesc("cascade_store_keys", "Buckets held by a memory store (its max_keys caps them).",
+			[]string{"store"}, nil),
+		evictions: prometheus.NewDesc("cascade_store_evictions_total", "Buckets a memory store evicted at its max_keys cap (each may over-admit a little).",
+			[]string{"store"}, nil),
+		overrides: prometheus.NewDesc("cascade_overrides", "Runtime overrides in force (set through the admin API), per store.",
+			[]string{"store"}, nil),
+		mode: prometheus.NewDesc("cascade_tree_mode", "The mode each tree is in: 1 for its mode, 0 for the others.",
+			[]string{"tree", "mode"}, nil),
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.keys
+	ch <- c.evictions
+	ch <- c.overrides
+	ch <- c.mode
+}
+
+// Collect implements prometheus.Collector.
+func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
+	stores.Range(func(_, v any) bool {
+		p, ok := v.(pooled)
+		if !ok {
+			return true
+		}
+		if m, ok := p.Store.(*store.Memory); ok {
+			ch <- prometheus.MustNewConstMetric(c.keys, prometheus.GaugeValue, float64(m.Len()), p.name)
+			ch <- prometheus.MustNewConstMetric(c.evictions, prometheus.CounterValue, float64(m.Evictions()), p.name)
+		}
+		if p.runtime != nil {
+			ch <- prometheus.MustNewConstMetric(c.overrides, prometheus.GaugeValue, float64(len(p.runtime.Snapshot().Overrides())), p.name)
+		}
+		return true
+	})
+	seen := map[string]bool{}
+	for _, e := range admin.Active() {
+		for _, t := range e.Describe() {
+			if seen[t.Name] {
+				continue
+			}
+			seen[t.Name] = true
+			for _, mode := range []string{"enforce", "warn", "shadow"} {
+				v := 0.0
+				if t.Mode == mode {
+					v = 1
+				}
+				ch <- prometheus.MustNewConstMetric(c.mode, prometheus.GaugeValue, v, t.Name, mode)
+			}
+		}
+	}
+}
