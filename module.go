@@ -174,9 +174,9 @@ type Tree struct {
 	matchers caddyhttp.MatcherSets
 	// mode is the tree's mode set at runtime (admin API), nil when none
 	// is: the handler's Mode applies.
-	mode     atomic.Pointer[string]
-	dynamic  []bool   // per tier: does the key have placeholders?
-	header   []string // per tier: the header name when the key is just {http.request.header.NAME}
+	mode    atomic.Pointer[string]
+	dynamic []bool   // per tier: does the key have placeholders?
+	header  []string // per tier: the header name when the key is just {http.request.header.NAME}
 	// ipv4Prefix and ipv6Prefix group an IP address key by network (an
 	// mholt zone's settings; see Zone), for every tier of the tree.
 	ipv4Prefix, ipv6Prefix int

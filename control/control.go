@@ -283,10 +283,13 @@ func (r *Runtime) publish(s *Snapshot, force bool) {
 		return
 	}
 	r.current.Store(s)
-	if s.version != cur.version {
-		r.logger.Debug("rate limit runtime state loaded", zap.Int64("version", s.version),
-			zap.Int("overrides", len(s.overrides)), zap.Int("modes", len(s.modes)))
+	// Only a change is news: a new version, or an expiry (which drops
+	// overrides without one).
+	if s.version == cur.version && len(s.overrides) == len(cur.overrides) {
+		return
 	}
+	r.logger.Debug("rate limit runtime state loaded", zap.Int64("version", s.version),
+		zap.Int("overrides", len(s.overrides)), zap.Int("modes", len(s.modes)))
 	for _, fn := range r.subs {
 		fn(s)
 	}
@@ -453,4 +456,3 @@ func decodeOld[T any](raw []byte) *T {
 	}
 	return &v
 }
-

@@ -126,5 +126,3 @@ func RunOps(t *testing.T, open Opener) {
 		equal(t, "another org", remaining(t, s, other), []int64{88, 19, 9, 4})
 	})
 }
-
-
