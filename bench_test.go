@@ -7,9 +7,13 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"testing"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/caddy-cascade/cascade/control"
+	"github.com/caddy-cascade/cascade/hierarchy"
 )
 
 // benchHandler provisions a handler with one tree of the given number of
@@ -121,6 +125,56 @@ func BenchmarkServeHTTP(b *testing.B) {
 					n++
 				}
 			})
+		})
+	}
+}
+
+// BenchmarkHandlerOverrides is BenchmarkHandler's tiers=4 with runtime
+// overrides in force on the leaf tier: none, 10 (1% of the requests' values
+// have one) and 10,000 (every value has one). A request reads them through
+// one atomic pointer and one map lookup per tier.
+func BenchmarkHandlerOverrides(b *testing.B) {
+	for _, n := range []int{0, 10, 10000} {
+		b.Run(fmt.Sprintf("overrides=%d", n), func(b *testing.B) {
+			h, done := benchHandler(b, 4)
+			defer done()
+			var os []*control.Override
+			for i := 0; i < n; i++ {
+				os = append(os, &control.Override{Tree: "bench", Tier: "t3", Value: fmt.Sprintf("v%d", i),
+					Limits: []*hierarchy.Limit{{Count: int64(1) << 41, Per: "h"}}})
+			}
+			h.applyRuntime(control.NewSnapshot(os, nil, time.Now()))
+			next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error { return nil })
+			const batch = 1024
+			reqs := make([]*http.Request, batch)
+			ws := make([]headerWriter, batch)
+			hdrs := make([]http.Header, batch)
+			for k := range hdrs {
+				hdrs[k] = http.Header{}
+				for i := 0; i < 4; i++ {
+					hdrs[k].Set(fmt.Sprintf("X-T%d", i), fmt.Sprintf("v%d", (k+i)%1000))
+				}
+			}
+			proto := httptest.NewRequest("GET", "/", nil)
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				k := i % batch
+				if k == 0 {
+					b.StopTimer()
+					for j := range reqs {
+						proto.Header = hdrs[j]
+						repl := caddy.NewReplacer()
+						repl.Map(func(string) (any, bool) { return nil, false })
+						reqs[j] = proto.WithContext(context.WithValue(proto.Context(), caddy.ReplacerCtxKey, repl))
+						ws[j] = headerWriter{hdr: http.Header{"Server": {"Caddy"}}}
+					}
+					b.StartTimer()
+				}
+				if err := h.ServeHTTP(&ws[k], reqs[k], next); err != nil || ws[k].code != 0 {
+					b.Fatal(err, ws[k].code)
+				}
+			}
 		})
 	}
 }

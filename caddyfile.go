@@ -116,6 +116,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    jitter         <fraction>
 //	    sweep_interval <duration>
 //	    log_key                                     # the refusing bucket's key in the denial's log line
+//	    denial_log     values|no_values|off         # the sampled INFO line of each denied key (default values)
 //	    disable_metrics                             # this handler records no Prometheus metrics
 //	    distributed    { ... }                      # accepted and ignored (mholt compatibility)
 //	    storage        <module...>                  # accepted and ignored (mholt compatibility)
@@ -162,6 +163,8 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			h.LogKey = true
 		case "disable_metrics":
 			h.DisableMetrics = true
+		case "denial_log":
+			h.DenialLog, err = oneOf(d, "values", "no_values", "off")
 		case "jitter":
 			if !d.NextArg() {
 				return d.ArgErr()
@@ -192,7 +195,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				d.RemainingArgs()
 			}
 		default:
-			return d.Errf("unknown rate_limit option %q: expected tree, zone, cost, store, on_store_error, mode, headers, status_code, priority, shed_at_floor, use_error_routes, jitter, sweep_interval, log_key or disable_metrics", d.Val())
+			return d.Errf("unknown rate_limit option %q: expected tree, zone, cost, store, on_store_error, mode, headers, status_code, priority, shed_at_floor, use_error_routes, jitter, sweep_interval, log_key, denial_log or disable_metrics", d.Val())
 		}
 		if err != nil {
 			return err
@@ -211,6 +214,15 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			return c.pos.errorf("tree %s counts %s, but no cost says what a request costs in %s: add 'cost %s <number or placeholder>' (or llm, graphql, body_size)", c.tree, dim, dim, dim)
 		}
 	}
+	// A cost that no limit counts is work for nothing, and usually a typo
+	// of a dimension's name: warn, naming its line. (A zone-only handler
+	// counts requests only; Provision warns JSON configs.)
+	for _, c := range h.Costs {
+		if _, counted := h.counted[c.Dimension]; !counted && c.at.file != "" {
+			caddy.Log().Named("caddyfile").Warn(fmt.Sprintf("%s:%d: rate_limit: cost %s: no limit counts %s: add a limit such as 'limit 1000 %s/h', or remove the cost",
+				c.at.file, c.at.line, c.Dimension, c.Dimension, c.Dimension))
+		}
+	}
 	return nil
 }
 
@@ -220,7 +232,7 @@ func (h *Handler) parseCost(d *caddyfile.Dispenser) error {
 	if len(args) < 2 {
 		return d.Errf("usage: cost <dimension> <number|placeholder|llm|graphql|body_size>, e.g. cost tokens {header.X-Tokens} default 1")
 	}
-	c := &Cost{Dimension: args[0]}
+	c := &Cost{Dimension: args[0], at: at(d)}
 	switch args[1] {
 	case "llm":
 		c.LLM = &cost.LLM{}
@@ -232,6 +244,9 @@ func (h *Handler) parseCost(d *caddyfile.Dispenser) error {
 		c.Value = args[1]
 	}
 	rest := args[2:]
+	if len(rest) == 1 && rest[0] == "{}" && (c.LLM != nil || c.GraphQL != nil) {
+		rest = nil // an empty block written on one line: llm {}
+	}
 	if len(rest) == 2 && rest[0] == "default" && c.Value != "" {
 		n, err := strconv.ParseInt(rest[1], 10, 64)
 		if err != nil || n < 0 {

@@ -361,3 +361,21 @@ func TestLooksLikeHeader(t *testing.T) {
 		}
 	}
 }
+
+// TestLLMCostForms: the minimal LLM cost and its one-line empty block parse
+// alike.
+func TestLLMCostForms(t *testing.T) {
+	for _, form := range []string{"cost tokens llm", "cost tokens llm {}", "cost tokens llm {\n}", "cost tokens llm { }"} {
+		h, err := parse(t, "rate_limit {\n tree t {\n tier u {header.X-U} {\n limit 10 tokens/h\n }\n }\n "+form+"\n denial_log no_values\n}")
+		if err != nil {
+			t.Errorf("%q: %v", form, err)
+			continue
+		}
+		if len(h.Costs) != 1 || h.Costs[0].LLM == nil || h.DenialLog != "no_values" {
+			t.Errorf("%q: %+v", form, h.Costs)
+		}
+	}
+	if _, err := parse(t, "rate_limit {\n denial_log loud\n}"); err == nil || !strings.Contains(err.Error(), "values, no_values, off") {
+		t.Errorf("denial_log loud: %v", err)
+	}
+}

@@ -46,6 +46,7 @@ type Cost struct {
 	Reconcile *Reconcile `json:"reconcile,omitempty"`
 
 	estimator cost.Estimator // nil for Value
+	at        position       // the Caddyfile line that wrote it, when one did
 }
 
 // Reconcile says where the upstream reports its usage and how to count it.

@@ -9,7 +9,9 @@ import (
 )
 
 // runExample starts an example Caddyfile with its ports 8080 and 9000 moved
-// to free ones, and returns the rate-limited site's URL.
+// to free ones, and returns the rate-limited site's URL. The URL names the
+// host 127.0.0.1, which the examples' sites must match (they listen on
+// :8080, any host).
 func runExample(t *testing.T, path string) string {
 	t.Helper()
 	b, err := os.ReadFile(path)
@@ -17,7 +19,7 @@ func runExample(t *testing.T, path string) string {
 		t.Fatal(err)
 	}
 	front, api := freePort(t), freePort(t)
-	cf := strings.NewReplacer("localhost:8080", fmt.Sprintf("127.0.0.1:%d", front),
+	cf := strings.NewReplacer("http://:8080", fmt.Sprintf("http://:%d", front),
 		"localhost:9000", fmt.Sprintf("127.0.0.1:%d", api)).Replace(string(b))
 	cfg, err := adapt(t, cf)
 	if err != nil {

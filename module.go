@@ -305,6 +305,12 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	h.adjusting = new(sync.WaitGroup)
 	h.storeErrors, h.storeErrorLogged = new(atomic.Int64), new(atomic.Int64)
+	for _, c := range h.Costs {
+		if !slices.ContainsFunc(h.trees, func(t *Tree) bool { return slices.Contains(t.Dimensions(), c.Dimension) }) {
+			h.logger.Warn("rate_limit: no limit counts a cost's dimension: its cost is computed for nothing (a typo of a dimension's name?)",
+				zap.String("cost", c.Dimension), zap.String("fix", "add a limit such as 'limit 1000 "+c.Dimension+"/h', or remove the cost"))
+		}
+	}
 	for _, t := range h.trees {
 		for _, dim := range t.Dimensions() {
 			if dim != hierarchy.Requests && h.costs[dim] == nil {

@@ -288,8 +288,10 @@ func (r *Runtime) publish(s *Snapshot, force bool) {
 	if s.version == cur.version && len(s.overrides) == len(cur.overrides) {
 		return
 	}
-	r.logger.Debug("rate limit runtime state loaded", zap.Int64("version", s.version),
-		zap.Int("overrides", len(s.overrides)), zap.Int("modes", len(s.modes)))
+	if cur.version >= 0 {
+		r.logger.Debug("rate limit runtime state loaded", zap.Int64("version", s.version),
+			zap.Int("overrides", len(s.overrides)), zap.Int("modes", len(s.modes)))
+	}
 	for _, fn := range r.subs {
 		fn(s)
 	}
@@ -455,4 +457,20 @@ func decodeOld[T any](raw []byte) *T {
 		return nil
 	}
 	return &v
+}
+
+// NewSnapshot returns a snapshot of the given overrides and modes, as a
+// Runtime would publish it (expired overrides left out): for tests and
+// tools that install state without a backend.
+func NewSnapshot(overrides []*Override, modes []*Mode, now time.Time) *Snapshot {
+	fields := map[string][]byte{}
+	for _, o := range overrides {
+		raw, _ := json.Marshal(o)
+		fields[overrideField(o.Tree, o.Tier, o.Value)] = raw
+	}
+	for _, m := range modes {
+		raw, _ := json.Marshal(m)
+		fields[modeField(m.Tree)] = raw
+	}
+	return build(0, fields, now, zap.NewNop())
 }
