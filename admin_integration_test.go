@@ -297,3 +297,52 @@ func TestAdminBadInput(t *testing.T) {
 		t.Fatalf("bad input changed the state: %+v", o)
 	}
 }
+
+// TestCLI runs `caddy rate-limit` against a running Caddy's admin API.
+func TestCLI(t *testing.T) {
+	site, api := adminSite(t, opsTree+memoryStore().block(t))
+	admitN(t, 2, site, "X-Org: acme", "X-User: alice")
+	run := func(args ...string) string {
+		t.Helper()
+		cmd := admin.NewCommand()
+		var out bytes.Buffer
+		cmd.SetOut(&out)
+		cmd.SetErr(&out)
+		cmd.SetArgs(append(args, "--address", strings.TrimPrefix(api, "http://")))
+		if err := cmd.Execute(); err != nil {
+			t.Fatalf("%v: %v\n%s", args, err, out.String())
+		}
+		return out.String()
+	}
+	if out := run("inspect", "acme", "org=acme", "user=alice"); !strings.Contains(out, "3/5") || !strings.Contains(out, "98/100") || !strings.Contains(out, "would be admitted now") {
+		t.Fatalf("inspect:\n%s", out)
+	}
+	if out := run("override", "set", "acme", "user", "alice", "--limit", "2/min", "--for", "1h", "--note", "cli"); !strings.Contains(out, "none → 2/min") {
+		t.Fatalf("override set:\n%s", out)
+	}
+	if got := admitN(t, 2, site, "X-Org: acme", "X-User: alice"); got != 0 {
+		t.Fatalf("after the CLI's override of 2/min (2 used), admitted %d", got)
+	}
+	if out := run("override", "list"); !strings.Contains(out, "alice") || !strings.Contains(out, "cli") {
+		t.Fatalf("override list:\n%s", out)
+	}
+	if out := run("mode", "acme", "warn"); !strings.Contains(out, "configured → warn") {
+		t.Fatalf("mode:\n%s", out)
+	}
+	if out := run("trees"); !strings.Contains(out, "mode warn") || !strings.Contains(out, "override until") {
+		t.Fatalf("trees:\n%s", out)
+	}
+	if out := run("reset", "acme", "org=acme", "--below"); !strings.Contains(out, "reset 2 bucket(s)") {
+		t.Fatalf("reset:\n%s", out)
+	}
+	if out := run("top", "-n", "3"); !strings.Contains(out, "DENIALS") {
+		t.Fatalf("top:\n%s", out)
+	}
+	cmd := admin.NewCommand()
+	cmd.SetOut(io.Discard)
+	cmd.SetErr(io.Discard)
+	cmd.SetArgs([]string{"inspect", "nope", "org=a", "--address", strings.TrimPrefix(api, "http://")})
+	if err := cmd.Execute(); err == nil || !strings.Contains(err.Error(), "its trees are acme") {
+		t.Fatalf("an unknown tree: %v", err)
+	}
+}

@@ -41,17 +41,26 @@ endpoint (the admin.api.rate_limit module):
 
 The admin address is --address, else the one of --config (and --adapter),
 else localhost:2019. --json prints the API's JSON.`,
-		CobraFunc: func(cmd *cobra.Command) {
-			cmd.PersistentFlags().String("address", "", "The address of the admin API")
-			cmd.PersistentFlags().StringP("config", "c", "", "Configuration file to find the admin address in")
-			cmd.PersistentFlags().StringP("adapter", "a", "", "Name of config adapter")
-			cmd.PersistentFlags().Bool("json", false, "Print the API's JSON")
-			cmd.AddCommand(
-				&cobra.Command{Use: "trees", Short: "Lists the running trees", Args: cobra.NoArgs, RunE: runTrees},
-				inspectCommand(), resetCommand(), overrideCommand(), modeCommand(), topCommand(),
-			)
-		},
+		CobraFunc: addCommands,
 	})
+}
+
+// NewCommand returns the rate-limit command as `caddy rate-limit` runs it.
+func NewCommand() *cobra.Command {
+	cmd := &cobra.Command{Use: "rate-limit"}
+	addCommands(cmd)
+	return cmd
+}
+
+func addCommands(cmd *cobra.Command) {
+	cmd.PersistentFlags().String("address", "", "The address of the admin API")
+	cmd.PersistentFlags().StringP("config", "c", "", "Configuration file to find the admin address in")
+	cmd.PersistentFlags().StringP("adapter", "a", "", "Name of config adapter")
+	cmd.PersistentFlags().Bool("json", false, "Print the API's JSON")
+	cmd.AddCommand(
+		&cobra.Command{Use: "trees", Short: "Lists the running trees", Args: cobra.NoArgs, RunE: runTrees},
+		inspectCommand(), resetCommand(), overrideCommand(), modeCommand(), topCommand(),
+	)
 }
 
 // client talks to the admin API for one command.
@@ -511,4 +520,3 @@ func ParseLimit(s string) (*hierarchy.Limit, error) {
 	}
 	return l, nil
 }
-
