@@ -7,6 +7,8 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -344,5 +346,125 @@ func TestCLI(t *testing.T) {
 	cmd.SetArgs([]string{"inspect", "nope", "org=a", "--address", strings.TrimPrefix(api, "http://")})
 	if err := cmd.Execute(); err == nil || !strings.Contains(err.Error(), "its trees are acme") {
 		t.Fatalf("an unknown tree: %v", err)
+	}
+}
+
+// TestMatcherErrorRefuses: a tree whose matcher fails on a request does
+// not silently stop applying: the request is refused.
+func TestMatcherErrorRefuses(t *testing.T) {
+	url := site(t, `
+		tree t {
+			match {
+				expression `+"`"+`int({http.request.header.X-N}) > 5`+"`"+`
+			}
+			tier all fixed {
+				limit 1/min
+			}
+		}
+		`+memoryStore().block(t))
+	if r := do(t, "GET", url, "X-N: 9"); r.status != 200 {
+		t.Fatalf("a matching request: %d %s", r.status, r.body)
+	}
+	if r := do(t, "GET", url, "X-N: 9"); r.status != 429 {
+		t.Fatalf("the second matching request: %d", r.status)
+	}
+	if r := do(t, "GET", url, "X-N: 1"); r.status != 200 {
+		t.Fatalf("a request the matcher does not match: %d", r.status)
+	}
+	r := do(t, "GET", url, "X-N: abc")
+	if r.status/100 == 2 {
+		t.Fatalf("a request the matcher fails on passed: %d %s", r.status, r.body)
+	}
+	if p := r.problem(t); !strings.Contains(p["detail"].(string), "matcher of tree t") {
+		t.Fatalf("problem: %v", p)
+	}
+}
+
+// TestStateMetrics: the memory store's keys, the overrides in force and
+// each tree's mode are exported.
+func TestStateMetrics(t *testing.T) {
+	storeBlock := memoryStore().block(t)
+	name := strings.Fields(storeBlock)[4] // store memory { name tN }
+	site, api := adminSite(t, opsTree+storeBlock)
+	admitN(t, 3, site, "X-Org: acme", "X-User: alice")
+	call(t, "PUT", api+"/rate_limit/overrides/acme/user/bob", `{"unlimited":true}`, nil)
+	call(t, "PUT", api+"/rate_limit/mode/acme", `{"mode":"warn"}`, nil)
+	_, body := call(t, "GET", api+"/metrics", nil, nil)
+	for _, want := range []string{
+		`cascade_store_keys{store="memory/` + name + `"} 2`,
+		`cascade_store_evictions_total{store="memory/` + name + `"} 0`,
+		`cascade_overrides{store="memory/` + name + `"} 1`,
+		`cascade_tree_mode{mode="warn",tree="acme"} 1`,
+		`cascade_tree_mode{mode="enforce",tree="acme"} 0`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("no %s in /metrics", want)
+		}
+	}
+}
+
+// TestDenialLog: the first denial of a key is logged at INFO with the key
+// values, the next ones are not; no_values drops the values.
+func TestDenialLog(t *testing.T) {
+	for _, tt := range []struct{ option, want, not string }{
+		{"", `"values":["org=acme","user=alice"]`, ""},
+		{"denial_log no_values", `"blocked_by":"acme/user"`, `alice`},
+	} {
+		logFile := filepath.Join(t.TempDir(), "log.json")
+		port := freePort(t)
+		cf := fmt.Sprintf(`{
+	admin off
+	auto_https off
+	persist_config off
+	log {
+		output file %s
+		format json
+		level INFO
+	}
+}
+http://127.0.0.1:%d {
+	rate_limit {
+%s
+		%s
+		%s
+	}
+	respond "ok"
+}
+`, logFile, port, opsTree, memoryStore().block(t), tt.option)
+		cfg, err := adapt(t, cf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		loadJSON(t, cfg)
+		url := fmt.Sprintf("http://127.0.0.1:%d/", port)
+		admitN(t, 8, url, "X-Org: acme", "X-User: alice")
+		_ = caddy.Stop()
+		raw, _ := os.ReadFile(logFile)
+		var lines []string
+		for _, l := range strings.Split(string(raw), "\n") {
+			if strings.Contains(l, `"msg":"rate limited"`) {
+				lines = append(lines, l)
+			}
+		}
+		if len(lines) != 1 || !strings.Contains(lines[0], tt.want) || (tt.not != "" && strings.Contains(lines[0], tt.not)) {
+			t.Fatalf("%q: denial lines %v, want one with %s", tt.option, lines, tt.want)
+		}
+	}
+}
+
+// TestAdminLongValues: a 10 KiB value works in the admin API's path and
+// query as it does on the request path (hashed in the key alike).
+func TestAdminLongValues(t *testing.T) {
+	site, api := adminSite(t, opsTree+memoryStore().block(t))
+	long := strings.Repeat("é:/", 3500)[:10<<10]
+	if code, body := call(t, "PUT", api+"/rate_limit/overrides/acme/user/"+url.PathEscape(long), `{"limits":[{"count":1,"per":"min"}]}`, nil); code != 200 {
+		t.Fatalf("put: %d %s", code, truncate(body, 200))
+	}
+	if got := admitN(t, 3, site, "X-Org: acme", "X-User: "+long); got != 1 {
+		t.Fatalf("admitted %d under an override of 1/min", got)
+	}
+	rem, b := remainingOf(t, api, "tree=acme&org=acme&user="+url.QueryEscape(long))
+	if rem["user"] != 0 || b.Buckets[1].Source != "override" || !strings.Contains(b.Buckets[1].Key, "user=~") {
+		t.Fatalf("inspect: %v %+v", rem, b.Buckets[1])
 	}
 }

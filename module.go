@@ -740,9 +740,16 @@ func (h *Handler) decide(r *http.Request, repl *caddy.Replacer, d *decision) (in
 			match, err := t.matchers.AnyMatchWithError(r)
 			if err != nil {
 				// A matcher that cannot decide must not let the tree's
-				// limits go unenforced: the request is refused.
+				// limits go unenforced (Caddy's deprecated AnyMatch would
+				// say "no match"): the request is refused, with the
+				// matcher's status if it gave one.
 				d.reason, d.blocked, d.enforcing, d.mode = "matcher_error", t.Name, true, "enforce"
-				return http.StatusBadRequest, fmt.Errorf("the matcher of tree %s failed on this request: %w", t.Name, err)
+				status := http.StatusInternalServerError
+				var he caddyhttp.HandlerError
+				if errors.As(err, &he) && he.StatusCode != 0 {
+					status = he.StatusCode
+				}
+				return status, fmt.Errorf("the matcher of tree %s could not decide on this request: %w", t.Name, err)
 			}
 			if !match {
 				continue

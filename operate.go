@@ -1,6 +1,7 @@
 package cascade
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"slices"
@@ -30,6 +31,15 @@ var _ admin.Engine = (*Handler)(nil)
 func (h *Handler) applyRuntime(snap *control.Snapshot) {
 	h.applying.Lock()
 	defer h.applying.Unlock()
+	// Overrides of one tier with the same limits share one compiled
+	// override: the headers of a path are formatted once per distinct set
+	// of limits (headerCache), and 10,000 customers on one plan are one
+	// set, not 10,000.
+	type shared struct {
+		tier *hierarchy.Tier
+		spec string
+	}
+	compiledOnce := map[shared]*hierarchy.Override{}
 	for _, t := range h.trees {
 		if m := snap.Mode(t.Name); m != nil {
 			mode := m.Mode
@@ -43,11 +53,20 @@ func (h *Handler) applyRuntime(snap *control.Snapshot) {
 				if o.Tree != t.Name || o.Tier != tier.Name {
 					continue
 				}
-				c, err := h.compileOverride(t, tier, o)
-				if err != nil {
-					h.logger.Warn("rate limit override not applied: it does not fit this handler's tree",
-						zap.String("tree", o.Tree), zap.String("tier", o.Tier), zap.String("value", truncate(o.Value, 256)), zap.Error(err))
-					continue
+				spec, _ := json.Marshal(struct {
+					L []*hierarchy.Limit
+					U bool
+				}{o.Limits, o.Unlimited})
+				key := shared{tier, string(spec)}
+				c := compiledOnce[key]
+				if c == nil {
+					var err error
+					if c, err = h.compileOverride(t, tier, o); err != nil {
+						h.logger.Warn("rate limit override not applied: it does not fit this handler's tree",
+							zap.String("tree", o.Tree), zap.String("tier", o.Tier), zap.String("value", truncate(o.Value, 256)), zap.Error(err))
+						continue
+					}
+					compiledOnce[key] = c
 				}
 				if compiled == nil {
 					compiled = map[string]*hierarchy.Override{}
