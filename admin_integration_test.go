@@ -468,3 +468,78 @@ func TestAdminLongValues(t *testing.T) {
 		t.Fatalf("inspect: %v %+v", rem, b.Buckets[1])
 	}
 }
+
+// TestOverridesSurviveReload: on the memory store, runtime overrides and
+// modes live in the process and survive a config reload.
+func TestOverridesSurviveReload(t *testing.T) {
+	storeBlock := memoryStore().block(t)
+	site, api := adminSite(t, opsTree+storeBlock)
+	call(t, "PUT", api+"/rate_limit/overrides/acme/user/erin", `{"limits":[{"count":1,"per":"min"}]}`, nil)
+	call(t, "PUT", api+"/rate_limit/mode/acme", `{"mode":"warn"}`, nil)
+	port := strings.TrimSuffix(strings.TrimPrefix(site, "http://127.0.0.1:"), "/")
+	adminPort := strings.TrimPrefix(api, "http://127.0.0.1:")
+	cfg, err := adapt(t, fmt.Sprintf(`{
+	admin 127.0.0.1:%s
+	auto_https off
+	persist_config off
+}
+http://127.0.0.1:%s {
+	rate_limit {
+%s
+%s
+	}
+	respond "reloaded" 200
+}
+`, adminPort, port, opsTree, storeBlock))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := caddy.Load(cfg, true); err != nil {
+		t.Fatal(err)
+	}
+	erin := []string{"X-Org: acme", "X-User: erin"}
+	if r := do(t, "GET", site, erin...); r.body != "reloaded" {
+		t.Fatalf("not reloaded: %s", r.body)
+	}
+	// warn: the second request is over erin's override of 1/min, passes
+	// with the headers.
+	if r := do(t, "GET", site, erin...); r.status != 200 || r.header.Get("Retry-After") == "" {
+		t.Fatalf("after the reload, erin's second request: %d %v", r.status, r.header)
+	}
+	var trees []admin.Tree
+	call(t, "GET", api+"/rate_limit/trees", nil, &trees)
+	if trees[0].Mode != "warn" {
+		t.Fatalf("mode after the reload: %s", trees[0].Mode)
+	}
+}
+
+// TestMixedModes: when only a tree in shadow mode denies, the request
+// passes and is still charged to the tree that enforces.
+func TestMixedModes(t *testing.T) {
+	site, api := adminSite(t, `
+		tree a {
+			tier all fixed {
+				limit 5/min
+			}
+		}
+		tree b {
+			tier all fixed {
+				limit 2/min
+			}
+		}
+		`+memoryStore().block(t))
+	if code, body := call(t, "PUT", api+"/rate_limit/mode/b", `{"mode":"shadow"}`, nil); code != 200 {
+		t.Fatalf("mode: %d %s", code, body)
+	}
+	var codes []int
+	for i := 0; i < 6; i++ {
+		codes = append(codes, do(t, "GET", site).status)
+	}
+	if fmt.Sprint(codes) != "[200 200 200 200 200 429]" {
+		t.Fatalf("statuses %v: want 5 admitted (tree a's limit) and the 6th refused by tree a", codes)
+	}
+	rem, _ := remainingOf(t, api, "tree=a")
+	if rem["all"] != 0 {
+		t.Fatalf("tree a has %d left: requests that only tree b denied were not charged to it", rem["all"])
+	}
+}

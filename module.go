@@ -346,8 +346,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	h.applying = new(sync.Mutex)
 	if h.runtime != nil {
+		// Subscribe applies the current state first, then every change.
 		h.unsubscribe = h.runtime.Subscribe(h.applyRuntime)
-		h.applyRuntime(h.runtime.Snapshot())
 	}
 	h.unregister = admin.Register(h, ctx.Done())
 	return nil
@@ -829,11 +829,18 @@ func (h *Handler) decide(r *http.Request, repl *caddy.Replacer, d *decision) (in
 		d.reason = "store_error"
 		return 0, err
 	}
-	if !d.Allowed && d.mode == "enforce" && lenient != "" {
+	switch {
+	case d.Allowed:
+	case d.mode == "enforce" && lenient != "":
 		if err := h.enforceOnly(r.Context(), d); err != nil {
 			d.reason = "store_error"
 			return 0, err
 		}
+	case d.mode != "enforce" && d.closest >= 0:
+		// No tree enforces: the denying tree's mode says what the client
+		// sees (a shadow tree's denial shows nothing, even beside a tree
+		// in warn).
+		d.mode = h.treeMode(h.treeOf(d.buckets[d.closest].Tree))
 	}
 	return 0, nil
 }

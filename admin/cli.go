@@ -1,18 +1,27 @@
 package admin
 
+// The `caddy rate-limit` command: a client of the admin API above, through
+// Caddy's own admin client (caddycmd.AdminAPIRequest), so that unix
+// sockets, the Origin header and the --config address discovery work as
+// they do for `caddy reload` and `caddy stop`.
+
 import (
 	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"net/http"
+	"math"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
+	"github.com/caddyserver/caddy/v2"
 	caddycmd "github.com/caddyserver/caddy/v2/cmd"
 	"github.com/spf13/cobra"
 
@@ -20,48 +29,70 @@ import (
 	"github.com/caddy-cascade/cascade/hierarchy"
 )
 
+// synopsis is the usage of `caddy rate-limit`.
+const synopsis = `caddy rate-limit trees
+caddy rate-limit inspect <tree> <tier>=<value>... [--cost N] [--cost-in <dimension>=N]...
+caddy rate-limit reset <tree> <tier>=<value>... [--below]
+caddy rate-limit override set <tree> <tier> <value> (--limit "<limit>"... | --unlimited) [--expires <RFC 3339> | --for <duration>] [--note "who and why"]
+caddy rate-limit override delete <tree> <tier> <value>
+caddy rate-limit override list
+caddy rate-limit mode <tree> enforce|warn|shadow [--note "who and why"]
+caddy rate-limit mode <tree> --reset
+caddy rate-limit top [-n 20]`
+
+// synopsisFlags says what every command of synopsis takes.
+const synopsisFlags = `Every command takes --address <admin address> (else the admin address of
+--config <file> [--adapter <name>], else localhost:2019) and --json (print
+the API's JSON instead of a table).`
+
 func init() {
 	caddycmd.RegisterCommand(caddycmd.Command{
 		Name:  "rate-limit",
-		Usage: "trees|inspect|reset|override|mode|top …",
+		Usage: "trees|inspect|reset|override|mode|top [args]",
 		Short: "Inspects and steers Cascade's rate limits through the admin API",
 		Long: `
 Inspects and steers the rate limits of a running Caddy through its admin
-endpoint (the admin.api.rate_limit module):
+endpoint (the admin.api.rate_limit module of Cascade):
 
-  caddy rate-limit trees
-  caddy rate-limit inspect <tree> <tier>=<value>... [--cost N] [--cost-in dim=N]
-  caddy rate-limit reset <tree> <tier>=<value>... [--below]
-  caddy rate-limit override set <tree> <tier> <value> --limit "50000/h" [--limit "5000000 tokens/h"] [--unlimited] [--expires RFC3339 | --for 2h] [--note "..."]
-  caddy rate-limit override delete <tree> <tier> <value>
-  caddy rate-limit override list
-  caddy rate-limit mode <tree> enforce|warn|shadow [--note "..."]
-  caddy rate-limit mode <tree> --reset
-  caddy rate-limit top [-n 20]
+` + indentText(synopsis, "  ") + `
 
-The admin address is --address, else the one of --config (and --adapter),
-else localhost:2019. --json prints the API's JSON.`,
+` + synopsisFlags + `
+
+A limit is written as in the Caddyfile: "<count>/<per>" or
+"<count> <dimension>/<per>", then optionally "burst <n>", an algorithm
+(gcra, sliding, sliding approx, calendar) and "tz <zone>"; e.g. "50000/h",
+"5000000 tokens/h burst 100000", "1000000 tokens/month tz Europe/Paris".
+A value is given as clients send it: ':', '/', spaces and unicode need no
+escaping (quote them for the shell).`,
 		CobraFunc: addCommands,
 	})
 }
 
-// NewCommand returns the rate-limit command as `caddy rate-limit` runs it.
+// NewCommand returns the rate-limit command as `caddy rate-limit` runs it,
+// standing alone (for tests and other front ends).
 func NewCommand() *cobra.Command {
-	cmd := &cobra.Command{Use: "rate-limit"}
+	cmd := &cobra.Command{Use: "rate-limit", Short: "Inspects and steers Cascade's rate limits through the admin API"}
 	addCommands(cmd)
 	return cmd
 }
 
 func addCommands(cmd *cobra.Command) {
-	cmd.PersistentFlags().String("address", "", "The address of the admin API")
-	cmd.PersistentFlags().StringP("config", "c", "", "Configuration file to find the admin address in")
-	cmd.PersistentFlags().StringP("adapter", "a", "", "Name of config adapter")
-	cmd.PersistentFlags().Bool("json", false, "Print the API's JSON")
-	cmd.AddCommand(
-		&cobra.Command{Use: "trees", Short: "Lists the running trees", Args: cobra.NoArgs, RunE: runTrees},
-		inspectCommand(), resetCommand(), overrideCommand(), modeCommand(), topCommand(),
-	)
+	pf := cmd.PersistentFlags()
+	pf.String("address", "", "The address of Caddy's admin endpoint (default: the one of --config, else localhost:2019)")
+	pf.StringP("config", "c", "", "Configuration file to read the admin address from, if --address is not used")
+	pf.StringP("adapter", "a", "", "Name of the config adapter of --config")
+	pf.Bool("json", false, "Print the API's JSON instead of a table")
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		if len(args) > 0 {
+			return fmt.Errorf("unknown command %q: use trees, inspect, reset, override, mode or top", args[0])
+		}
+		return cmd.Help()
+	}
+	cmd.AddCommand(treesCommand(), inspectCommand(), resetCommand(), overrideCommand(), modeCommand(), topCommand())
 }
+
+// now is the clock of the relative times printed ("in 2 h").
+var now = time.Now
 
 // client talks to the admin API for one command.
 type client struct {
@@ -70,38 +101,46 @@ type client struct {
 	out     io.Writer
 }
 
+// clientOf returns the client of a command. It is called once the
+// arguments are known to be good: from then on an error is the server's
+// or the network's, and the usage is not printed with it.
 func clientOf(cmd *cobra.Command) (*client, error) {
 	fl := cmd.Flags()
 	address, _ := fl.GetString("address")
 	config, _ := fl.GetString("config")
 	adapter, _ := fl.GetString("adapter")
 	asJSON, _ := fl.GetBool("json")
+	if adapter != "" && config == "" {
+		return nil, errors.New("--adapter applies to --config: give the configuration file too")
+	}
+	cmd.SilenceUsage = true
 	addr, err := caddycmd.DetermineAdminAPIAddress(address, nil, config, adapter)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("finding the admin address: %v", err)
 	}
 	return &client{address: addr, json: asJSON, out: cmd.OutOrStdout()}, nil
 }
 
-// do sends one request and decodes the answer into out; with --json it
-// prints the answer as it is.
-func (c *client) do(method, uri string, body any, out any) error {
+// do sends one request (body, if not nil, as JSON) and decodes the answer
+// into out; with --json it prints the answer instead. It reports whether
+// the answer was printed (then the caller prints nothing more).
+func (c *client) do(method, uri string, body, out any) (printed bool, err error) {
 	var rd io.Reader
 	if body != nil {
 		b, err := json.Marshal(body)
 		if err != nil {
-			return err
+			return false, err
 		}
 		rd = bytes.NewReader(b)
 	}
-	res, err := caddycmd.AdminAPIRequest(c.address, method, uri, http.Header{"Content-Type": {"application/json"}}, rd)
+	res, err := caddycmd.AdminAPIRequest(c.address, method, uri, nil, rd)
 	if err != nil {
-		return apiMessage(err)
+		return false, apiMessage(c.address, err)
 	}
 	defer res.Body.Close()
 	raw, err := io.ReadAll(res.Body)
 	if err != nil {
-		return err
+		return false, fmt.Errorf("reading the answer of %s: %v", c.address, err)
 	}
 	if c.json {
 		var buf bytes.Buffer
@@ -109,24 +148,40 @@ func (c *client) do(method, uri string, body any, out any) error {
 			raw = buf.Bytes()
 		}
 		_, err = fmt.Fprintln(c.out, strings.TrimSpace(string(raw)))
-		return err
+		return true, err
 	}
-	return json.Unmarshal(raw, out)
+	if err := json.Unmarshal(raw, out); err != nil {
+		return false, fmt.Errorf("the answer of %s %s is not the JSON expected (%v): %.200s", method, uri, err, raw)
+	}
+	return false, nil
 }
 
-// apiMessage turns AdminAPIRequest's error into the API's own message.
-func apiMessage(err error) error {
+// apiMessage turns an error of caddycmd.AdminAPIRequest into the server's
+// own message, or says what is likely wrong.
+func apiMessage(addr string, err error) error {
 	s := err.Error()
-	if i := strings.Index(s, "{"); i >= 0 {
-		var e struct{ Error string }
-		if json.Unmarshal([]byte(s[i:]), &e) == nil && e.Error != "" {
+	if _, rest, ok := strings.Cut(s, "caddy responded with error: HTTP "); ok {
+		status, body, _ := strings.Cut(rest, ": ")
+		var e struct {
+			Error string `json:"error"`
+		}
+		if json.Unmarshal([]byte(body), &e) == nil && e.Error != "" {
 			return errors.New(e.Error)
 		}
+		if status == "404" {
+			return fmt.Errorf("the admin endpoint at %s has no rate-limit API (HTTP 404): is this Caddy built with Cascade?", addr)
+		}
+		return fmt.Errorf("HTTP %s: %s", status, strings.TrimSpace(body))
+	}
+	if strings.HasPrefix(s, "performing request") {
+		return fmt.Errorf("%v: is Caddy running, with its admin endpoint at %s? (give it with --address, or --config)", err, addr)
 	}
 	return err
 }
 
-// pathQuery turns <tier>=<value> arguments into a query.
+// pathQuery turns <tier>=<value> arguments into the query of a path of
+// tree. Tiers are sent as tier.<name>, which no query parameter of the API
+// clashes with.
 func pathQuery(tree string, args []string) (url.Values, error) {
 	q := url.Values{"tree": {tree}}
 	for _, a := range args {
@@ -134,139 +189,237 @@ func pathQuery(tree string, args []string) (url.Values, error) {
 		if !ok || tier == "" {
 			return nil, fmt.Errorf("%q: write <tier>=<value>, e.g. user=alice", a)
 		}
+		if q.Has("tier." + tier) {
+			return nil, fmt.Errorf("tier %s is given twice: give each tier one value", tier)
+		}
 		q.Set("tier."+tier, value)
 	}
 	return q, nil
 }
 
-func table(w io.Writer, header string, rows [][]string) {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, header)
-	for _, r := range rows {
-		fmt.Fprintln(tw, strings.Join(r, "\t"))
+func pathText(tree string, path []PathValue) string {
+	if len(path) == 0 {
+		return tree
 	}
-	tw.Flush()
+	parts := []string{tree + ":"}
+	for _, p := range path {
+		parts = append(parts, p.Tier+"="+show(p.Value))
+	}
+	return strings.Join(parts, " ")
 }
 
-func secs(s float64) string {
-	if s == 0 {
-		return "0"
+// --- trees
+
+func treesCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "trees",
+		Short: "Lists the running trees: their mode, tiers, limits and the per-value limits in force",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := clientOf(cmd)
+			if err != nil {
+				return err
+			}
+			var trees []Tree
+			if printed, err := c.do("GET", "/rate_limit/trees", nil, &trees); err != nil || printed {
+				return err
+			}
+			renderTrees(c.out, trees)
+			return nil
+		},
 	}
-	return strconv.FormatFloat(s, 'f', -1, 64) + " s"
 }
 
-func runTrees(cmd *cobra.Command, _ []string) error {
-	c, err := clientOf(cmd)
-	if err != nil {
-		return err
+func renderTrees(w io.Writer, trees []Tree) {
+	if len(trees) == 0 {
+		fmt.Fprintln(w, "no trees: the running configuration has no rate_limit handler")
+		return
 	}
-	var trees []Tree
-	if err := c.do("GET", "/rate_limit/trees", nil, &trees); err != nil || c.json {
-		return err
-	}
-	for _, t := range trees {
-		fmt.Fprintf(c.out, "tree %s (%s, mode %s, configured %s)\n", t.Name, t.Store, t.Mode, t.ConfiguredMode)
+	for i, t := range trees {
+		if i > 0 {
+			fmt.Fprintln(w)
+		}
+		mode := "mode " + t.Mode
+		if m := t.ModeOverride; m != nil {
+			mode += " (set at runtime" + timeText(" ", m.Updated) + noteText(": ", m.Note) + "; configured " + t.ConfiguredMode + ")"
+		} else if t.ConfiguredMode != "" && t.ConfiguredMode != t.Mode {
+			mode += " (configured " + t.ConfiguredMode + ")"
+		}
+		fmt.Fprintf(w, "tree %s: %s, store %s\n", t.Name, mode, t.Store)
 		var rows [][]string
 		for _, tier := range t.Tiers {
-			rows = append(rows, []string{tier.Name, tier.Key, "*", limitsText(tier.Limits, false), "tier"})
+			limits, source := "-", "tier"
+			if len(tier.Limits) > 0 {
+				limits = limitsText(tier.Limits, false)
+			}
+			if tier.Adaptive {
+				source += ", adaptive"
+			}
+			rows = append(rows, []string{"  " + tier.Name, tier.Key, tier.Missing, "*", limits, source, ""})
 			for _, v := range tier.Values {
-				rows = append(rows, []string{"", "", v.Value, limitsText(v.Limits, v.Unlimited), v.Source + expiresText(v.Expires)})
+				source := v.Source
+				if v.Expires != nil {
+					source += " until " + v.Expires.UTC().Format(time.RFC3339)
+				}
+				if cv := v.Configured; cv != nil {
+					source += ", replaces " + limitsText(cv.Limits, cv.Unlimited)
+				}
+				rows = append(rows, []string{"", "", "", show(v.Value), limitsText(v.Limits, v.Unlimited), source, note(v.Note)})
 			}
 		}
-		table(c.out, "  TIER\tKEY\tVALUE\tLIMITS\tSOURCE", indent(rows))
+		table(w, []string{"  TIER", "KEY", "MISSING", "VALUE", "LIMITS", "SOURCE", "NOTE"}, rows)
 	}
-	return nil
-}
-
-func indent(rows [][]string) [][]string {
-	for i := range rows {
-		rows[i][0] = "  " + rows[i][0]
-	}
-	return rows
 }
 
 func limitsText(ls []Limit, unlimited bool) string {
 	if unlimited {
 		return "unlimited"
 	}
-	var parts []string
-	for _, l := range ls {
-		parts = append(parts, l.Text)
+	if len(ls) == 0 {
+		return "-"
+	}
+	parts := make([]string, len(ls))
+	for i, l := range ls {
+		parts[i] = l.Text
+		if parts[i] == "" {
+			parts[i] = limitText(&l.Limit)
+		}
 	}
 	return strings.Join(parts, ", ")
 }
 
-func expiresText(t *time.Time) string {
-	if t == nil {
-		return ""
+// limitText is a limit as the Caddyfile writes it, time zone included.
+func limitText(l *hierarchy.Limit) string {
+	s := l.String()
+	if l.Timezone != "" {
+		s += " tz " + l.Timezone
 	}
-	return " until " + t.Format(time.RFC3339)
+	return s
 }
+
+// --- inspect
 
 func inspectCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "inspect <tree> <tier>=<value>...",
-		Short: "Shows the buckets of one path, charging nothing",
+		Short: "Shows the buckets of one path and whether a request would be admitted, charging nothing",
 		Args:  cobra.MinimumNArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := clientOf(cmd)
-			if err != nil {
-				return err
-			}
 			q, err := pathQuery(args[0], args[1:])
 			if err != nil {
 				return err
 			}
-			cost, _ := cmd.Flags().GetInt64("cost")
-			q.Set("cost", strconv.FormatInt(cost, 10))
-			costIn, _ := cmd.Flags().GetStringSlice("cost-in")
+			fl := cmd.Flags()
+			if fl.Changed("cost") {
+				cost, _ := fl.GetInt64("cost")
+				if cost < 0 {
+					return fmt.Errorf("--cost %d: give a whole number, 0 or more", cost)
+				}
+				q.Set("cost", strconv.FormatInt(cost, 10))
+			}
+			costIn, _ := fl.GetStringArray("cost-in")
 			for _, ci := range costIn {
-				dim, n, ok := strings.Cut(ci, "=")
-				if !ok {
-					return fmt.Errorf("--cost-in %q: write <dimension>=<n>, e.g. tokens=500", ci)
+				for _, one := range strings.Split(ci, ",") {
+					dim, n, ok := strings.Cut(strings.TrimSpace(one), "=")
+					v, err := strconv.ParseInt(n, 10, 64)
+					if !ok || dim == "" || err != nil || v < 0 {
+						return fmt.Errorf("--cost-in %q: write <dimension>=<n>, n a whole number 0 or more, e.g. tokens=500", one)
+					}
+					if q.Has("cost." + dim) {
+						return fmt.Errorf("--cost-in: the cost in %s is given twice", dim)
+					}
+					q.Set("cost."+dim, strconv.FormatInt(v, 10))
 				}
-				q.Set("cost."+dim, n)
 			}
-			var b Buckets
-			if err := c.do("GET", "/rate_limit/buckets?"+q.Encode(), nil, &b); err != nil || c.json {
-				return err
-			}
-			var rows [][]string
-			for _, bk := range b.Buckets {
-				retry := secs(bk.RetryAfter)
-				if bk.Impossible {
-					retry = "never"
-				}
-				rows = append(rows, []string{bk.Tier, bk.Value, bk.Limit + " (" + bk.Source + ")",
-					fmt.Sprintf("%d/%d", bk.Remaining, bk.Capacity), secs(bk.FullIn), retry})
-			}
-			table(c.out, "TIER\tVALUE\tLIMIT\tREMAINING\tFULL IN\tRETRY AFTER", rows)
-			switch {
-			case b.Impossible:
-				fmt.Fprintf(c.out, "a request costing %v can never be admitted\n", b.Cost)
-			case b.Allowed:
-				fmt.Fprintf(c.out, "a request costing %v would be admitted now\n", b.Cost)
-			default:
-				fmt.Fprintf(c.out, "a request costing %v would wait %s\n", b.Cost, secs(b.RetryAfter))
-			}
-			return nil
-		},
-	}
-	cmd.Flags().Int64("cost", 1, "The cost of the request asked about, in every dimension but requests")
-	cmd.Flags().StringSlice("cost-in", nil, "The cost in one dimension: <dimension>=<n> (repeatable)")
-	return cmd
-}
-
-func resetCommand() *cobra.Command {
-	cmd := &cobra.Command{
-		Use:   "reset <tree> <tier>=<value>...",
-		Short: "Makes the named tier's buckets full again (--below: the whole subtree)",
-		Args:  cobra.MinimumNArgs(2),
-		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := clientOf(cmd)
 			if err != nil {
 				return err
 			}
+			var b Buckets
+			if printed, err := c.do("GET", "/rate_limit/buckets?"+q.Encode(), nil, &b); err != nil || printed {
+				return err
+			}
+			renderBuckets(c.out, &b)
+			return nil
+		},
+	}
+	cmd.Flags().Int64("cost", 1, "The cost of the request asked about, in every dimension but requests (in requests when the tree counts nothing else)")
+	cmd.Flags().StringArray("cost-in", nil, "The cost in one dimension, <dimension>=<n>, e.g. tokens=500 (repeatable)")
+	return cmd
+}
+
+func renderBuckets(w io.Writer, b *Buckets) {
+	fmt.Fprintf(w, "tree %s\n", pathText(b.Tree, b.Path))
+	rows := make([][]string, 0, len(b.Buckets))
+	for _, bk := range b.Buckets {
+		capacity := fmt.Sprintf("%d/%d", bk.Remaining, bk.Capacity)
+		if bk.Scaled {
+			capacity += " (scaled)"
+		}
+		fullIn := "full"
+		if bk.FullIn > 0 {
+			fullIn = seconds(bk.FullIn)
+		}
+		retry := "now"
+		switch {
+		case bk.Impossible:
+			retry = "never"
+		case bk.RetryAfter > 0:
+			retry = seconds(bk.RetryAfter)
+		}
+		rows = append(rows, []string{bk.Tier, show(bk.Value), bk.Limit, bk.Source, capacity, fullIn, retry})
+	}
+	table(w, []string{"TIER", "VALUE", "LIMIT", "SOURCE", "REMAINING/CAPACITY", "FULL IN", "RETRY AFTER"}, rows)
+	req := "a request costing " + costText(b.Cost)
+	switch {
+	case b.Impossible:
+		fmt.Fprintf(w, "%s can never be admitted: it is over a bucket's capacity\n", req)
+	case b.Allowed:
+		fmt.Fprintf(w, "%s would be admitted now\n", req)
+	default:
+		fmt.Fprintf(w, "%s would wait %s\n", req, seconds(b.RetryAfter))
+	}
+}
+
+// costText is a cost per dimension, requests first: "1 request, 500 tokens".
+func costText(cost map[string]int64) string {
+	dims := make([]string, 0, len(cost))
+	for d := range cost {
+		dims = append(dims, d)
+	}
+	slices.SortFunc(dims, func(a, b string) int {
+		switch {
+		case a == b:
+			return 0
+		case a == hierarchy.Requests:
+			return -1
+		case b == hierarchy.Requests:
+			return 1
+		}
+		return strings.Compare(a, b)
+	})
+	parts := make([]string, len(dims))
+	for i, d := range dims {
+		n := cost[d]
+		if n == 1 && len(d) > 1 {
+			d = strings.TrimSuffix(d, "s") // 1 request, 1 token
+		}
+		parts[i] = fmt.Sprintf("%d %s", n, d)
+	}
+	if len(parts) == 0 {
+		return "nothing"
+	}
+	return strings.Join(parts, ", ")
+}
+
+// --- reset
+
+func resetCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "reset <tree> <tier>=<value>...",
+		Short: "Makes the buckets of the last value given full again (--below: its whole subtree)",
+		Args:  cobra.MinimumNArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
 			q, err := pathQuery(args[0], args[1:])
 			if err != nil {
 				return err
@@ -274,17 +427,31 @@ func resetCommand() *cobra.Command {
 			if below, _ := cmd.Flags().GetBool("below"); below {
 				q.Set("below", "1")
 			}
-			var r Reset
-			if err := c.do("POST", "/rate_limit/reset?"+q.Encode(), nil, &r); err != nil || c.json {
+			c, err := clientOf(cmd)
+			if err != nil {
 				return err
 			}
-			fmt.Fprintf(c.out, "reset %d bucket(s) of %s\n", r.Buckets, r.Tree)
+			var r Reset
+			if printed, err := c.do("POST", "/rate_limit/reset?"+q.Encode(), nil, &r); err != nil || printed {
+				return err
+			}
+			renderReset(c.out, &r)
 			return nil
 		},
 	}
-	cmd.Flags().Bool("below", false, "Reset the whole subtree of the last value given")
+	cmd.Flags().Bool("below", false, "Reset every bucket of the subtree of the last value given")
 	return cmd
 }
+
+func renderReset(w io.Writer, r *Reset) {
+	below := ""
+	if r.Below {
+		below = " and below"
+	}
+	fmt.Fprintf(w, "reset %d bucket(s) of %s%s\n", r.Buckets, pathText(r.Tree, r.Path), below)
+}
+
+// --- override
 
 func overridePath(tree, tier, value string) string {
 	return "/rate_limit/overrides/" + url.PathEscape(tree) + "/" + url.PathEscape(tier) + "/" + url.PathEscape(value)
@@ -296,42 +463,32 @@ func overrideCommand() *cobra.Command {
 		Short: "Sets the limits of one value of a tier, on every instance sharing the store",
 		Args:  cobra.ExactArgs(3),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			req, err := overrideRequest(cmd)
+			if err != nil {
+				return err
+			}
 			c, err := clientOf(cmd)
 			if err != nil {
 				return err
 			}
-			fl := cmd.Flags()
-			specs, _ := fl.GetStringArray("limit")
-			req := OverrideRequest{}
-			req.Unlimited, _ = fl.GetBool("unlimited")
-			req.Note, _ = fl.GetString("note")
-			req.Expires, _ = fl.GetString("expires")
-			if d, _ := fl.GetDuration("for"); d > 0 {
-				req.Expires = time.Now().Add(d).UTC().Format(time.RFC3339)
-			}
-			for _, s := range specs {
-				l, err := ParseLimit(s)
-				if err != nil {
-					return err
-				}
-				req.Limits = append(req.Limits, l)
-			}
 			var ch Change[control.Override]
-			if err := c.do("PUT", overridePath(args[0], args[1], args[2]), req, &ch); err != nil || c.json {
+			if printed, err := c.do("PUT", overridePath(args[0], args[1], args[2]), req, &ch); err != nil || printed {
 				return err
 			}
-			fmt.Fprintf(c.out, "%s/%s/%s: %s → %s\n", args[0], args[1], args[2], overrideText(ch.Old), overrideText(ch.New))
+			fmt.Fprintf(c.out, "%s/%s/%s: %s → %s\n", args[0], args[1], show(args[2]), overrideText(ch.Old), overrideText(ch.New)+expiresText(ch.New))
 			return nil
 		},
 	}
-	set.Flags().StringArray("limit", nil, `A limit, as in the Caddyfile: "50000/h", "5000000 tokens/h burst 1000" (repeatable)`)
-	set.Flags().Bool("unlimited", false, "Exempt the value from the tier")
-	set.Flags().String("expires", "", "When the override goes (RFC 3339)")
-	set.Flags().Duration("for", 0, "How long the override lasts (instead of --expires)")
-	set.Flags().String("note", "", "Who and why")
+	sf := set.Flags()
+	sf.StringArray("limit", nil, `A limit, as in the Caddyfile: "50000/h", "5000000 tokens/h burst 100000" (repeatable)`)
+	sf.Bool("unlimited", false, "Exempt the value from the tier instead")
+	sf.String("expires", "", "When the override ends by itself, an RFC 3339 time such as 2026-12-01T16:00:00Z")
+	sf.String("for", "", "How long the override lasts, such as 2h or 30d (instead of --expires)")
+	sf.String("note", "", "Who set it and why")
+
 	del := &cobra.Command{
 		Use:   "delete <tree> <tier> <value>",
-		Short: "Returns one value to the configuration's limits",
+		Short: "Deletes the override of one value: its limits are the configuration's again",
 		Args:  cobra.ExactArgs(3),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := clientOf(cmd)
@@ -339,13 +496,18 @@ func overrideCommand() *cobra.Command {
 				return err
 			}
 			var ch Change[control.Override]
-			if err := c.do("DELETE", overridePath(args[0], args[1], args[2]), nil, &ch); err != nil || c.json {
+			if printed, err := c.do("DELETE", overridePath(args[0], args[1], args[2]), nil, &ch); err != nil || printed {
 				return err
 			}
-			fmt.Fprintf(c.out, "%s/%s/%s: %s → the configuration's\n", args[0], args[1], args[2], overrideText(ch.Old))
+			if ch.Old == nil {
+				fmt.Fprintf(c.out, "%s/%s/%s had no override: nothing changed\n", args[0], args[1], show(args[2]))
+			} else {
+				fmt.Fprintf(c.out, "%s/%s/%s: %s → the configuration's\n", args[0], args[1], show(args[2]), overrideText(ch.Old))
+			}
 			return nil
 		},
 	}
+
 	list := &cobra.Command{
 		Use:   "list",
 		Short: "Lists the runtime overrides and modes",
@@ -356,27 +518,66 @@ func overrideCommand() *cobra.Command {
 				return err
 			}
 			var o Overrides
-			if err := c.do("GET", "/rate_limit/overrides", nil, &o); err != nil || c.json {
+			if printed, err := c.do("GET", "/rate_limit/overrides", nil, &o); err != nil || printed {
 				return err
 			}
-			var rows [][]string
-			for _, ov := range o.Overrides {
-				exp := "never"
-				if !ov.Expires.IsZero() {
-					exp = ov.Expires.Format(time.RFC3339)
-				}
-				rows = append(rows, []string{ov.Tree, ov.Tier, ov.Value, overrideText(ov), exp, ov.Note})
-			}
-			table(c.out, "TREE\tTIER\tVALUE\tLIMITS\tEXPIRES\tNOTE", rows)
-			for _, m := range o.Modes {
-				fmt.Fprintf(c.out, "mode of %s: %s %s\n", m.Tree, m.Mode, m.Note)
-			}
+			renderOverrides(c.out, &o)
 			return nil
 		},
 	}
-	cmd := &cobra.Command{Use: "override", Short: "Sets, deletes and lists runtime overrides"}
+
+	cmd := &cobra.Command{
+		Use:   "override",
+		Short: "Sets, deletes and lists the runtime overrides of per-value limits",
+		Args:  cobra.NoArgs,
+		RunE:  func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
+	}
 	cmd.AddCommand(set, del, list)
 	return cmd
+}
+
+// overrideRequest reads the flags of `override set`.
+func overrideRequest(cmd *cobra.Command) (*OverrideRequest, error) {
+	fl := cmd.Flags()
+	specs, _ := fl.GetStringArray("limit")
+	req := &OverrideRequest{}
+	req.Unlimited, _ = fl.GetBool("unlimited")
+	req.Note, _ = fl.GetString("note")
+	switch {
+	case req.Unlimited && len(specs) > 0:
+		return nil, errors.New("--unlimited and --limit exclude each other: an override has limits or none")
+	case !req.Unlimited && len(specs) == 0:
+		return nil, errors.New(`give the value's limits, --limit "50000/h" (repeatable), or --unlimited`)
+	}
+	for _, s := range specs {
+		l, err := ParseLimit(s)
+		if err != nil {
+			return nil, err
+		}
+		req.Limits = append(req.Limits, l)
+	}
+	expires, _ := fl.GetString("expires")
+	lasts, _ := fl.GetString("for")
+	switch {
+	case expires != "" && lasts != "":
+		return nil, errors.New("--expires and --for exclude each other: give one")
+	case expires != "":
+		t, err := time.Parse(time.RFC3339, expires)
+		if err != nil {
+			return nil, fmt.Errorf("--expires %q: write an RFC 3339 time such as %s", expires, now().Add(24*time.Hour).UTC().Format(time.RFC3339))
+		}
+		if !t.After(now()) {
+			return nil, fmt.Errorf("--expires %s is in the past", expires)
+		}
+		req.Expires = expires
+	case lasts != "":
+		d, err := caddy.ParseDuration(lasts)
+		if err != nil || d <= 0 {
+			return nil, fmt.Errorf("--for %q: give a duration such as 90m, 2h or 30d", lasts)
+		}
+		req.Expires = now().Add(d).UTC().Format(time.RFC3339)
+	}
+	return req, nil
 }
 
 func overrideText(o *control.Override) string {
@@ -385,47 +586,98 @@ func overrideText(o *control.Override) string {
 		return "none"
 	case o.Unlimited:
 		return "unlimited"
+	case len(o.Limits) == 0:
+		return "-"
 	}
-	var parts []string
-	for _, l := range o.Limits {
-		parts = append(parts, l.String())
+	parts := make([]string, len(o.Limits))
+	for i, l := range o.Limits {
+		parts[i] = limitText(l)
 	}
 	return strings.Join(parts, ", ")
 }
 
+func expiresText(o *control.Override) string {
+	if o == nil || o.Expires.IsZero() {
+		return ""
+	}
+	return " until " + whenText(o.Expires)
+}
+
+func renderOverrides(w io.Writer, o *Overrides) {
+	if len(o.Overrides) == 0 {
+		fmt.Fprintln(w, "no runtime overrides")
+	} else {
+		rows := make([][]string, 0, len(o.Overrides))
+		for _, ov := range o.Overrides {
+			exp := "never"
+			if !ov.Expires.IsZero() {
+				exp = whenText(ov.Expires)
+			}
+			rows = append(rows, []string{ov.Tree, ov.Tier, show(ov.Value), overrideText(ov), exp, note(ov.Note)})
+		}
+		table(w, []string{"TREE", "TIER", "VALUE", "LIMITS", "EXPIRES", "NOTE"}, rows)
+	}
+	fmt.Fprintln(w)
+	if len(o.Modes) == 0 {
+		fmt.Fprintln(w, "no runtime modes")
+		return
+	}
+	rows := make([][]string, 0, len(o.Modes))
+	for _, m := range o.Modes {
+		rows = append(rows, []string{m.Tree, m.Mode, timeText("", m.Updated), note(m.Note)})
+	}
+	table(w, []string{"TREE", "MODE", "SET", "NOTE"}, rows)
+}
+
+// --- mode
+
 func modeCommand() *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   "mode <tree> enforce|warn|shadow",
+		Use:   "mode <tree> enforce|warn|shadow | mode <tree> --reset",
 		Short: "Sets a tree's mode on every instance sharing the store (--reset: back to the configured one)",
 		Args:  cobra.RangeArgs(1, 2),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			fl := cmd.Flags()
+			reset, _ := fl.GetBool("reset")
+			note, _ := fl.GetString("note")
+			tree := args[0]
+			var body any
+			method := "PUT"
+			switch {
+			case reset && len(args) == 2:
+				return fmt.Errorf("--reset returns %s to its configured mode: give no mode with it", tree)
+			case reset && note != "":
+				return errors.New("--note goes with a mode set, not with --reset")
+			case reset:
+				method = "DELETE"
+			case len(args) == 1:
+				return errors.New("give a mode: enforce, warn or shadow (or --reset for the configured one)")
+			default:
+				switch args[1] {
+				case control.ModeEnforce, control.ModeWarn, control.ModeShadow:
+				default:
+					return fmt.Errorf("mode %q: use enforce, warn or shadow", args[1])
+				}
+				body = ModeRequest{Mode: args[1], Note: note}
+			}
 			c, err := clientOf(cmd)
 			if err != nil {
 				return err
 			}
-			path := "/rate_limit/mode/" + url.PathEscape(args[0])
 			var ch Change[control.Mode]
-			if reset, _ := cmd.Flags().GetBool("reset"); reset {
-				if len(args) != 1 {
-					return errors.New("--reset takes no mode")
-				}
-				err = c.do("DELETE", path, nil, &ch)
-			} else {
-				if len(args) != 2 {
-					return errors.New("give a mode: enforce, warn or shadow (or --reset)")
-				}
-				note, _ := cmd.Flags().GetString("note")
-				err = c.do("PUT", path, ModeRequest{Mode: args[1], Note: note}, &ch)
-			}
-			if err != nil || c.json {
+			if printed, err := c.do(method, "/rate_limit/mode/"+url.PathEscape(tree), body, &ch); err != nil || printed {
 				return err
 			}
-			fmt.Fprintf(c.out, "mode of %s: %s → %s\n", args[0], modeText(ch.Old), modeText(ch.New))
+			if reset && ch.Old == nil {
+				fmt.Fprintf(c.out, "mode of %s: already the configured one, nothing changed\n", tree)
+				return nil
+			}
+			fmt.Fprintf(c.out, "mode of %s: %s → %s\n", tree, modeText(ch.Old), modeText(ch.New))
 			return nil
 		},
 	}
-	cmd.Flags().Bool("reset", false, "Return to the configured mode")
-	cmd.Flags().String("note", "", "Who and why")
+	cmd.Flags().Bool("reset", false, "Return the tree to its configured mode")
+	cmd.Flags().String("note", "", "Who set the mode and why")
 	return cmd
 }
 
@@ -436,31 +688,27 @@ func modeText(m *control.Mode) string {
 	return m.Mode
 }
 
+// --- top
+
 func topCommand() *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   "top",
-		Short: "Lists the most-denied keys",
+		Use:   "top [-n 20]",
+		Short: "Lists the most-denied keys since the process started",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			n, _ := cmd.Flags().GetInt("n")
+			if n < 1 {
+				return fmt.Errorf("-n %d: give a number of keys, 1 or more", n)
+			}
 			c, err := clientOf(cmd)
 			if err != nil {
 				return err
 			}
-			n, _ := cmd.Flags().GetInt("n")
 			var t Top
-			if err := c.do("GET", "/rate_limit/top?n="+strconv.Itoa(n), nil, &t); err != nil || c.json {
+			if printed, err := c.do("GET", "/rate_limit/top?n="+strconv.Itoa(n), nil, &t); err != nil || printed {
 				return err
 			}
-			var rows [][]string
-			for _, e := range t.Keys {
-				var path []string
-				for _, p := range e.Path {
-					path = append(path, p.Tier+"="+p.Value)
-				}
-				rows = append(rows, []string{strconv.FormatUint(e.Count, 10), "±" + strconv.FormatUint(e.Error, 10), e.Tree, strings.Join(path, " ")})
-			}
-			table(c.out, "DENIALS\tERROR\tTREE\tPATH", rows)
-			fmt.Fprintf(c.out, "%d denials counted\n", t.Total)
+			renderTop(c.out, &t)
 			return nil
 		},
 	}
@@ -468,11 +716,31 @@ func topCommand() *cobra.Command {
 	return cmd
 }
 
+func renderTop(w io.Writer, t *Top) {
+	rows := make([][]string, 0, len(t.Keys))
+	for _, e := range t.Keys {
+		path := make([]string, len(e.Path))
+		for i, p := range e.Path {
+			path[i] = p.Tier + "=" + show(p.Value)
+		}
+		errText := "exact"
+		if e.Error > 0 {
+			errText = "±" + strconv.FormatUint(e.Error, 10)
+		}
+		rows = append(rows, []string{strconv.FormatUint(e.Count, 10), errText, e.Tree, e.Tier, strings.Join(path, " ")})
+	}
+	table(w, []string{"DENIALS", "ERROR", "TREE", "TIER", "PATH"}, rows)
+	fmt.Fprintf(w, "%d denials counted\n", t.Total)
+}
+
+// --- the limit syntax
+
 // ParseLimit parses a limit as the Caddyfile writes it: "<count>/<per>" or
 // "<count> <dimension>/<per>", then optionally "burst <n>", an algorithm
-// (gcra, sliding, sliding approx, calendar) and "tz <zone>".
+// (gcra, sliding, sliding approx, calendar) and "tz <zone>", in any order.
+// The limit is validated as a configuration's is.
 func ParseLimit(s string) (*hierarchy.Limit, error) {
-	const usage = `write e.g. "1000/h" or "100000 tokens/h burst 5000"`
+	const usage = `write e.g. "1000/h", "100000 tokens/h burst 5000" or "1000000 tokens/month tz Europe/Paris"`
 	f := strings.Fields(s)
 	if len(f) == 0 {
 		return nil, fmt.Errorf("limit %q: empty; %s", s, usage)
@@ -481,11 +749,15 @@ func ParseLimit(s string) (*hierarchy.Limit, error) {
 	count, per, ok := strings.Cut(f[0], "/")
 	rest := f[1:]
 	if !ok {
+		// "<count> <dimension>/<per>"
 		if len(rest) == 0 {
 			return nil, fmt.Errorf("limit %q: no period; %s", s, usage)
 		}
 		if l.Dimension, per, ok = strings.Cut(rest[0], "/"); !ok {
 			return nil, fmt.Errorf("limit %q: no period; %s", s, usage)
+		}
+		if l.Dimension == "" {
+			return nil, fmt.Errorf("limit %q: no dimension before the /; %s", s, usage)
 		}
 		rest = rest[1:]
 	}
@@ -493,20 +765,44 @@ func ParseLimit(s string) (*hierarchy.Limit, error) {
 	if err != nil || n <= 0 {
 		return nil, fmt.Errorf("limit %q: count %q must be a positive whole number", s, count)
 	}
+	if per == "" {
+		return nil, fmt.Errorf("limit %q: no period after the /; %s", s, usage)
+	}
 	l.Count, l.Per = n, per
+	seen := map[string]bool{}
+	once := func(what string) error {
+		if seen[what] {
+			return fmt.Errorf("limit %q: %s is given twice", s, what)
+		}
+		seen[what] = true
+		return nil
+	}
 	for len(rest) > 0 {
 		switch w := rest[0]; w {
-		case "burst", "tz":
-			if len(rest) < 2 {
-				return nil, fmt.Errorf("limit %q: %s needs a value", s, w)
+		case "burst":
+			if err := once("burst"); err != nil {
+				return nil, err
 			}
-			if w == "tz" {
-				l.Timezone = rest[1]
-			} else if l.Burst, err = strconv.ParseInt(rest[1], 10, 64); err != nil || l.Burst <= 0 {
+			if len(rest) < 2 {
+				return nil, fmt.Errorf("limit %q: burst needs a number", s)
+			}
+			b, err := strconv.ParseInt(strings.ReplaceAll(rest[1], "_", ""), 10, 64)
+			if err != nil || b <= 0 {
 				return nil, fmt.Errorf("limit %q: burst %q must be a positive whole number", s, rest[1])
 			}
-			rest = rest[2:]
+			l.Burst, rest = b, rest[2:]
+		case "tz":
+			if err := once("tz"); err != nil {
+				return nil, err
+			}
+			if len(rest) < 2 {
+				return nil, fmt.Errorf("limit %q: tz needs a time zone name such as Europe/Paris", s)
+			}
+			l.Timezone, rest = rest[1], rest[2:]
 		case "gcra", "sliding", "calendar", "sliding_approx":
+			if err := once("the algorithm"); err != nil {
+				return nil, err
+			}
 			l.Algorithm, rest = w, rest[1:]
 			if w == "sliding" && len(rest) > 0 && rest[0] == "approx" {
 				l.Algorithm, rest = "sliding_approx", rest[1:]
@@ -519,4 +815,123 @@ func ParseLimit(s string) (*hierarchy.Limit, error) {
 		return nil, fmt.Errorf("limit %q: %v", s, err)
 	}
 	return l, nil
+}
+
+// --- text helpers
+
+// table writes an aligned table: a header and its rows.
+func table(w io.Writer, header []string, rows [][]string) {
+	var buf bytes.Buffer
+	tw := tabwriter.NewWriter(&buf, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, strings.Join(header, "\t"))
+	for _, r := range rows {
+		fmt.Fprintln(tw, strings.Join(r, "\t"))
+	}
+	tw.Flush()
+	// No trailing blanks where the last cells are empty.
+	for line := range strings.Lines(buf.String()) {
+		fmt.Fprintln(w, strings.TrimRight(line, " \n"))
+	}
+}
+
+// maxShown is how many characters of a value a table shows.
+const maxShown = 48
+
+// show is a value as a table shows it: as it is when it is printable
+// without spaces, else quoted in Go's syntax; a long value is cut, with
+// its length in bytes.
+func show(v string) string {
+	long := utf8.RuneCountInString(v) > maxShown
+	s := v
+	if long {
+		i, n := 0, 0
+		for n < maxShown-8 {
+			_, size := utf8.DecodeRuneInString(s[i:])
+			i += size
+			n++
+		}
+		s = s[:i]
+	}
+	if v == "" || !utf8.ValidString(s) || strings.ContainsFunc(s, func(r rune) bool { return unicode.IsSpace(r) || !unicode.IsPrint(r) || r == '"' }) {
+		s = strconv.Quote(s)
+	}
+	if long {
+		s += fmt.Sprintf("…(%d bytes)", len(v))
+	}
+	return s
+}
+
+// note is a note on one line: quoted if it holds a line break, a tab or
+// anything unprintable.
+func note(s string) string {
+	if !utf8.ValidString(s) || strings.ContainsFunc(s, func(r rune) bool { return r != ' ' && !unicode.IsPrint(r) }) {
+		return strconv.Quote(s)
+	}
+	return s
+}
+
+func noteText(prefix, s string) string {
+	if s == "" {
+		return ""
+	}
+	return prefix + note(s)
+}
+
+func timeText(prefix string, t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	return prefix + t.UTC().Format(time.RFC3339)
+}
+
+// whenText is a time to come, with how far it is: "2026-12-01T16:00:00Z
+// (in 2 h 5 min)".
+func whenText(t time.Time) string {
+	s := t.UTC().Format(time.RFC3339)
+	if d := t.Sub(now()); d > 0 {
+		s += " (in " + seconds(d.Seconds()) + ")"
+	}
+	return s
+}
+
+// seconds is a number of seconds for people, to the millisecond below a
+// second and more roughly above: "0.25 s", "1.5 s", "12 s", "2 min 30 s",
+// "3 h 20 min", "2 d 4 h".
+func seconds(s float64) string {
+	switch {
+	case s < 1:
+		return strconv.FormatFloat(math.Round(s*1000)/1000, 'f', -1, 64) + " s"
+	case s < 10:
+		return strconv.FormatFloat(math.Round(s*10)/10, 'f', -1, 64) + " s"
+	case s < 59.5:
+		return strconv.FormatFloat(math.Round(s), 'f', -1, 64) + " s"
+	}
+	total := int64(math.Round(s))
+	units := []struct {
+		name string
+		size int64
+	}{{"d", 86400}, {"h", 3600}, {"min", 60}, {"s", 1}}
+	for i, u := range units {
+		if total < u.size {
+			continue
+		}
+		out := strconv.FormatInt(total/u.size, 10) + " " + u.name
+		if next := units[min(i+1, len(units)-1)]; next != u {
+			if n := total % u.size / next.size; n > 0 {
+				out += " " + strconv.FormatInt(n, 10) + " " + next.name
+			}
+		}
+		return out
+	}
+	return "0 s"
+}
+
+func indentText(s, prefix string) string {
+	lines := strings.Split(s, "\n")
+	for i, l := range lines {
+		if l != "" {
+			lines[i] = prefix + l
+		}
+	}
+	return strings.Join(lines, "\n")
 }

@@ -1,6 +1,7 @@
 package hierarchy
 
 import (
+	"fmt"
 	"slices"
 	"testing"
 )
@@ -113,5 +114,39 @@ func TestResolvePrefixAndSubtree(t *testing.T) {
 		if match(key) != want {
 			t.Errorf("match(%q) = %v", key, !want)
 		}
+	}
+}
+
+// BenchmarkResolveOverrides resolves a 4-tier path with runtime overrides
+// in force on the leaf: none, 10, and 10,000 (every value has one).
+func BenchmarkResolveOverrides(b *testing.B) {
+	for _, n := range []int{0, 10, 10000} {
+		b.Run(fmt.Sprintf("overrides=%d", n), func(b *testing.B) {
+			tree := acme()
+			if err := tree.Compile(); err != nil {
+				b.Fatal(err)
+			}
+			agent, _ := tree.Tier("agent")
+			shared := &Override{Limits: []*Limit{{Count: 500, Per: "h"}}}
+			if err := tree.CompileOverride(agent, shared); err != nil {
+				b.Fatal(err)
+			}
+			m := map[string]*Override{}
+			for i := 0; i < n; i++ {
+				m[fmt.Sprintf("agent-%d", i)] = shared
+			}
+			agent.SetRuntime(m)
+			values := make([][]string, 1000)
+			for i := range values {
+				values[i] = []string{"acme-corp", "engineering", "alice", fmt.Sprintf("agent-%d", i)}
+			}
+			plan := Plan{Buckets: make([]Bucket, 0, 16)}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				plan.Buckets = plan.Buckets[:0]
+				tree.Resolve(values[i%len(values)], &plan)
+			}
+		})
 	}
 }
