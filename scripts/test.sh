@@ -30,6 +30,7 @@ redis-server --version
 
 echo "== go vet"
 go vet ./...
+(cd traefik && go vet ./...) # the Traefik plugin, a module of its own
 
 echo "== go test -race"
 go test -race -count=1 -timeout 15m ./...

@@ -1,0 +1,3 @@
+module github.com/caddy-cascade/cascade/traefik
+
+go 1.22
