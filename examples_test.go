@@ -13,13 +13,21 @@ import (
 // host 127.0.0.1, which the examples' sites must match (they listen on
 // :8080, any host).
 func runExample(t *testing.T, path string) string {
+	front, _ := runExamplePorts(t, path)
+	return fmt.Sprintf("http://127.0.0.1:%d/", front)
+}
+
+// runExamplePorts is runExample, returning the ports that replaced 8080
+// and 9000.
+func runExamplePorts(t *testing.T, path string) (front, api int) {
 	t.Helper()
 	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	front, api := freePort(t), freePort(t)
+	front, api = freePort(t), freePort(t)
 	cf := strings.NewReplacer("http://:8080", fmt.Sprintf("http://:%d", front),
+		"http://:9000", fmt.Sprintf("http://:%d", api),
 		"localhost:9000", fmt.Sprintf("127.0.0.1:%d", api)).Replace(string(b))
 	cfg, err := adapt(t, cf)
 	if err != nil {
@@ -28,7 +36,7 @@ func runExample(t *testing.T, path string) string {
 	// keep the test instance off the default admin port
 	cfg = []byte(strings.Replace(string(cfg), `{"apps"`, `{"admin":{"disabled":true},"apps"`, 1))
 	loadJSON(t, cfg)
-	return fmt.Sprintf("http://127.0.0.1:%d/", front)
+	return front, api
 }
 
 func exerciseQuickstart(t *testing.T, url string) {

@@ -4,7 +4,8 @@
 # themselves), then each fuzz target briefly.
 #
 # On a fresh Debian machine it installs what the tests need first:
-# redis-server and redis-cli (Debian package redis-server).
+# redis-server and redis-cli (Debian package redis-server) and nginx
+# (Debian package nginx, for the auth_request example's test).
 #
 #   scripts/test.sh                     # everything
 #   FUZZTIME=200000x scripts/test.sh    # fuzz longer (default 20000 inputs per target)
@@ -19,12 +20,13 @@ export PATH="$PATH:/usr/local/go/bin:$(go env GOPATH 2>/dev/null || echo "$HOME/
 need_install=
 command -v redis-server >/dev/null 2>&1 || need_install=1
 command -v redis-cli >/dev/null 2>&1 || need_install=1
+command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need_install=1
 if [ -n "$need_install" ]; then
-	echo "== installing redis-server (Debian package)"
+	echo "== installing redis-server and nginx (Debian packages)"
 	sudo=""
 	[ "$(id -u)" = 0 ] || sudo="sudo"
 	$sudo apt-get update -qq
-	DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq redis-server >/dev/null
+	DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq redis-server nginx >/dev/null
 fi
 redis-server --version
 
