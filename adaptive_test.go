@@ -15,6 +15,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/caddy-cascade/cascade/adaptive"
+	"github.com/caddy-cascade/cascade/engine"
 )
 
 // TestAdaptiveThrottle: Caddy in front of an upstream that turns slow, then
@@ -226,6 +227,10 @@ func TestReducedLimitIsNotImpossible(t *testing.T) {
 		c.Sample(now.Add(time.Duration(i) * time.Second))
 	}
 	h.controller, h.trees[0].Tiers[0].Adaptive = c, true
+	cfg := h.engine.Config()
+	cfg.Controller = c
+	h.engine.Close()
+	h.engine = engine.New(cfg)
 	if f := c.FactorFor(h.priority); f > 0.2 {
 		t.Fatalf("factor %v, want the floor", f)
 	}

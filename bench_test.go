@@ -143,7 +143,7 @@ func BenchmarkHandlerOverrides(b *testing.B) {
 				os = append(os, &control.Override{Tree: "bench", Tier: "t3", Value: fmt.Sprintf("v%d", i),
 					Limits: []*hierarchy.Limit{{Count: int64(1) << 41, Per: "h"}}})
 			}
-			h.applyRuntime(control.NewSnapshot(os, nil, time.Now()))
+			h.engine.Apply(control.NewSnapshot(os, nil, time.Now()))
 			next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error { return nil })
 			const batch = 1024
 			reqs := make([]*http.Request, batch)

@@ -118,6 +118,12 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    log_key                                     # the refusing bucket's key in the denial's log line
 //	    denial_log     values|no_values|off         # the sampled INFO line of each denied key (default values)
 //	    disable_metrics                             # this handler records no Prometheus metrics
+//	    forwarded {                                 # a decision endpoint for Traefik, nginx, Envoy ext_authz
+//	        report           <path>                 # where front ends report upstream responses
+//	        report_ttl       <duration>             # how long a decision waits for it (10m)
+//	        max_report_bytes <size>                 # 1MiB
+//	        max_held         <n>                    # decisions waiting at once (100000)
+//	    }
 //	    distributed    { ... }                      # accepted and ignored (mholt compatibility)
 //	    storage        <module...>                  # accepted and ignored (mholt compatibility)
 //	}
@@ -183,6 +189,8 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.Errf("sweep_interval %q: %v", d.Val(), perr)
 			}
 			h.SweepInterval = caddy.Duration(dur)
+		case "forwarded":
+			err = h.parseForwarded(d)
 		case "distributed":
 			h.Distributed = []byte(`{}`)
 			for nesting := d.Nesting(); d.NextBlock(nesting); {
@@ -195,7 +203,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				d.RemainingArgs()
 			}
 		default:
-			return d.Errf("unknown rate_limit option %q: expected tree, zone, cost, store, on_store_error, mode, headers, status_code, priority, shed_at_floor, use_error_routes, jitter, sweep_interval, log_key, denial_log or disable_metrics", d.Val())
+			return d.Errf("unknown rate_limit option %q: expected tree, zone, cost, store, on_store_error, mode, headers, status_code, forwarded, priority, shed_at_floor, use_error_routes, jitter, sweep_interval, log_key, denial_log or disable_metrics", d.Val())
 		}
 		if err != nil {
 			return err

@@ -1,7 +1,6 @@
 package cascade
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -9,14 +8,12 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"go.uber.org/zap"
 
 	"github.com/caddy-cascade/cascade/cost"
+	"github.com/caddy-cascade/cascade/engine"
 	"github.com/caddy-cascade/cascade/hierarchy"
-	"github.com/caddy-cascade/cascade/store"
 )
 
 // Cost is what a request costs in one dimension: a number, a placeholder,
@@ -246,45 +243,16 @@ func readableEncoding(h http.Header) {
 	}
 }
 
-// reconcile adjusts every bucket on the path by actual − estimate for each
-// cost whose usage the upstream reported, in one store call, off the
-// request's critical path. No report (a stream cut short) leaves the
-// estimate standing. Each bucket's correction names when its estimate was
-// charged (the decision's ChargedAt): a refund goes back to the window, or
-// the very charge, that held it (see store.Bucket.Charged).
+// reconcile reconciles d's estimates with the usage the upstream reported
+// through the taps (engine.Reconcile). No report (a stream cut short)
+// leaves the estimate standing.
 func (h *Handler) reconcile(t tapped, d *decision) {
-	if len(d.estimates) != len(h.Costs) {
-		return // nothing was estimated, so nothing was charged
-	}
-	var adjust []store.Bucket
+	var usage []engine.Usage
 	for k, tp := range t.taps {
 		c := h.Costs[t.idx[k]]
-		u := tp.Usage()
-		if !u.Found {
-			continue
-		}
-		delta := c.Reconcile.Actual.Cost(u) - d.estimates[t.idx[k]]
-		if delta == 0 {
-			continue
-		}
-		for i, b := range d.buckets {
-			if b.Limit.Dimension == c.Dimension {
-				adjust = append(adjust, store.Bucket{Key: b.Key, Limit: d.limits[i].Limit, Cost: delta, Charged: d.ChargedAt(i)})
-			}
+		if u := tp.Usage(); u.Found {
+			usage = append(usage, engine.Usage{Dimension: c.Dimension, Actual: c.Reconcile.Actual.Cost(u)})
 		}
 	}
-	if len(adjust) == 0 {
-		return
-	}
-	h.adjusting.Add(1)
-	go func() {
-		defer h.adjusting.Done()
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		err := h.store.Adjust(ctx, adjust)
-		if err != nil {
-			h.logger.Error("reconciling cost with the upstream's usage failed", zap.Error(err))
-		}
-		h.metrics.reconcile(err)
-	}()
+	h.engine.Reconcile(&d.Decision, usage...)
 }

@@ -155,11 +155,11 @@ func TestHeaderCacheMatchesFormatting(t *testing.T) {
 				denied++
 			}
 			got := http.Header{}
-			h.writeHeaders(got, &d)
-			d.scaled = true // as if the adaptive factor had scaled a limit: formatted afresh
+			h.engine.WriteHeaders(got, &d.Decision)
+			d.Scaled = true // as if the adaptive factor had scaled a limit: formatted afresh
 			want := http.Header{}
-			h.writeHeaders(want, &d)
-			d.release()
+			h.engine.WriteHeaders(want, &d.Decision)
+			d.Release()
 			if fmt.Sprint(got) != fmt.Sprint(want) {
 				t.Fatalf("round %d, user u%d:\n got %v\nwant %v", round, i, got, want)
 			}

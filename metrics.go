@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/caddy-cascade/cascade/engine"
 )
 
 // metrics are the handler's Prometheus collectors, registered in Caddy's
@@ -89,15 +91,15 @@ func (m *metrics) observe(d *decision, took time.Duration) {
 	if m == nil {
 		return
 	}
-	if d.reason == "ok" {
+	if d.Reason == engine.ReasonOK {
 		m.ok.Inc()
 	} else {
-		m.decisions.WithLabelValues(d.reason).Inc()
+		m.decisions.WithLabelValues(d.Reason).Inc()
 	}
-	if d.blocked != "" {
-		m.denied.WithLabelValues(d.blocked).Inc()
+	if d.Blocked != "" {
+		m.denied.WithLabelValues(d.Blocked).Inc()
 	}
-	if d.reason != "missing_key" && d.reason != "bad_cost" {
+	if d.Reason != engine.ReasonMissingKey && d.Reason != "bad_cost" {
 		m.duration.Observe(took.Seconds())
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/caddy-cascade/cascade/engine"
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
@@ -73,8 +74,8 @@ func TestNetworkOf(t *testing.T) {
 		{"empty", 24, 64, "", ""},
 		{"list of addresses", 24, 64, "192.0.2.7, 198.51.100.1", "192.0.2.7, 198.51.100.1"},
 	} {
-		if got := networkOf(tt.key, tt.v4, tt.v6); got != tt.want {
-			t.Errorf("%s: networkOf(%q, %d, %d) = %q, want %q", tt.name, tt.key, tt.v4, tt.v6, got, tt.want)
+		if got := engine.NetworkOf(tt.key, tt.v4, tt.v6); got != tt.want {
+			t.Errorf("%s: engine.NetworkOf(%q, %d, %d) = %q, want %q", tt.name, tt.key, tt.v4, tt.v6, got, tt.want)
 		}
 		if got := mholtNetwork(tt.key, tt.v4, tt.v6); got != tt.want {
 			t.Errorf("%s: mholt's reading gives %q, want %q", tt.name, got, tt.want)
@@ -84,7 +85,7 @@ func TestNetworkOf(t *testing.T) {
 
 // mholtNetwork is mholt/caddy-ratelimit's reading of ipv4_prefix and
 // ipv6_prefix, through package net (ParseIP, To4, CIDRMask, IPNet.String),
-// against which networkOf is checked.
+// against which engine.NetworkOf is checked.
 func mholtNetwork(key string, v4, v6 int) string {
 	ip := net.ParseIP(key)
 	if ip == nil {
@@ -103,7 +104,7 @@ func mholtNetwork(key string, v4, v6 int) string {
 
 // TestNetworkOfMatchesMholt: for random addresses of both families
 // (IPv4-mapped ones and upper-case ones included) and every prefix
-// length, networkOf agrees with mholt's reading.
+// length, engine.NetworkOf agrees with mholt's reading.
 func TestNetworkOfMatchesMholt(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	for i := 0; i < 2000; i++ {
@@ -129,8 +130,8 @@ func TestNetworkOfMatchesMholt(t *testing.T) {
 			key = strings.ToUpper(netip.AddrFrom16(b).String())
 		}
 		v4, v6 := int(rng.UintN(33)), int(rng.UintN(129))
-		if got, want := networkOf(key, v4, v6), mholtNetwork(key, v4, v6); got != want {
-			t.Fatalf("networkOf(%q, %d, %d) = %q; mholt's reading %q", key, v4, v6, got, want)
+		if got, want := engine.NetworkOf(key, v4, v6), mholtNetwork(key, v4, v6); got != want {
+			t.Fatalf("engine.NetworkOf(%q, %d, %d) = %q; mholt's reading %q", key, v4, v6, got, want)
 		}
 	}
 }
@@ -153,6 +154,10 @@ func TestLogKey(t *testing.T) {
 		}
 		core, logs := observer.New(zapcore.DebugLevel)
 		h.logger = zap.New(core)
+		cfg := h.engine.Config() // the engine logs denials
+		cfg.Logger = h.logger
+		h.engine.Close()
+		h.engine = engine.New(cfg)
 		for i, want := range []int{http.StatusOK, http.StatusTooManyRequests} {
 			r := httptest.NewRequest("GET", "/", nil)
 			r.Header.Set("X-Client", "alice-7")
@@ -232,7 +237,7 @@ func TestDisableMetrics(t *testing.T) {
 		if registered == disable {
 			t.Errorf("disable_metrics %v: cascade metrics registered = %v", disable, registered)
 		}
-		h.metrics.observe(&decision{reason: "ok"}, 0) // nil-safe when disabled
+		h.metrics.observe(&decision{Decision: engine.Decision{Reason: "ok"}}, 0) // nil-safe when disabled
 		h.metrics.reconcile(nil)
 		h.Cleanup()
 		cancel()

@@ -11,18 +11,14 @@
 package cascade
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
-	"math/rand/v2"
 	"net/http"
-	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -31,14 +27,12 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddy-cascade/cascade/adaptive"
-	"github.com/caddy-cascade/cascade/admin"
-	"github.com/caddy-cascade/cascade/control"
+	_ "github.com/caddy-cascade/cascade/admin" // the admin API and the rate-limit command: xcaddy builds this package only
 	"github.com/caddy-cascade/cascade/cost"
+	"github.com/caddy-cascade/cascade/engine"
 	"github.com/caddy-cascade/cascade/hierarchy"
-	"github.com/caddy-cascade/cascade/logsample"
 	"github.com/caddy-cascade/cascade/rate"
-	"github.com/caddy-cascade/cascade/store"
-	"github.com/caddy-cascade/cascade/topk"
+	"github.com/caddy-cascade/cascade/running"
 )
 
 func init() {
@@ -132,37 +126,35 @@ type Handler struct {
 	// default 1m. (Also mholt/caddy-ratelimit's setting of that name.)
 	SweepInterval caddy.Duration `json:"sweep_interval,omitempty"`
 
+	// Forwarded makes this handler a decision endpoint for another proxy
+	// (Traefik, nginx, Envoy): it decides the request the forwarded
+	// headers describe and answers 200 or the refusal itself, without
+	// calling the next handler. See ForwardedConfig.
+	Forwarded *ForwardedConfig `json:"forwarded,omitempty"`
+
 	// Distributed and StorageRaw are mholt/caddy-ratelimit's file-synced
 	// distribution. They are accepted so its configs load, and ignored
 	// with a warning: the Redis store shares exact limits instead.
 	Distributed json.RawMessage `json:"distributed,omitempty"`
 	StorageRaw  json.RawMessage `json:"storage,omitempty"`
 
-	trees       []*Tree
-	costs       map[string]*Cost
-	policies    map[*hierarchy.Limit]string // each limit's RateLimit-Policy item, unscaled
-	counted     map[string]countedAt        // Caddyfile parsing: where each non-request dimension is first counted
-	applyStore  *atomic.Pointer[func()]     // store settings to apply at the first request (see StoreConfig.open)
-	headerCache *headerCache
-	adjusting   *sync.WaitGroup      // reconciliations under way
-	controller  *adaptive.Controller // nil unless a tier is adaptive
-	priority    adaptive.Priority
-	store       store.Store
-	into        decideInto // the store, when it can decide into reused memory
-	poolKey     string
-	logger      *zap.Logger
-	metrics     *metrics
+	trees      []*Tree
+	etrees     []*engine.Tree // the engine's trees, in the order of trees
+	engine     *engine.Engine
+	costs      map[string]*Cost
+	counted    map[string]countedAt    // Caddyfile parsing: where each non-request dimension is first counted
+	applyStore *atomic.Pointer[func()] // store settings to apply at the first request (see StoreConfig.open)
+	controller *adaptive.Controller    // nil unless a tier is adaptive
+	priority   adaptive.Priority
+	poolKey    string
+	logger     *zap.Logger
+	metrics    *metrics
 
 	storeErrors      *atomic.Int64 // failures not yet logged
 	storeErrorLogged *atomic.Int64 // when the last one was (unix ns)
 
-	storeName   string           // the store's name in logs, metrics and the admin API
-	runtime     *control.Runtime // overrides and modes set at runtime, kept in the store
-	top         *topk.Sketch     // the most-denied keys of the store
-	denials     *logsample.Sampler
-	applying    *sync.Mutex // orders applyRuntime's calls
-	unsubscribe func()
-	unregister  func()
+	unregister func()
+	pending    *held // decisions waiting for a usage report (Forwarded)
 }
 
 // Tree is a hierarchy.Tree with optional request matchers.
@@ -172,11 +164,8 @@ type Tree struct {
 	MatcherSetsRaw caddyhttp.RawMatcherSets `json:"match,omitempty" caddy:"namespace=http.matchers"`
 
 	matchers caddyhttp.MatcherSets
-	// mode is the tree's mode set at runtime (admin API), nil when none
-	// is: the handler's Mode applies.
-	mode    atomic.Pointer[string]
-	dynamic []bool   // per tier: does the key have placeholders?
-	header  []string // per tier: the header name when the key is just {http.request.header.NAME}
+	dynamic  []bool   // per tier: does the key have placeholders?
+	header   []string // per tier: the header name when the key is just {http.request.header.NAME}
 	// ipv4Prefix and ipv6Prefix group an IP address key by network (an
 	// mholt zone's settings; see Zone), for every tier of the tree.
 	ipv4Prefix, ipv6Prefix int
@@ -287,13 +276,19 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		}
 	}
 	compiled := make([]*hierarchy.Tree, len(h.trees))
+	h.etrees = make([]*engine.Tree, len(h.trees))
 	for i, t := range h.trees {
 		compiled[i] = &t.Tree
+		h.etrees[i] = &engine.Tree{Tree: &t.Tree, IPv4Prefix: t.ipv4Prefix, IPv6Prefix: t.ipv6Prefix}
 	}
 	hierarchy.QualifyPolicies(compiled)
-	h.policies = policyItems(h.trees)
-	h.headerCache = &headerCache{policies: h.policies}
 	h.costs = map[string]*Cost{}
+	if h.Forwarded != nil {
+		if err := h.Forwarded.provision(); err != nil {
+			return fmt.Errorf("rate_limit: %w", err)
+		}
+		h.pending = &held{byID: map[string]*heldDecision{}}
+	}
 	for _, c := range h.Costs {
 		if err := c.provision(); err != nil {
 			return fmt.Errorf("rate_limit: %w", err)
@@ -303,7 +298,6 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		}
 		h.costs[c.Dimension] = c
 	}
-	h.adjusting = new(sync.WaitGroup)
 	h.storeErrors, h.storeErrorLogged = new(atomic.Int64), new(atomic.Int64)
 	for _, c := range h.Costs {
 		if !slices.ContainsFunc(h.trees, func(t *Tree) bool { return slices.Contains(t.Dimensions(), c.Dimension) }) {
@@ -335,21 +329,29 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return fmt.Errorf("rate_limit: store: %w", err)
 	}
-	h.store, h.poolKey, h.storeName, h.runtime, h.top = o.Store, o.poolKey, o.name, o.runtime, o.top
-	h.into, _ = h.store.(decideInto)
+	h.poolKey = o.poolKey
 	h.applyStore = new(atomic.Pointer[func()])
 	if o.apply != nil {
 		h.applyStore.Store(&o.apply)
 	}
-	if h.DenialLog != "off" {
-		h.denials = logsample.New(time.Minute, 10000)
+	dims := make([]string, len(h.Costs))
+	for i, c := range h.Costs {
+		dims[i] = c.Dimension
 	}
-	h.applying = new(sync.Mutex)
-	if h.runtime != nil {
-		// Subscribe applies the current state first, then every change.
-		h.unsubscribe = h.runtime.Subscribe(h.applyRuntime)
+	hc := h.Headers
+	if hc == nil {
+		hc = &HeadersConfig{}
 	}
-	h.unregister = admin.Register(h, ctx.Done())
+	h.engine = engine.New(engine.Config{
+		Trees: h.etrees, Dimensions: dims,
+		Store: o.Store, StoreName: o.name, Runtime: o.runtime, Top: o.top,
+		Controller: h.controller, Priority: h.priority,
+		Mode:    h.Mode,
+		Headers: engine.Headers{IETF: on(hc.IETF), XRateLimit: on(hc.XRateLimit), RetryAfter: on(hc.RetryAfter), OpenAI: hc.OpenAI},
+		Jitter:  h.Jitter, DenialLog: h.DenialLog, LogKey: h.LogKey,
+		Logger: h.logger, Reconciled: h.metrics.reconcile,
+	})
+	h.unregister = running.Register(h.engine, ctx.Done())
 	return nil
 }
 
@@ -408,28 +410,6 @@ func (z *Zone) tree(name string) (*Tree, error) {
 	}, nil
 }
 
-// networkOf is key's network when key is an IP address of a family with a
-// prefix set (an IPv4-mapped IPv6 address counts as IPv4), else key: what
-// mholt/caddy-ratelimit does with ipv4_prefix and ipv6_prefix.
-func networkOf(key string, ipv4Prefix, ipv6Prefix int) string {
-	ip, err := netip.ParseAddr(key)
-	if err != nil || ip.Zone() != "" {
-		return key
-	}
-	bits := ipv6Prefix
-	if ip.Is4() || ip.Is4In6() {
-		ip, bits = ip.Unmap(), ipv4Prefix
-	}
-	if bits == 0 {
-		return key
-	}
-	p, err := ip.Prefix(bits)
-	if err != nil {
-		return key
-	}
-	return p.String()
-}
-
 // warnCoarseWindows warns of each exact sliding window above
 // rate.MaxExact of a tree: it times charges in ticks rather than µs (see
 // rate.Limit.Tick), which the user may not expect of an exact window.
@@ -482,11 +462,8 @@ func (h *Handler) Cleanup() error {
 	if h.unregister != nil {
 		h.unregister()
 	}
-	if h.unsubscribe != nil {
-		h.unsubscribe()
-	}
-	if h.adjusting != nil {
-		h.adjusting.Wait()
+	if h.engine != nil {
+		h.engine.Close()
 	}
 	if h.poolKey != "" {
 		_, err := stores.Delete(h.poolKey)
@@ -495,54 +472,12 @@ func (h *Handler) Cleanup() error {
 	return nil
 }
 
-// decision is what ServeHTTP learned about one request. It lives on
-// ServeHTTP's stack; its slices point into scratch, pooled memory that is
-// recycled when ServeHTTP returns, so nothing may keep them beyond the
-// request (the placeholders keep a copy of what they show).
+// decision is what ServeHTTP learned about one request: the engine's
+// decision, and why its cost could not be estimated if it could not. It
+// lives on ServeHTTP's stack, its memory pooled (see engine.Decision).
 type decision struct {
-	buckets   []hierarchy.Bucket
-	costs     []int64 // per bucket
-	estimates []int64 // per configured cost
-	store.Decision
-	limits   []store.Bucket   // the effective limits decided (scaled by the adaptive factor)
-	scaled   bool             // some limit was scaled by the adaptive factor
-	inputErr *cost.InputError // why the request's cost could not be estimated
-
-	mode      string // the mode that applies to the response: enforce, warn or shadow
-	enforcing bool   // some tree that applies to the request enforces its limits
-
-	reason  string // ok | limited | impossible | missing_key | store_error | bad_cost | matcher_error
-	blocked string // tree/tier of the first denying bucket
-	closest int    // index of the bucket closest to exhaustion, -1 if none
-	retry   time.Duration
-
-	scratch *scratch // nil until decide takes one
-	used    int      // buckets of scratch written to
-}
-
-// scratch is the memory of one decision's slices, reused across requests
-// so that the common path (up to 8 buckets) allocates none of it.
-type scratch struct {
-	buckets [8]hierarchy.Bucket
-	limits  [8]store.Bucket
-	costs   [8]int64
-	results [8]rate.Result
-}
-
-var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
-
-// release gives the decision's scratch memory back to the pool, cleared
-// of the pointers it held (keys, limits) so the pool retains nothing.
-func (d *decision) release() {
-	sc := d.scratch
-	if sc == nil {
-		return
-	}
-	n := min(d.used, len(sc.buckets))
-	clear(sc.buckets[:n])
-	clear(sc.limits[:n])
-	d.scratch, d.buckets, d.limits, d.costs, d.Results = nil, nil, nil, nil, nil
-	scratchPool.Put(sc)
+	engine.Decision
+	inputErr *cost.InputError
 }
 
 // looksLikeHeader tells whether a constant key is probably a header name
@@ -566,12 +501,6 @@ func (h *Handler) atFloor() bool {
 	return f < 1 && f <= h.controller.Config().Floor
 }
 
-// decideInto is implemented by stores that can write a decision's results
-// into memory the caller reuses (the memory store).
-type decideInto interface {
-	DecideInto(ctx context.Context, buckets []store.Bucket, results []rate.Result) (store.Decision, error)
-}
-
 // ServeHTTP implements caddyhttp.MiddlewareHandler.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	if h.applyStore != nil && h.applyStore.Load() != nil {
@@ -583,25 +512,36 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if repl == nil {
 		repl = caddy.NewReplacer()
 	}
-	if h.ShedAtFloor && h.configuredMode() == "enforce" && h.atFloor() {
-		d := &decision{reason: "reduced_capacity", closest: -1}
+	if h.Forwarded != nil { // a decision endpoint: it answers itself
+		if h.Forwarded.Report != "" && r.URL.Path == h.Forwarded.Report {
+			return h.serveReport(w, r)
+		}
+		if err := unforward(r); err != nil {
+			d := &decision{Decision: engine.Decision{Reason: "bad_forwarded", Closest: -1}}
+			h.metrics.observe(d, 0)
+			return h.problem(w, http.StatusBadRequest, d.Reason, "Bad Request", err.Error(), d)
+		}
+		next = answer
+	}
+	if h.ShedAtFloor && h.engine.ConfiguredMode() == engine.Enforce && h.atFloor() {
+		d := &decision{Decision: engine.Decision{Reason: "reduced_capacity", Closest: -1}}
 		h.metrics.observe(d, 0)
 		h.setPlaceholders(r, repl, d)
-		w.Header().Set("Retry-After", strconv.FormatInt(ceilSeconds(h.controller.Config().Interval), 10))
+		w.Header().Set("Retry-After", strconv.FormatInt(engine.CeilSeconds(h.controller.Config().Interval), 10))
 		return h.problem(w, http.StatusServiceUnavailable, "temporary_reduced_capacity", "Temporarily reduced capacity",
 			"the upstream is unhealthy and this traffic class is shed until it recovers", d)
 	}
 	start := time.Now()
 	var dv decision
 	d := &dv
-	defer d.release()
+	defer d.Release()
 	status, err := h.decide(r, repl, d)
 	h.metrics.observe(d, time.Since(start))
 	h.setPlaceholders(r, repl, d)
 
-	if d.reason == "store_error" {
+	if d.Reason == engine.ReasonStoreError {
 		h.logStoreError(err)
-		if h.onStoreError() == "allow" || !d.enforcing {
+		if h.onStoreError() == "allow" || !d.Enforcing {
 			return h.pass(w, r, next)
 		}
 		w.Header().Set("Retry-After", "1")
@@ -609,25 +549,32 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			"the rate limit store could not decide this request; try again shortly", d)
 	}
 	if status != 0 { // a client error before any decision (bad cost, a matcher's error)
-		if !d.enforcing { // no tree enforces: never change what clients get
-			h.logger.Debug("rate limit not decided", zap.String("reason", d.reason), zap.Error(err))
+		if !d.Enforcing { // no tree enforces: never change what clients get
+			h.logger.Debug("rate limit not decided", zap.String("reason", d.Reason), zap.Error(err))
 			return h.pass(w, r, next)
 		}
 		if ie := d.inputErr; ie != nil {
 			return h.problem(w, status, ie.Type, ie.Title, ie.Detail, d)
 		}
-		return h.problem(w, status, d.reason, http.StatusText(status), err.Error(), d)
+		return h.problem(w, status, d.Reason, http.StatusText(status), err.Error(), d)
 	}
 
-	mode := d.mode
-	if mode != "shadow" {
-		h.writeHeaders(w.Header(), d)
+	mode := d.Mode
+	if mode != engine.Shadow {
+		h.engine.WriteHeaders(w.Header(), &d.Decision)
 	}
 	// Only a charged request has estimates to reconcile: a path with no
 	// bucket (a tree whose matcher did not apply, tiers skipped or
 	// unlimited) was charged nothing and is passed through untouched.
-	if d.Allowed && len(d.buckets) > 0 && d.estimates != nil && len(h.Costs) > 0 {
-		t := h.tap(w, d.buckets)
+	if d.Allowed && len(d.Buckets) > 0 && d.Estimates != nil && len(h.Costs) > 0 {
+		if h.Forwarded != nil {
+			// The upstream's response is the front end's to report.
+			if h.Forwarded.Report != "" {
+				h.hold(w.Header(), d)
+			}
+			return h.pass(w, r, next)
+		}
+		t := h.tap(w, d.Buckets)
 		if len(t.taps) > 0 {
 			readableEncoding(r.Header)
 			err := h.pass(t.w, r, next)
@@ -635,27 +582,22 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			return err
 		}
 	}
-	if d.Allowed || d.buckets == nil {
+	if d.Allowed || d.Buckets == nil {
 		return h.pass(w, r, next)
 	}
-	h.noteDenial(r, d)
-	if mode == "shadow" || mode == "warn" {
+	h.engine.NoteDenial(&d.Decision, r.URL.Path)
+	if mode == engine.Shadow || mode == engine.Warn {
 		return h.pass(w, r, next)
 	}
 	code := h.StatusCode
 	if code == 0 {
 		code = http.StatusTooManyRequests
 	}
-	detail := "the " + d.blocked + " limit is exhausted"
-	if d.reason == "impossible" {
-		detail = "this request costs more than the " + d.blocked + " limit can ever admit"
-	} else {
-		detail += "; retry in " + strconv.FormatInt(ceilSeconds(d.retry), 10) + " s"
-	}
+	detail := d.Detail()
 	if h.UseErrorRoutes {
 		return caddyhttp.Error(code, errors.New(detail))
 	}
-	return h.problem(w, code, d.reason, "Too Many Requests", detail, d)
+	return h.problem(w, code, d.Reason, "Too Many Requests", detail, d)
 }
 
 // logStoreError logs store failures at ERROR, at most once a second with
@@ -724,18 +666,13 @@ func (w *statusWriter) Write(b []byte) (int, error) {
 	return w.ResponseWriterWrapper.Write(b)
 }
 
-// decide runs steps 1-4 of the request path. A non-zero status means the
-// request is refused before any decision (a client error), with err saying why.
+// decide runs steps 1-4 of the request path: the trees that apply and
+// their key values, the cost, then the engine's decision. A non-zero
+// status means the request is refused before any decision (a client
+// error), with err saying why.
 func (h *Handler) decide(r *http.Request, repl *caddy.Replacer, d *decision) (int, error) {
-	// The slices below live in pooled scratch memory unless the path is
-	// unusually long.
-	d.closest = -1
-	sc := scratchPool.Get().(*scratch)
-	d.scratch = sc
-	plan := hierarchy.Plan{Buckets: sc.buckets[:0]}
-	var valueBuf [8]string
-	lenient := "" // the mode of the trees that apply and do not enforce (warn over shadow)
-	for _, t := range h.trees {
+	h.engine.Begin(&d.Decision)
+	for i, t := range h.trees {
 		if t.matchers != nil {
 			match, err := t.matchers.AnyMatchWithError(r)
 			if err != nil {
@@ -743,7 +680,7 @@ func (h *Handler) decide(r *http.Request, repl *caddy.Replacer, d *decision) (in
 				// limits go unenforced (Caddy's deprecated AnyMatch would
 				// say "no match"): the request is refused, with the
 				// matcher's status if it gave one.
-				d.reason, d.blocked, d.enforcing, d.mode = "matcher_error", t.Name, true, "enforce"
+				d.Reason, d.Blocked, d.Enforcing, d.Mode = "matcher_error", t.Name, true, engine.Enforce
 				status := http.StatusInternalServerError
 				var he caddyhttp.HandlerError
 				if errors.As(err, &he) && he.StatusCode != 0 {
@@ -755,251 +692,29 @@ func (h *Handler) decide(r *http.Request, repl *caddy.Replacer, d *decision) (in
 				continue
 			}
 		}
-		mode := h.treeMode(t)
-		values := valueBuf[:0]
-		for i, tier := range t.Tiers {
-			var v string
-			if t.header[i] != "" { // the common case, without the replacer's parsing
-				v = headerValue(r.Header[t.header[i]])
+		values := d.Values()
+		for j, tier := range t.Tiers {
+			if t.header[j] != "" { // the common case, without the replacer's parsing
+				values = append(values, headerValue(r.Header[t.header[j]]))
 			} else {
-				v = resolveKey(repl, tier.Key, t.dynamic[i])
-			}
-			if t.ipv4Prefix != 0 || t.ipv6Prefix != 0 {
-				v = networkOf(v, t.ipv4Prefix, t.ipv6Prefix)
-			}
-			values = append(values, v)
-		}
-		before := len(plan.Buckets)
-		t.Resolve(values, &plan)
-		d.used = max(d.used, len(plan.Buckets))
-		if plan.MissingTier != nil {
-			if mode != "enforce" {
-				// A tree that does not enforce never refuses a request:
-				// it leaves this one out.
-				plan.Buckets, plan.MissingTier = plan.Buckets[:before], nil
-				continue
-			}
-			d.reason, d.enforcing, d.mode = "missing_key", true, "enforce"
-			d.blocked = t.Name + "/" + plan.MissingTier.Name
-			return http.StatusBadRequest, fmt.Errorf("this request has no %s: its %s key (%s) is empty, and the tier refuses requests without it",
-				plan.MissingTier.Name, d.blocked, plan.MissingTier.Key)
-		}
-		if mode == "enforce" {
-			d.enforcing = true
-		} else if lenient != "warn" {
-			lenient = mode
-		}
-	}
-	d.mode = "enforce"
-	if !d.enforcing && lenient != "" {
-		d.mode = lenient
-	}
-	d.buckets = plan.Buckets
-	if len(d.buckets) == 0 {
-		d.Allowed, d.reason = true, "ok"
-		return 0, nil
-	}
-
-	costs, err := h.estimate(r, repl, d.buckets)
-	if err != nil {
-		var ie *cost.InputError
-		errors.As(err, &ie)
-		d.reason, d.buckets, d.inputErr = "bad_cost", nil, ie
-		return ie.Status, err
-	}
-	d.estimates = costs
-	sb := sized(sc.limits[:], len(d.buckets))
-	d.costs = sized(sc.costs[:], len(d.buckets))
-	for i, b := range d.buckets {
-		d.costs[i] = 1
-		for j, c := range h.Costs {
-			if c.Dimension == b.Limit.Dimension {
-				d.costs[i] = costs[j]
+				values = append(values, resolveKey(repl, tier.Key, t.dynamic[j]))
 			}
 		}
-		sb[i] = store.Bucket{Key: b.Key, Limit: b.Limit.Rate(), Cost: d.costs[i]}
-		if b.Tier.Adaptive && h.controller != nil {
-			lim := &sb[i].Limit
-			*lim = scale(*lim, h.controller.FactorFor(h.priority))
-			d.scaled = d.scaled || lim.Count != b.Limit.Rate().Count || lim.Burst != b.Limit.Rate().Burst
+		if err := h.engine.Add(&d.Decision, h.etrees[i], values); err != nil {
+			return http.StatusBadRequest, err
 		}
 	}
-	d.limits = sb
-	if err := h.settle(r.Context(), d, sc); err != nil {
-		d.reason = "store_error"
-		return 0, err
-	}
-	switch {
-	case d.Allowed:
-	case d.mode == "enforce" && lenient != "":
-		if err := h.enforceOnly(r.Context(), d); err != nil {
-			d.reason = "store_error"
-			return 0, err
-		}
-	case d.mode != "enforce" && d.closest >= 0:
-		// No tree enforces: the denying tree's mode says what the client
-		// sees (a shadow tree's denial shows nothing, even beside a tree
-		// in warn).
-		d.mode = h.treeMode(h.treeOf(d.buckets[d.closest].Tree))
-	}
-	return 0, nil
-}
-
-// settle decides d's buckets (limits) in the store and reads the verdict:
-// the reason, the bucket that denied or is closest to exhaustion, the
-// retry.
-func (h *Handler) settle(ctx context.Context, d *decision, sc *scratch) error {
-	var res store.Decision
-	var err error
-	if h.into != nil && sc != nil {
-		res, err = h.into.DecideInto(ctx, d.limits, sc.results[:])
-	} else {
-		res, err = h.store.Decide(ctx, d.limits)
-	}
-	if err != nil {
-		return err
-	}
-	d.Decision = res
-	if res.Impossible && d.scaled {
-		h.reducedNotImpossible(d)
-	}
-	d.closest = closest(d)
-	switch {
-	case d.Allowed:
-		d.reason = "ok"
-	case d.Impossible:
-		d.reason = "impossible"
-	default:
-		d.reason = "limited"
-	}
-	if !d.Allowed {
-		for i, rr := range d.Results {
-			if !rr.Allowed {
-				b := d.buckets[i]
-				d.blocked = b.Tree.Name + "/" + b.Tier.Name
-				d.closest = i
-				break
-			}
-		}
-		d.retry = d.RetryAfter
-		if h.Jitter > 0 && d.retry > 0 {
-			d.retry += time.Duration(rand.Float64() * h.Jitter * float64(d.retry))
+	var estimates []int64
+	if len(d.Buckets) > 0 {
+		var err error
+		if estimates, err = h.estimate(r, repl, d.Buckets); err != nil {
+			var ie *cost.InputError
+			errors.As(err, &ie)
+			d.Reason, d.Buckets, d.inputErr = "bad_cost", nil, ie
+			return ie.Status, err
 		}
 	}
-	return nil
-}
-
-// enforceOnly handles a denial on a path where trees of different modes
-// apply. A bucket of an enforcing tree that denies is a denial. But when
-// only trees in warn or shadow mode denied, the request must still be
-// charged to the enforcing trees, as it would be without the others (all
-// or nothing charged it nowhere): it is decided again on the enforcing
-// trees' buckets alone, a second store call on this rare path only.
-func (h *Handler) enforceOnly(ctx context.Context, d *decision) error {
-	for i, rr := range d.Results {
-		if !rr.Allowed && h.treeMode(h.treeOf(d.buckets[i].Tree)) == "enforce" {
-			return nil // an enforcing tree denied: that is the answer
-		}
-	}
-	var buckets []hierarchy.Bucket
-	var limits []store.Bucket
-	var costs []int64
-	for i, b := range d.buckets {
-		if h.treeMode(h.treeOf(b.Tree)) == "enforce" {
-			buckets = append(buckets, b)
-			limits = append(limits, d.limits[i])
-			costs = append(costs, d.costs[i])
-		}
-	}
-	if ce := h.logger.Check(zap.DebugLevel, "rate limited by a tree that does not enforce"); ce != nil {
-		ce.Write(zap.String("blocked_by", d.blocked), zap.String("reason", d.reason))
-	}
-	d.buckets, d.limits, d.costs, d.blocked, d.retry = buckets, limits, costs, "", 0
-	d.Decision = store.Decision{}
-	if len(buckets) == 0 {
-		d.Allowed, d.reason, d.closest = true, "ok", -1
-		return nil
-	}
-	return h.settle(ctx, d, nil)
-}
-
-// treeOf returns the handler's Tree whose hierarchy.Tree t is.
-func (h *Handler) treeOf(t *hierarchy.Tree) *Tree {
-	for _, ht := range h.trees {
-		if &ht.Tree == t {
-			return ht
-		}
-	}
-	return nil
-}
-
-// configuredMode is the handler's Mode, "enforce" when unset.
-func (h *Handler) configuredMode() string {
-	if h.Mode == "" {
-		return "enforce"
-	}
-	return h.Mode
-}
-
-// treeMode is the mode in force for tree t: the runtime mode set through
-// the admin API, else the handler's.
-func (h *Handler) treeMode(t *Tree) string {
-	if t != nil {
-		if m := t.mode.Load(); m != nil {
-			return *m
-		}
-	}
-	return h.configuredMode()
-}
-
-// reducedNotImpossible turns an "impossible" decision back into a plain
-// denial when only the adaptive factor makes the cost exceed a capacity: the
-// limit is reduced for now, not too small for this request for ever, and a
-// client told "impossible" would give up for good. It is retried no sooner
-// than the controller's next sample, when the factor may rise.
-func (h *Handler) reducedNotImpossible(d *decision) {
-	retry := int64(h.controller.Config().Interval / time.Microsecond)
-	for i := range d.Results {
-		rr := &d.Results[i]
-		if rr.Impossible {
-			if d.costs[i] > d.buckets[i].Limit.Rate().Capacity() {
-				return // impossible even at full capacity
-			}
-		}
-		if !rr.Allowed && rr.RetryAfter > retry {
-			retry = rr.RetryAfter
-		}
-	}
-	for i := range d.Results {
-		if d.Results[i].Impossible {
-			d.Results[i].Impossible, d.Results[i].RetryAfter = false, retry
-		}
-	}
-	d.Impossible, d.RetryAfter = false, time.Duration(retry)*time.Microsecond
-}
-
-// sized returns buf cut to n, or a new slice when buf is too short.
-func sized[T any](buf []T, n int) []T {
-	if n <= len(buf) {
-		return buf[:n]
-	}
-	return make([]T, n)
-}
-
-// scale returns a limit with its count and burst multiplied by factor
-// (at least 1). GCRA keeps its period, so the refill rate scales too.
-func scale(l rate.Limit, factor float64) rate.Limit {
-	if factor >= 1 {
-		return l
-	}
-	mul := func(n int64) int64 {
-		if n == 0 {
-			return 0
-		}
-		return max(1, int64(float64(n)*factor))
-	}
-	l.Count, l.Burst = mul(l.Count), mul(l.Burst)
-	return l
+	return 0, h.engine.Decide(r.Context(), &d.Decision, estimates)
 }
 
 // headerValue is what {http.request.header.NAME} resolves to: the values
@@ -1055,32 +770,11 @@ func resolveCost(repl *caddy.Replacer, tmpl string, def *int64) (int64, error) {
 	return n, nil
 }
 
-// closest picks the bucket nearest to exhaustion: the lowest fraction of
-// its capacity remaining, the longest reset on a tie.
-func closest(d *decision) int {
-	best, bestFrac := -1, 2.0
-	for i, r := range d.Results {
-		frac := float64(r.Remaining) / float64(d.limits[i].Limit.Capacity())
-		if frac < bestFrac || (frac == bestFrac && r.Reset > d.Results[best].Reset) {
-			best, bestFrac = i, frac
-		}
-	}
-	return best
-}
-
 func (h *Handler) onStoreError() string {
 	if h.OnStoreError == "" {
 		return "deny"
 	}
 	return h.OnStoreError
-}
-
-func ceilSeconds(d time.Duration) int64 {
-	s := int64(d / time.Second)
-	if d%time.Second != 0 {
-		s++
-	}
-	return s
 }
 
 func truncate(s string, n int) string {

@@ -3,7 +3,8 @@ package cascade
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/caddy-cascade/cascade/admin"
+	"github.com/caddy-cascade/cascade/engine"
+	"github.com/caddy-cascade/cascade/running"
 	"github.com/caddy-cascade/cascade/store"
 )
 
@@ -53,15 +54,15 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		return true
 	})
 	seen := map[string]bool{}
-	for _, e := range admin.Active() {
-		for _, t := range e.Describe() {
+	for _, e := range running.Engines() {
+		for _, t := range e.Trees() {
 			if seen[t.Name] {
 				continue
 			}
 			seen[t.Name] = true
-			for _, mode := range []string{"enforce", "warn", "shadow"} {
+			for _, mode := range []string{engine.Enforce, engine.Warn, engine.Shadow} {
 				v := 0.0
-				if t.Mode == mode {
+				if e.Mode(t) == mode {
 					v = 1
 				}
 				ch <- prometheus.MustNewConstMetric(c.mode, prometheus.GaugeValue, v, t.Name, mode)

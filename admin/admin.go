@@ -13,8 +13,8 @@
 //	DELETE /rate_limit/mode/<tree>                         back to the configured mode
 //	GET    /rate_limit/top?n=N                             the most-denied keys
 //
-// The API operates on Engines: the rate_limit handlers of the running
-// configuration, which register themselves (Register). Overrides and modes
+// The API operates on the engines of the running configuration's
+// rate_limit handlers, which register them (package running). Overrides and modes
 // are written to the engines' stores through package control, so every
 // instance sharing a Redis applies them, and the memory store keeps them
 // across reloads.
@@ -35,6 +35,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 
 	"github.com/caddy-cascade/cascade/control"
+	"github.com/caddy-cascade/cascade/engine"
 	"github.com/caddy-cascade/cascade/topk"
 )
 
@@ -47,101 +48,6 @@ var (
 	_ caddy.Module      = API{}
 	_ caddy.AdminRouter = API{}
 )
-
-// Engine is a running rate limiter as the admin API sees it: one rate_limit
-// handler of the configuration.
-type Engine interface {
-	// Describe describes the engine's trees, with the overrides and modes in
-	// force.
-	Describe() []Tree
-	// HasTree tells whether the engine has a tree of that name.
-	HasTree(name string) bool
-	// Runtime is the runtime state of the engine's store, where overrides
-	// and modes are written.
-	Runtime() *control.Runtime
-	// Top is the most-denied keys of the engine's store.
-	Top() *topk.Sketch
-	// Inspect reads the buckets of one path of a tree without charging
-	// them. values are the tiers' values by tier name; cost says what the
-	// request RetryAfter is asked for costs.
-	Inspect(r *http.Request, tree string, values map[string]string, cost Cost) (*Buckets, error)
-	// Reset makes the buckets of the last tier given full again; with
-	// below, every bucket of the subtree of that value.
-	Reset(r *http.Request, tree string, values map[string]string, below bool) (*Reset, error)
-	// CheckOverride tells whether an override can apply to the engine's
-	// tree: its tier exists, its limits compile and every dimension they
-	// count has a cost. Its error says what to fix.
-	CheckOverride(o *control.Override) error
-}
-
-// Cost is the cost of the request an inspection asks about: Dims per
-// dimension, and Default for every other dimension but requests (which a
-// request costs 1 of), or for requests when the tree counts nothing else.
-type Cost struct {
-	Default int64
-	Dims    map[string]int64
-}
-
-// engines holds the registered engines of every configuration loaded (the
-// running one's, and during a reload the next one's): a UsagePool, like
-// reverse_proxy's upstreams, because the admin API's module is created
-// apart from the handlers.
-var engines = caddy.NewUsagePool()
-
-type registered struct {
-	engine Engine
-	done   <-chan struct{} // closed when its configuration is unloaded
-	seq    string
-}
-
-func (registered) Destruct() error { return nil }
-
-// Register makes an engine visible to the admin API until the returned
-// function is called (at the handler's Cleanup) or done is closed. done is
-// the Done channel of the configuration's context: of the configurations
-// loaded, the API shows the running one's engines.
-func Register(e Engine, done <-chan struct{}) (unregister func()) {
-	key := fmt.Sprintf("%p", e)
-	engines.LoadOrStore(key, registered{engine: e, done: done, seq: key})
-	return func() { _, _ = engines.Delete(key) }
-}
-
-// Active returns the engines of the running configuration (or, when none
-// is known to be running, every live one), in a stable order.
-func Active() []Engine { return active() }
-
-// active returns the engines of the running configuration (or, when none
-// is known to be running, every live one).
-func active() []Engine {
-	var current <-chan struct{}
-	if ctx := caddy.ActiveContext(); ctx.Context != nil {
-		current = ctx.Done()
-	}
-	var live, running []registered
-	engines.Range(func(_, v any) bool {
-		r := v.(registered)
-		select {
-		case <-r.done:
-			return true
-		default:
-		}
-		live = append(live, r)
-		if r.done == current {
-			running = append(running, r)
-		}
-		return true
-	})
-	if len(running) > 0 {
-		live = running
-	}
-	// Range's order is a map's: sort, so that answers are stable.
-	slices.SortFunc(live, func(a, b registered) int { return strings.Compare(a.seq, b.seq) })
-	out := make([]Engine, len(live))
-	for i, r := range live {
-		out[i] = r.engine
-	}
-	return out
-}
 
 // API is the admin API module, admin.api.rate_limit. It has no
 // configuration: Caddy loads every admin.api module by itself.
@@ -195,7 +101,7 @@ func handleTrees(w http.ResponseWriter, r *http.Request) error {
 	trees := []Tree{}
 	seen := map[string]bool{}
 	for _, e := range active() {
-		for _, t := range e.Describe() {
+		for _, t := range describe(e) {
 			// Handlers that share a store and name a tree alike share its
 			// buckets: one tree.
 			if id := t.Store + "\x00" + t.Name; !seen[id] {
@@ -209,13 +115,13 @@ func handleTrees(w http.ResponseWriter, r *http.Request) error {
 
 // withTree returns the running engines that have the tree, or a 404 that
 // lists the trees there are.
-func withTree(name string) ([]Engine, error) {
+func withTree(name string) ([]*engine.Engine, error) {
 	if name == "" {
 		return nil, apiError(http.StatusBadRequest, "no tree: say which, e.g. ?tree=%s", treeNames()[0])
 	}
-	var out []Engine
+	var out []*engine.Engine
 	for _, e := range active() {
-		if e.HasTree(name) {
+		if e.Tree(name) != nil {
 			out = append(out, e)
 		}
 	}
@@ -228,7 +134,7 @@ func withTree(name string) ([]Engine, error) {
 func treeNames() []string {
 	var names []string
 	for _, e := range active() {
-		for _, t := range e.Describe() {
+		for _, t := range describe(e) {
 			if !slices.Contains(names, t.Name) {
 				names = append(names, t.Name)
 			}
@@ -294,7 +200,7 @@ func handleBuckets(w http.ResponseWriter, r *http.Request) error {
 			cost.Dims[dim[1:]] = n
 		}
 	}
-	b, err := es[0].Inspect(r, q.Get("tree"), values, cost)
+	b, err := inspect(r, es[0], q.Get("tree"), values, cost)
 	if err != nil {
 		return err
 	}
@@ -320,7 +226,7 @@ func handleReset(w http.ResponseWriter, r *http.Request) error {
 			return apiError(http.StatusBadRequest, "below=%s: use below=1 to reset the whole subtree, or leave it out", s)
 		}
 	}
-	res, err := es[0].Reset(r, q.Get("tree"), values, below)
+	res, err := reset(r, es[0], q.Get("tree"), values, below)
 	if err != nil {
 		return err
 	}
@@ -349,7 +255,7 @@ func segments(r *http.Request, prefix string) ([]string, error) {
 }
 
 // runtimes returns the distinct runtime states of engines: one per store.
-func runtimes(es []Engine) []*control.Runtime {
+func runtimes(es []*engine.Engine) []*control.Runtime {
 	var out []*control.Runtime
 	for _, e := range es {
 		if rt := e.Runtime(); rt != nil && !slices.Contains(out, rt) {

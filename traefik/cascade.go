@@ -219,10 +219,16 @@ func rateLimitHeaders(h http.Header) http.Header {
 	return out
 }
 
+// readCloser reads what was read ahead, then the rest, and closes the
+// original body. Its methods are spelled out: Yaegi, which runs this
+// plugin, does not promote the methods of embedded interfaces reliably.
 type readCloser struct {
-	io.Reader
-	io.Closer
+	r io.Reader
+	c io.Closer
 }
+
+func (rc readCloser) Read(p []byte) (int, error) { return rc.r.Read(p) }
+func (rc readCloser) Close() error               { return rc.c.Close() }
 
 // responseWriter adds the rate-limit headers to the upstream's response and
 // keeps its body for a report.

@@ -1,0 +1,389 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/caddy-cascade/cascade/hierarchy"
+	"github.com/caddy-cascade/cascade/rate"
+	"github.com/caddy-cascade/cascade/store"
+)
+
+// Reasons of a decision, as metrics and logs name them.
+const (
+	ReasonOK         = "ok"
+	ReasonLimited    = "limited"    // some limit has not enough left now
+	ReasonImpossible = "impossible" // the cost exceeds some limit's capacity: waiting will not help
+	ReasonMissingKey = "missing_key"
+	ReasonStoreError = "store_error"
+)
+
+// Decision is what the engine decided about one request. A front end keeps
+// it on its stack between Begin and Release: its slices point into pooled
+// memory that Release recycles, so nothing may keep them beyond that.
+type Decision struct {
+	// Buckets are the path's buckets, of every tree that applies.
+	Buckets []hierarchy.Bucket
+	// Costs are what the request costs each bucket, in its dimension.
+	Costs []int64
+	// Estimates are the costs given to Decide, per Config.Dimensions.
+	Estimates []int64
+	// Limits are the buckets as decided: their effective limits (scaled by
+	// the adaptive factor) and costs.
+	Limits []store.Bucket
+	// Scaled is true when the adaptive factor scaled some limit.
+	Scaled bool
+	store.Decision
+
+	// Mode applies to the answer: Enforce, Warn or Shadow.
+	Mode string
+	// Enforcing is true when some tree that applies enforces its limits.
+	Enforcing bool
+	// Reason is one of the Reason constants (a front end may set its own
+	// for refusals before a decision).
+	Reason string
+	// Blocked names the tree/tier of the first denying bucket.
+	Blocked string
+	// Closest is the index of the bucket closest to exhaustion, or on a
+	// denial the bucket that denied; -1 if none.
+	Closest int
+	// Retry is when to retry a denial, jitter included.
+	Retry time.Duration
+
+	lenient string   // the mode of the trees that apply and do not enforce (warn over shadow)
+	scratch *scratch // nil until Begin takes one
+	used    int      // buckets of scratch written to
+}
+
+// scratch is the memory of one decision's slices, reused across requests
+// so that the common path (up to 8 buckets) allocates none of it.
+type scratch struct {
+	buckets [8]hierarchy.Bucket
+	limits  [8]store.Bucket
+	costs   [8]int64
+	results [8]rate.Result
+	values  [8]string
+}
+
+var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
+
+// Begin readies d for a decision.
+func (e *Engine) Begin(d *Decision) {
+	d.Closest = -1
+	d.scratch = scratchPool.Get().(*scratch)
+	d.Buckets = d.scratch.buckets[:0]
+}
+
+// Values is a buffer for a tree's values, from d's pooled memory, valid
+// until the next Add.
+func (d *Decision) Values() []string { return d.scratch.values[:0] }
+
+// Release gives the decision's pooled memory back, cleared of the
+// pointers it held (keys, limits) so the pool retains nothing.
+func (d *Decision) Release() {
+	sc := d.scratch
+	if sc == nil {
+		return
+	}
+	n := min(d.used, len(sc.buckets))
+	clear(sc.buckets[:n])
+	clear(sc.limits[:n])
+	clear(sc.values[:])
+	d.scratch, d.Buckets, d.Limits, d.Costs, d.Results = nil, nil, nil, nil, nil
+	scratchPool.Put(sc)
+}
+
+// MissingKeyError refuses a request without the key of a tier that
+// refuses requests without it (the tier's missing policy "deny").
+type MissingKeyError struct {
+	Tree *Tree
+	Tier *hierarchy.Tier
+}
+
+func (err *MissingKeyError) Error() string {
+	return fmt.Sprintf("this request has no %s: its %s/%s key (%s) is empty, and the tier refuses requests without it",
+		err.Tier.Name, err.Tree.Name, err.Tier.Name, err.Tier.Key)
+}
+
+// Add adds the buckets of tree t to d's path. values are the tiers' key
+// values from the top, as the request gives them ("" when missing); fewer
+// values than tiers is the path of an upper tier. A tree that does not
+// enforce never refuses: a missing key leaves it out of the path. In an
+// enforcing tree, a missing key of a tier that refuses requests without it
+// is a *MissingKeyError, and d is refused (its Reason is missing_key).
+func (e *Engine) Add(d *Decision, t *Tree, values []string) error {
+	if t.IPv4Prefix != 0 || t.IPv6Prefix != 0 {
+		for i, v := range values {
+			values[i] = t.value(v)
+		}
+	}
+	mode := e.Mode(t)
+	plan := hierarchy.Plan{Buckets: d.Buckets}
+	before := len(plan.Buckets)
+	t.Resolve(values, &plan)
+	d.Buckets = plan.Buckets
+	d.used = max(d.used, len(d.Buckets))
+	if plan.MissingTier != nil {
+		if mode != Enforce {
+			d.Buckets = d.Buckets[:before]
+			return nil
+		}
+		d.Reason, d.Enforcing, d.Mode = ReasonMissingKey, true, Enforce
+		d.Blocked = t.Name + "/" + plan.MissingTier.Name
+		return &MissingKeyError{Tree: t, Tier: plan.MissingTier}
+	}
+	if mode == Enforce {
+		d.Enforcing = true
+	} else if d.lenient != Warn {
+		d.lenient = mode
+	}
+	return nil
+}
+
+// Decide charges the request to every bucket of d's path, all or nothing,
+// in one store call. estimates are its costs per Config.Dimensions; a
+// bucket of another dimension (requests) costs 1. A store error is
+// returned (and d's Reason is store_error); a denial is not an error.
+func (e *Engine) Decide(ctx context.Context, d *Decision, estimates []int64) error {
+	d.Estimates = estimates
+	d.Costs = sized(d.scratch.costs[:], len(d.Buckets))
+	for i, b := range d.Buckets {
+		d.Costs[i] = 1
+		for j, dim := range e.cfg.Dimensions {
+			if dim == b.Limit.Dimension && j < len(estimates) {
+				d.Costs[i] = estimates[j]
+			}
+		}
+	}
+	return e.DecideCosts(ctx, d)
+}
+
+// DecideCosts is Decide with each bucket's cost already in d.Costs (one
+// per bucket of d.Buckets): for front ends that say the costs themselves
+// (Envoy's hits_addend).
+func (e *Engine) DecideCosts(ctx context.Context, d *Decision) error {
+	d.Mode = Enforce
+	if !d.Enforcing && d.lenient != "" {
+		d.Mode = d.lenient
+	}
+	if len(d.Buckets) == 0 {
+		d.Allowed, d.Reason = true, ReasonOK
+		return nil
+	}
+	sb := sized(d.scratch.limits[:], len(d.Buckets))
+	for i, b := range d.Buckets {
+		l, scaled := e.effective(b)
+		sb[i] = store.Bucket{Key: b.Key, Limit: l, Cost: d.Costs[i]}
+		d.Scaled = d.Scaled || scaled
+	}
+	d.Limits = sb
+	if err := e.settle(ctx, d, d.scratch); err != nil {
+		d.Reason = ReasonStoreError
+		return err
+	}
+	switch {
+	case d.Allowed:
+	case d.Mode == Enforce && d.lenient != "":
+		if err := e.enforceOnly(ctx, d); err != nil {
+			d.Reason = ReasonStoreError
+			return err
+		}
+	case d.Mode != Enforce && d.Closest >= 0:
+		// No tree enforces: the denying tree's mode says what the client
+		// sees (a shadow tree's denial shows nothing, even beside a tree
+		// in warn).
+		d.Mode = e.Mode(e.treeOf(d.Buckets[d.Closest].Tree))
+	}
+	return nil
+}
+
+// settle decides d's buckets (Limits) in the store and reads the verdict:
+// the reason, the bucket that denied or is closest to exhaustion, the
+// retry.
+func (e *Engine) settle(ctx context.Context, d *Decision, sc *scratch) error {
+	var res store.Decision
+	var err error
+	if e.into != nil && sc != nil {
+		res, err = e.into.DecideInto(ctx, d.Limits, sc.results[:])
+	} else {
+		res, err = e.cfg.Store.Decide(ctx, d.Limits)
+	}
+	if err != nil {
+		return err
+	}
+	d.Decision = res
+	if res.Impossible && d.Scaled {
+		e.reducedNotImpossible(d)
+	}
+	d.Closest = closest(d)
+	switch {
+	case d.Allowed:
+		d.Reason = ReasonOK
+	case d.Impossible:
+		d.Reason = ReasonImpossible
+	default:
+		d.Reason = ReasonLimited
+	}
+	if !d.Allowed {
+		for i, rr := range d.Results {
+			if !rr.Allowed {
+				b := d.Buckets[i]
+				d.Blocked = b.Tree.Name + "/" + b.Tier.Name
+				d.Closest = i
+				break
+			}
+		}
+		d.Retry = d.RetryAfter
+		if e.cfg.Jitter > 0 && d.Retry > 0 {
+			d.Retry += time.Duration(rand.Float64() * e.cfg.Jitter * float64(d.Retry))
+		}
+	}
+	return nil
+}
+
+// enforceOnly handles a denial on a path where trees of different modes
+// apply. A bucket of an enforcing tree that denies is a denial. But when
+// only trees in warn or shadow mode denied, the request must still be
+// charged to the enforcing trees, as it would be without the others (all
+// or nothing charged it nowhere): it is decided again on the enforcing
+// trees' buckets alone, a second store call on this rare path only.
+func (e *Engine) enforceOnly(ctx context.Context, d *Decision) error {
+	for i, rr := range d.Results {
+		if !rr.Allowed && e.Mode(e.treeOf(d.Buckets[i].Tree)) == Enforce {
+			return nil // an enforcing tree denied: that is the answer
+		}
+	}
+	var buckets []hierarchy.Bucket
+	var limits []store.Bucket
+	var costs []int64
+	for i, b := range d.Buckets {
+		if e.Mode(e.treeOf(b.Tree)) == Enforce {
+			buckets = append(buckets, b)
+			limits = append(limits, d.Limits[i])
+			costs = append(costs, d.Costs[i])
+		}
+	}
+	if ce := e.cfg.Logger.Check(zap.DebugLevel, "rate limited by a tree that does not enforce"); ce != nil {
+		ce.Write(zap.String("blocked_by", d.Blocked), zap.String("reason", d.Reason))
+	}
+	d.Buckets, d.Limits, d.Costs, d.Blocked, d.Retry = buckets, limits, costs, "", 0
+	d.Decision = store.Decision{}
+	if len(buckets) == 0 {
+		d.Allowed, d.Reason, d.Closest = true, ReasonOK, -1
+		return nil
+	}
+	return e.settle(ctx, d, nil)
+}
+
+// reducedNotImpossible turns an "impossible" decision back into a plain
+// denial when only the adaptive factor makes the cost exceed a capacity: the
+// limit is reduced for now, not too small for this request for ever, and a
+// client told "impossible" would give up for good. It is retried no sooner
+// than the controller's next sample, when the factor may rise.
+func (e *Engine) reducedNotImpossible(d *Decision) {
+	retry := int64(e.cfg.Controller.Config().Interval / time.Microsecond)
+	for i := range d.Results {
+		rr := &d.Results[i]
+		if rr.Impossible {
+			if d.Costs[i] > d.Buckets[i].Limit.Rate().Capacity() {
+				return // impossible even at full capacity
+			}
+		}
+		if !rr.Allowed && rr.RetryAfter > retry {
+			retry = rr.RetryAfter
+		}
+	}
+	for i := range d.Results {
+		if d.Results[i].Impossible {
+			d.Results[i].Impossible, d.Results[i].RetryAfter = false, retry
+		}
+	}
+	d.Impossible, d.RetryAfter = false, time.Duration(retry)*time.Microsecond
+}
+
+// closest picks the bucket nearest to exhaustion: the lowest fraction of
+// its capacity remaining, the longest reset on a tie.
+func closest(d *Decision) int {
+	best, bestFrac := -1, 2.0
+	for i, r := range d.Results {
+		frac := float64(r.Remaining) / float64(d.Limits[i].Limit.Capacity())
+		if frac < bestFrac || (frac == bestFrac && r.Reset > d.Results[best].Reset) {
+			best, bestFrac = i, frac
+		}
+	}
+	return best
+}
+
+// sized returns buf cut to n, or a new slice when buf is too short.
+func sized[T any](buf []T, n int) []T {
+	if n <= len(buf) {
+		return buf[:n]
+	}
+	return make([]T, n)
+}
+
+// scale returns a limit with its count and burst multiplied by factor
+// (at least 1). GCRA keeps its period, so the refill rate scales too.
+func scale(l rate.Limit, factor float64) rate.Limit {
+	if factor >= 1 {
+		return l
+	}
+	mul := func(n int64) int64 {
+		if n == 0 {
+			return 0
+		}
+		return max(1, int64(float64(n)*factor))
+	}
+	l.Count, l.Burst = mul(l.Count), mul(l.Burst)
+	return l
+}
+
+// effective is the limit of bucket b as the engine decides it now: scaled
+// when its tier is adaptive. scaled says whether the factor changed it.
+func (e *Engine) effective(b hierarchy.Bucket) (l rate.Limit, scaled bool) {
+	l = b.Limit.Rate()
+	if b.Tier.Adaptive && e.cfg.Controller != nil {
+		l = scale(l, e.cfg.Controller.FactorFor(e.cfg.Priority))
+		scaled = l.Count != b.Limit.Rate().Count || l.Burst != b.Limit.Rate().Burst
+	}
+	return l, scaled
+}
+
+// NetworkOf is key's network when key is an IP address of a family with a
+// prefix set (an IPv4-mapped IPv6 address counts as IPv4), else key: what
+// mholt/caddy-ratelimit does with ipv4_prefix and ipv6_prefix.
+func NetworkOf(key string, ipv4Prefix, ipv6Prefix int) string {
+	ip, err := netip.ParseAddr(key)
+	if err != nil || ip.Zone() != "" {
+		return key
+	}
+	bits := ipv6Prefix
+	if ip.Is4() || ip.Is4In6() {
+		ip, bits = ip.Unmap(), ipv4Prefix
+	}
+	if bits == 0 {
+		return key
+	}
+	p, err := ip.Prefix(bits)
+	if err != nil {
+		return key
+	}
+	return p.String()
+}
+
+// CeilSeconds is d in whole seconds, rounded up: what headers say.
+func CeilSeconds(d time.Duration) int64 {
+	s := int64(d / time.Second)
+	if d%time.Second != 0 {
+		s++
+	}
+	return s
+}
+
+func microseconds(us int64) time.Duration { return time.Duration(us) * time.Microsecond }

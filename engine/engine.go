@@ -1,0 +1,235 @@
+// Package engine decides requests: from the key values of each tree that
+// applies and what the request costs, it resolves the path of buckets
+// (trees, tiers, overrides), scales adaptive limits, decides every bucket
+// at once in the store, and says what to answer (the rate-limit headers,
+// a problem body). It reconciles estimates with actual usage, and keeps
+// the runtime state (overrides, modes) applied.
+//
+// It knows nothing of Caddy's handlers nor of any protocol: the rate_limit
+// handler, the admin API, the decision endpoint and Envoy's rate limit
+// service are its front ends. A front end
+//
+//	var d engine.Decision
+//	e.Begin(&d)
+//	defer d.Release()
+//	for each tree that applies: e.Add(&d, tree, values)  // the tiers' key values
+//	e.Decide(ctx, &d, estimates)                        // one store call
+//	e.WriteHeaders(header, &d)
+//
+// and answers d.Allowed, or the refusal that d describes.
+package engine
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/caddy-cascade/cascade/adaptive"
+	"github.com/caddy-cascade/cascade/control"
+	"github.com/caddy-cascade/cascade/hierarchy"
+	"github.com/caddy-cascade/cascade/logsample"
+	"github.com/caddy-cascade/cascade/rate"
+	"github.com/caddy-cascade/cascade/store"
+	"github.com/caddy-cascade/cascade/topk"
+)
+
+// Modes of a tree.
+const (
+	Enforce = "enforce" // over-limit requests are refused
+	Warn    = "warn"    // over-limit requests pass, with the headers
+	Shadow  = "shadow"  // over-limit requests pass silently; decisions are only recorded
+)
+
+// Config is what an Engine is made of. Trees must be compiled (and their
+// policies qualified, hierarchy.QualifyPolicies).
+type Config struct {
+	Trees []*Tree
+	// Dimensions are the dimensions other than requests that have a cost,
+	// in the order of the estimates given to Decide.
+	Dimensions []string
+	Store      store.Store
+	// StoreName names the store in logs and the admin API.
+	StoreName string
+	// Runtime is the store's runtime state (overrides and modes); nil for
+	// none.
+	Runtime *control.Runtime
+	// Top counts the most-denied keys; nil for none.
+	Top *topk.Sketch
+	// Controller scales the limits of adaptive tiers, for the traffic
+	// class Priority; nil when no tier is adaptive.
+	Controller *adaptive.Controller
+	Priority   adaptive.Priority
+	// Mode is the configured mode of every tree (Enforce when empty); a
+	// runtime mode of a tree wins over it.
+	Mode    string
+	Headers Headers
+	// Jitter adds up to this fraction of random time to a denial's retry.
+	Jitter float64
+	// DenialLog is "values" (default), "no_values" or "off"; LogKey adds the
+	// refusing bucket's key to the line.
+	DenialLog string
+	LogKey    bool
+	Logger    *zap.Logger
+	// Reconciled, when set, is told of each reconciliation's outcome.
+	Reconciled func(error)
+}
+
+// Headers selects the response header families WriteHeaders writes.
+type Headers struct {
+	IETF       bool // RateLimit-Policy and RateLimit
+	XRateLimit bool // X-RateLimit-Limit, -Remaining, -Reset
+	RetryAfter bool // Retry-After on denials
+	OpenAI     bool // x-ratelimit-{limit,remaining,reset}-{requests,tokens}
+}
+
+// Tree is a compiled hierarchy.Tree as the engine runs it.
+type Tree struct {
+	*hierarchy.Tree
+	// IPv4Prefix and IPv6Prefix, when set, turn a value that is an IP
+	// address of that family into its network (an mholt zone's setting).
+	IPv4Prefix, IPv6Prefix int
+
+	// mode is the tree's mode set at runtime, nil when none is.
+	mode atomic.Pointer[string]
+}
+
+// Engine decides requests on a set of trees and one store. It is safe for
+// concurrent use.
+type Engine struct {
+	cfg         Config
+	into        decideInto // the store, when it can decide into reused memory
+	policies    map[*hierarchy.Limit]string
+	headerCache *headerCache
+	denials     *logsample.Sampler
+	adjusting   sync.WaitGroup // reconciliations under way
+	applying    sync.Mutex     // orders applyRuntime's calls
+	unsubscribe func()
+}
+
+// decideInto is implemented by stores that can write a decision's results
+// into memory the caller reuses (the memory store).
+type decideInto interface {
+	DecideInto(ctx context.Context, buckets []store.Bucket, results []rate.Result) (store.Decision, error)
+}
+
+// New returns an engine, with the runtime state applied and followed.
+// Close it when its configuration is unloaded.
+func New(cfg Config) *Engine {
+	if cfg.Mode == "" {
+		cfg.Mode = Enforce
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = zap.NewNop()
+	}
+	e := &Engine{cfg: cfg}
+	e.into, _ = cfg.Store.(decideInto)
+	e.policies = policyItems(cfg.Trees)
+	e.headerCache = &headerCache{policies: e.policies}
+	if cfg.DenialLog != "off" {
+		e.denials = logsample.New(time.Minute, 10000)
+	}
+	if cfg.Runtime != nil {
+		// Subscribe applies the current state first, then every change.
+		e.unsubscribe = cfg.Runtime.Subscribe(e.applyRuntime)
+	}
+	return e
+}
+
+// Close stops following the runtime state and waits for the
+// reconciliations under way. The store is the caller's to close.
+func (e *Engine) Close() {
+	if e.unsubscribe != nil {
+		e.unsubscribe()
+	}
+	e.adjusting.Wait()
+}
+
+// Config is the engine's configuration: change a copy to make another
+// engine.
+func (e *Engine) Config() Config { return e.cfg }
+
+// Apply installs a snapshot of the store's runtime state (the runtime's
+// subscription does, at every change).
+func (e *Engine) Apply(snap *control.Snapshot) { e.applyRuntime(snap) }
+
+// Store is the engine's store.
+func (e *Engine) Store() store.Store { return e.cfg.Store }
+
+// StoreName names the engine's store.
+func (e *Engine) StoreName() string { return e.cfg.StoreName }
+
+// Runtime is the runtime state of the engine's store (nil for none), where
+// overrides and modes are written.
+func (e *Engine) Runtime() *control.Runtime { return e.cfg.Runtime }
+
+// Top is the most-denied keys of the engine's store (nil for none).
+func (e *Engine) Top() *topk.Sketch { return e.cfg.Top }
+
+// Logger is the engine's logger.
+func (e *Engine) Logger() *zap.Logger { return e.cfg.Logger }
+
+// Trees are the engine's trees, in the configuration's order.
+func (e *Engine) Trees() []*Tree { return e.cfg.Trees }
+
+// Tree is the engine's tree of that name, or nil.
+func (e *Engine) Tree(name string) *Tree {
+	for _, t := range e.cfg.Trees {
+		if t.Name == name {
+			return t
+		}
+	}
+	return nil
+}
+
+// treeOf returns the engine's Tree whose hierarchy.Tree t is.
+func (e *Engine) treeOf(t *hierarchy.Tree) *Tree {
+	for _, et := range e.cfg.Trees {
+		if et.Tree == t {
+			return et
+		}
+	}
+	return nil
+}
+
+// ConfiguredMode is the mode of the configuration.
+func (e *Engine) ConfiguredMode() string { return e.cfg.Mode }
+
+// Mode is the mode in force for tree t: the runtime mode set through the
+// admin API, else the configured one.
+func (e *Engine) Mode(t *Tree) string {
+	if t != nil {
+		if m := t.mode.Load(); m != nil {
+			return *m
+		}
+	}
+	return e.cfg.Mode
+}
+
+// TierNames are the names of t's tiers, from the top.
+func (t *Tree) TierNames() []string {
+	names := make([]string, len(t.Tiers))
+	for i, tier := range t.Tiers {
+		names[i] = tier.Name
+	}
+	return names
+}
+
+// value is what the engine keys a tier's bucket by, given the value a
+// front end resolved: an IP address grouped by its network where the tree
+// says so.
+func (t *Tree) value(v string) string {
+	if t.IPv4Prefix != 0 || t.IPv6Prefix != 0 {
+		return NetworkOf(v, t.IPv4Prefix, t.IPv6Prefix)
+	}
+	return v
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}

@@ -1,0 +1,305 @@
+package engine
+
+import (
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/caddy-cascade/cascade/hierarchy"
+	"github.com/caddy-cascade/cascade/rate"
+)
+
+// ProblemBase is the prefix of the problem types of refusals' bodies
+// (RFC 9457), documented in the README.
+const ProblemBase = "https://github.com/caddy-cascade/cascade#"
+
+// WriteHeaders writes the rate-limit header families of a decision.
+//
+//	RateLimit-Policy: "org";q=10000;w=3600, "org.tokens";q=1000000;w=3600;qu="tokens"
+//	RateLimit: "user";r=12;t=36
+//	X-RateLimit-Limit: 1000, X-RateLimit-Remaining: 12, X-RateLimit-Reset: 36
+//	Retry-After: 36 (denials only)
+//
+// RateLimit, and the X-RateLimit headers, describe the policy closest to
+// exhaustion, or on a denial the policy that denied. t is the wait (in
+// whole seconds, rounded up) until that policy's bucket is full again, or
+// on a denial until this request could be admitted.
+func (e *Engine) WriteHeaders(hdr http.Header, d *Decision) {
+	if d.Buckets == nil || d.Closest < 0 {
+		return
+	}
+	cfg := &e.cfg.Headers
+	ietf, xrl := cfg.IETF, cfg.XRateLimit
+	retry := !d.Allowed && !d.Impossible && cfg.RetryAfter
+	if !ietf && !xrl && !retry && !cfg.OpenAI { // headers none
+		return
+	}
+	c := d.Buckets[d.Closest]
+	cr := d.Results[d.Closest]
+	t := CeilSeconds(microseconds(cr.Reset))
+	if !d.Allowed {
+		t = CeilSeconds(d.Retry)
+	}
+	// What does not change from one request to the next on this path
+	// (RateLimit-Policy, each limit's name and capacity) is formatted once
+	// per path, unless the adaptive factor scaled a limit.
+	var ph *pathHeaders
+	if !d.Scaled && (ietf || xrl) {
+		ph = e.headerCache.get(d.Buckets)
+	}
+	// The other values are written into one buffer and cut from one
+	// string, and the header slices share one array.
+	var buf [160]byte
+	b := buf[:0]
+	var cuts [7]int
+	var names [6]string
+	var fixed [6]string // a value formatted beforehand, instead of a cut
+	n := 0
+	cut := func(name string) {
+		names[n] = name
+		n++
+		cuts[n] = len(b)
+	}
+	use := func(name, value string) {
+		fixed[n] = value
+		cut(name)
+	}
+	if ietf {
+		if ph != nil {
+			use("Ratelimit-Policy", ph.policy) // canonical keys, set directly
+			b = append(b, ph.items[d.Closest]...)
+		} else {
+			use("Ratelimit-Policy", e.policyOf(d))
+			b = append(b, '"')
+			b = append(b, c.Limit.Policy()...)
+			b = append(b, `";r=`...)
+		}
+		b = strconv.AppendInt(b, cr.Remaining, 10)
+		b = append(b, ";t="...)
+		b = strconv.AppendInt(b, t, 10)
+		cut("Ratelimit")
+	}
+	if xrl {
+		if ph != nil {
+			use("X-Ratelimit-Limit", ph.capacity[d.Closest])
+		} else {
+			b = strconv.AppendInt(b, d.Limits[d.Closest].Limit.Capacity(), 10)
+			cut("X-Ratelimit-Limit")
+		}
+		b = strconv.AppendInt(b, cr.Remaining, 10)
+		cut("X-Ratelimit-Remaining")
+		b = strconv.AppendInt(b, t, 10)
+		cut("X-Ratelimit-Reset")
+	}
+	if retry {
+		b = strconv.AppendInt(b, CeilSeconds(d.Retry), 10)
+		cut("Retry-After")
+	}
+	if n > 0 {
+		all := string(b)
+		vals := make([]string, n)
+		for i := 0; i < n; i++ {
+			if fixed[i] != "" {
+				vals[i] = fixed[i]
+			} else {
+				vals[i] = all[cuts[i]:cuts[i+1]]
+			}
+			hdr[names[i]] = vals[i : i+1 : i+1]
+		}
+	}
+	if cfg.OpenAI {
+		e.writeOpenAIHeaders(hdr, d)
+	}
+}
+
+// policyOf formats the RateLimit-Policy of a path whose limits may be
+// scaled.
+func (e *Engine) policyOf(d *Decision) string {
+	var b strings.Builder
+	b.Grow(64 * len(d.Buckets))
+	for i, bk := range d.Buckets {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		if item, ok := e.policies[bk.Limit]; ok && d.Limits[i].Limit == bk.Limit.Rate() {
+			b.WriteString(item) // unscaled: formatted once, at provision
+		} else {
+			writePolicy(&b, bk.Limit, d.Limits[i].Limit)
+		}
+	}
+	return b.String()
+}
+
+// pathHeaders are the header values of one path (one sequence of limits)
+// that do not change from request to request while no limit is scaled.
+type pathHeaders struct {
+	limits   []*hierarchy.Limit
+	policy   string   // RateLimit-Policy
+	items    []string // per bucket: the start of its RateLimit item, `"name";r=`
+	capacity []string // per bucket: X-RateLimit-Limit
+}
+
+// headerCache holds the pathHeaders of recently seen paths, direct-mapped
+// by a hash of their limits' addresses: a config has few distinct paths
+// (one per combination of tiers skipped and values overridden), and a
+// collision only costs formatting the values again.
+type headerCache struct {
+	policies map[*hierarchy.Limit]string // each limit's RateLimit-Policy item, unscaled
+	slots    [64]atomic.Pointer[pathHeaders]
+}
+
+// get returns the pathHeaders of the unscaled limits of buckets.
+func (c *headerCache) get(buckets []hierarchy.Bucket) *pathHeaders {
+	var x uintptr
+	for _, b := range buckets {
+		x = (x ^ uintptr(unsafe.Pointer(b.Limit))) * 0x9E3779B97F4A7C15
+	}
+	slot := &c.slots[x>>(unsafe.Sizeof(x)*8-6)]
+	if ph := slot.Load(); ph != nil && len(ph.limits) == len(buckets) {
+		same := true
+		for i, l := range ph.limits {
+			same = same && l == buckets[i].Limit
+		}
+		if same {
+			return ph
+		}
+	}
+	ph := c.format(buckets)
+	slot.Store(ph)
+	return ph
+}
+
+func (c *headerCache) format(buckets []hierarchy.Bucket) *pathHeaders {
+	ph := &pathHeaders{
+		limits:   make([]*hierarchy.Limit, len(buckets)),
+		items:    make([]string, len(buckets)),
+		capacity: make([]string, len(buckets)),
+	}
+	var b strings.Builder
+	for i, bk := range buckets {
+		ph.limits[i] = bk.Limit
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		if item, ok := c.policies[bk.Limit]; ok {
+			b.WriteString(item)
+		} else {
+			writePolicy(&b, bk.Limit, bk.Limit.Rate())
+		}
+		ph.items[i] = `"` + bk.Limit.Policy() + `";r=`
+		ph.capacity[i] = strconv.FormatInt(bk.Limit.Rate().Capacity(), 10)
+	}
+	ph.policy = b.String()
+	return ph
+}
+
+// writePolicy writes one RateLimit-Policy item: the policy's name, its
+// effective quota q (scaled when adaptive), its window w in seconds and, for
+// dimensions other than requests, its quota unit qu.
+func writePolicy(b *strings.Builder, hl *hierarchy.Limit, l rate.Limit) {
+	b.WriteString(`"`)
+	b.WriteString(hl.Policy())
+	b.WriteString(`";q=`)
+	b.WriteString(strconv.FormatInt(l.Capacity(), 10))
+	b.WriteString(";w=")
+	b.WriteString(strconv.FormatInt(l.WindowSeconds(), 10))
+	if hl.Dimension != hierarchy.Requests {
+		b.WriteString(`;qu="`)
+		b.WriteString(hl.Dimension)
+		b.WriteString(`"`)
+	}
+}
+
+// policyItems formats every limit's RateLimit-Policy item once.
+func policyItems(trees []*Tree) map[*hierarchy.Limit]string {
+	items := map[*hierarchy.Limit]string{}
+	for _, t := range trees {
+		for _, l := range t.Limits() {
+			var b strings.Builder
+			writePolicy(&b, l, l.Rate())
+			items[l] = b.String()
+		}
+	}
+	return items
+}
+
+// writeOpenAIHeaders writes x-ratelimit-{limit,remaining,reset}-{requests,tokens}
+// from the tightest bucket of each of those two dimensions.
+func (e *Engine) writeOpenAIHeaders(hdr http.Header, d *Decision) {
+	for _, dim := range []string{"requests", "tokens"} {
+		best := -1
+		for i, bk := range d.Buckets {
+			if bk.Limit.Dimension != dim {
+				continue
+			}
+			if best < 0 || d.Results[i].Remaining < d.Results[best].Remaining {
+				best = i
+			}
+		}
+		if best < 0 {
+			continue
+		}
+		r := d.Results[best]
+		hdr.Set("x-ratelimit-limit-"+dim, strconv.FormatInt(d.Limits[best].Limit.Capacity(), 10))
+		hdr.Set("x-ratelimit-remaining-"+dim, strconv.FormatInt(r.Remaining, 10))
+		hdr.Set("x-ratelimit-reset-"+dim, strconv.FormatInt(CeilSeconds(microseconds(r.Reset)), 10)+"s")
+	}
+}
+
+// Problem is an RFC 9457 problem detail, extended with what refused the
+// request.
+type Problem struct {
+	Type       string   `json:"type"`
+	Title      string   `json:"title"`
+	Status     int      `json:"status"`
+	Detail     string   `json:"detail,omitempty"`
+	BlockedBy  string   `json:"blocked_by,omitempty"`
+	Policies   []string `json:"violated_policies,omitempty"`
+	RetryAfter int64    `json:"retry_after,omitempty"`
+}
+
+// NewProblem describes a refusal of kind (a Reason or a front end's own;
+// its type is ProblemBase + kind, with dashes) with status, title and
+// detail, naming the policies of d that denied.
+func NewProblem(status int, kind, title, detail string, d *Decision) *Problem {
+	p := &Problem{
+		Type:      ProblemBase + strings.ReplaceAll(kind, "_", "-"),
+		Title:     title,
+		Status:    status,
+		Detail:    detail,
+		BlockedBy: d.Blocked,
+	}
+	for i, r := range d.Results {
+		if !r.Allowed {
+			p.Policies = append(p.Policies, d.Buckets[i].Tree.Name+"/"+d.Buckets[i].Limit.Name())
+		}
+	}
+	if d.Retry > 0 {
+		p.RetryAfter = CeilSeconds(d.Retry)
+	}
+	return p
+}
+
+// Write writes the problem as an application/problem+json response.
+func (p *Problem) Write(w http.ResponseWriter) error {
+	body, err := json.Marshal(p)
+	if err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(p.Status)
+	_, err = w.Write(body)
+	return err
+}
+
+// Detail says why d was denied, for a problem body.
+func (d *Decision) Detail() string {
+	if d.Reason == ReasonImpossible {
+		return "this request costs more than the " + d.Blocked + " limit can ever admit"
+	}
+	return "the " + d.Blocked + " limit is exhausted; retry in " + strconv.FormatInt(CeilSeconds(d.Retry), 10) + " s"
+}

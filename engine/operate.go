@@ -1,0 +1,211 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/caddy-cascade/cascade/hierarchy"
+	"github.com/caddy-cascade/cascade/store"
+)
+
+// Operations on the buckets of one path, for the admin API, and what the
+// engine notes of denials.
+
+// PathError is a path of buckets named by an operator that the engine
+// cannot resolve: no such tree (NotFound), or values that do not make a
+// path. Its message says what to fix.
+type PathError struct {
+	NotFound bool
+	Msg      string
+}
+
+func (err *PathError) Error() string { return err.Msg }
+
+func badPath(format string, args ...any) error {
+	return &PathError{Msg: fmt.Sprintf(format, args...)}
+}
+
+// ErrCannotReset is returned by Reset when the store cannot reset buckets.
+var ErrCannotReset = errors.New("this store cannot reset buckets")
+
+// Path resolves the path an operator names: the tiers' values by name,
+// down to the deepest tier given. Tiers above it that are constants (a
+// global ceiling) take their constant; tiers that skip a missing key may
+// be left out; any other tier on the way must be given. Values are
+// transformed as on the request path (an mholt zone's IP prefixes), and
+// escaped by Resolve alike.
+func (e *Engine) Path(tree string, given map[string]string) (*Tree, []string, error) {
+	t := e.Tree(tree)
+	if t == nil {
+		return nil, nil, &PathError{NotFound: true, Msg: fmt.Sprintf("no tree %q", tree)}
+	}
+	depth := 0
+	for name := range given {
+		_, i := t.Tier(name)
+		if i < 0 {
+			return nil, nil, badPath("tree %s has no tier %q: its tiers are %s (a tier named like a parameter, e.g. tree, is given as tier.tree=…)",
+				t.Name, name, strings.Join(t.TierNames(), ", "))
+		}
+		depth = max(depth, i+1)
+	}
+	for depth < len(t.Tiers) && depth == 0 && !t.Tiers[0].Dynamic() {
+		depth++ // nothing given: the constant tiers at the top, if any
+	}
+	if depth == 0 {
+		return nil, nil, badPath("give the value of at least one tier, e.g. &%s=<value>", t.Tiers[0].Name)
+	}
+	values := make([]string, depth)
+	for i, tier := range t.Tiers[:depth] {
+		v, ok := given[tier.Name]
+		switch {
+		case ok && v == "" && tier.Missing == hierarchy.MissingDeny:
+			return nil, nil, badPath("tier %s refuses requests without a value: give one", tier.Name)
+		case ok:
+		case !tier.Dynamic():
+			v = tier.Key
+		case tier.Missing != hierarchy.MissingDeny:
+			v = "" // skipped, or the shared bucket of requests without one
+		default:
+			return nil, nil, badPath("the path needs the value of tier %s (its key is %s): add &%s=<value>", tier.Name, tier.Key, tier.Name)
+		}
+		values[i] = t.value(v)
+	}
+	return t, values, nil
+}
+
+// Peeked is what Peek read of a path's buckets.
+type Peeked struct {
+	Buckets []hierarchy.Bucket
+	// Limits are the buckets' effective limits; Scaled, per bucket, says
+	// whether the adaptive factor changed one.
+	Limits []store.Bucket
+	Scaled []bool
+	// Now is each bucket as it is (at cost 0: what remains, when full
+	// again); Asked at the cost asked about (whether it fits, else when).
+	Now, Asked store.Decision
+}
+
+// Peek reads the buckets of t's path of values without charging them: in
+// one store call, at cost 0 and at costOf[dimension].
+func (e *Engine) Peek(ctx context.Context, t *Tree, values []string, costOf map[string]int64) (*Peeked, error) {
+	var plan hierarchy.Plan
+	t.Resolve(values, &plan)
+	n := len(plan.Buckets)
+	out := &Peeked{Buckets: plan.Buckets, Limits: make([]store.Bucket, n), Scaled: make([]bool, n)}
+	if n == 0 {
+		return out, nil
+	}
+	peek := make([]store.Bucket, 2*n)
+	for i, b := range plan.Buckets {
+		l, scaled := e.effective(b)
+		out.Scaled[i] = scaled
+		out.Limits[i] = store.Bucket{Key: b.Key, Limit: l}
+		peek[i] = out.Limits[i]
+		peek[n+i] = store.Bucket{Key: b.Key, Limit: l, Cost: costOf[b.Limit.Dimension]}
+	}
+	d, err := store.Peek(ctx, e.cfg.Store, peek)
+	if err != nil {
+		return nil, err
+	}
+	out.Now, out.Asked = d, d
+	out.Now.Results, out.Asked.Results = d.Results[:n], d.Results[n:]
+	return out, nil
+}
+
+// Reset makes the buckets of the last tier of t's path of values full
+// again; with below, every bucket of the subtree of that value. It
+// returns how many buckets it reset.
+func (e *Engine) Reset(ctx context.Context, t *Tree, values []string, below bool) (int, error) {
+	rs, ok := e.cfg.Store.(store.Resetter)
+	if !ok {
+		return 0, ErrCannotReset
+	}
+	var n int
+	var err error
+	if below {
+		glob, match := t.Subtree(values)
+		n, err = rs.ResetMatching(ctx, store.KeyMatch{Glob: glob, Match: match})
+	} else {
+		var plan hierarchy.Plan
+		t.Resolve(values, &plan)
+		last := t.Tiers[len(values)-1]
+		var keys []string
+		for _, b := range plan.Buckets {
+			if b.Tier == last {
+				keys = append(keys, b.Key)
+			}
+		}
+		n, err = rs.Reset(ctx, keys)
+	}
+	if err != nil {
+		return 0, err
+	}
+	fields := []zap.Field{zap.String("tree", t.Name), zap.Bool("below", below), zap.Int("buckets", n)}
+	if e.cfg.DenialLog != "no_values" {
+		var path []string
+		for i, v := range values {
+			path = append(path, t.Tiers[i].Name+"="+truncate(v, 256))
+		}
+		fields = append(fields, zap.Strings("path", path))
+	}
+	e.cfg.Logger.Info("rate limit buckets reset", fields...)
+	return n, nil
+}
+
+// NoteDenial counts a denied request among the store's most-denied keys,
+// and logs it: the first denial of its key each minute at INFO, the others
+// counted into one line a minute (see logsample). what names the request
+// in the line (its URL path).
+func (e *Engine) NoteDenial(d *Decision, what string) {
+	if d.Closest < 0 || d.Closest >= len(d.Buckets) {
+		return
+	}
+	b := d.Buckets[d.Closest]
+	key := b.Key
+	if i := strings.LastIndexByte(key, '#'); i >= 0 {
+		key = key[:i] // the bucket's path, whatever the limit
+	}
+	if e.cfg.Top != nil {
+		e.cfg.Top.Add(key, 1)
+	}
+	if e.denials == nil {
+		return
+	}
+	first, summary := e.denials.Allow(key, time.Now())
+	if summary.Suppressed > 0 {
+		e.cfg.Logger.Info("rate limited (more denials, not logged one by one)",
+			zap.Int("denials", summary.Suppressed), zap.Int("keys", summary.Keys), zap.Duration("over", summary.Interval))
+	}
+	if !first {
+		return
+	}
+	fields := []zap.Field{
+		zap.String("blocked_by", d.Blocked),
+		zap.String("reason", d.Reason),
+		zap.String("mode", d.Mode),
+		zap.Duration("retry_after", d.Retry),
+		zap.String("path", what),
+	}
+	if e.cfg.DenialLog != "no_values" {
+		var path []string
+		for _, pb := range d.Buckets {
+			if pb.Tree == b.Tree {
+				seg := pb.Tier.Name + "=" + truncate(pb.Value, 256)
+				if !slices.Contains(path, seg) {
+					path = append(path, seg)
+				}
+			}
+		}
+		fields = append(fields, zap.Strings("values", path))
+	}
+	if e.cfg.LogKey {
+		fields = append(fields, zap.String("key", b.Key))
+	}
+	e.cfg.Logger.Info("rate limited", fields...)
+}

@@ -1,0 +1,121 @@
+package engine
+
+import (
+	"context"
+	"slices"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/caddy-cascade/cascade/store"
+)
+
+// Usage is the actual cost of a request in one dimension, as the upstream
+// reported it, to reconcile with the estimate Decide charged.
+type Usage struct {
+	Dimension string
+	Actual    int64
+}
+
+// Reconcile adjusts every bucket on d's path by actual − estimate for
+// each usage given, in one store call, in the background: off the
+// request's critical path. Each bucket's correction names when its
+// estimate was charged (the decision's ChargedAt), so a refund goes back
+// to the window, or the very charge, that held it (see
+// store.Bucket.Charged). It does nothing for a decision that charged
+// nothing. It returns the corrections it made (nil if none).
+func (e *Engine) Reconcile(d *Decision, usage ...Usage) []store.Bucket {
+	h := e.Hold(d)
+	if h == nil {
+		return nil
+	}
+	adjust := h.corrections(e.cfg.Dimensions, usage)
+	if len(adjust) > 0 {
+		e.Adjust(adjust)
+	}
+	return adjust
+}
+
+// Held is what reconciling a decision later needs, kept apart from the
+// decision's pooled memory: for a front end that learns the usage after
+// the decision is gone (a usage report from another proxy).
+type Held struct {
+	buckets   []store.Bucket // each charged bucket, its Cost unset
+	dims      []string       // each bucket's dimension
+	estimates []int64        // per Config.Dimensions
+}
+
+// Hold keeps what reconciling d needs, or returns nil when d charged
+// nothing that could be reconciled.
+func (e *Engine) Hold(d *Decision) *Held {
+	if !d.Allowed || len(d.Estimates) != len(e.cfg.Dimensions) || len(e.cfg.Dimensions) == 0 {
+		return nil // nothing was estimated, so nothing was charged
+	}
+	h := &Held{estimates: slices.Clone(d.Estimates)}
+	for i, b := range d.Buckets {
+		if slices.Contains(e.cfg.Dimensions, b.Limit.Dimension) {
+			h.buckets = append(h.buckets, store.Bucket{Key: b.Key, Limit: d.Limits[i].Limit, Charged: d.ChargedAt(i)})
+			h.dims = append(h.dims, b.Limit.Dimension)
+		}
+	}
+	return h
+}
+
+// ReconcileHeld reconciles a held decision like Reconcile, but at once:
+// when it returns without an error, the store has applied the corrections
+// it returns.
+func (e *Engine) ReconcileHeld(ctx context.Context, h *Held, usage ...Usage) ([]store.Bucket, error) {
+	adjust := h.corrections(e.cfg.Dimensions, usage)
+	if len(adjust) == 0 {
+		return nil, nil
+	}
+	err := e.cfg.Store.Adjust(ctx, adjust)
+	if e.cfg.Reconciled != nil {
+		e.cfg.Reconciled(err)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return adjust, nil
+}
+
+// corrections are the adjustments of h's buckets for usage: actual −
+// estimate, per dimension reported.
+func (h *Held) corrections(dims []string, usage []Usage) []store.Bucket {
+	var adjust []store.Bucket
+	for _, u := range usage {
+		j := slices.Index(dims, u.Dimension)
+		if j < 0 {
+			continue
+		}
+		delta := u.Actual - h.estimates[j]
+		if delta == 0 {
+			continue
+		}
+		for i, b := range h.buckets {
+			if h.dims[i] == u.Dimension {
+				b.Cost = delta
+				adjust = append(adjust, b)
+			}
+		}
+	}
+	return adjust
+}
+
+// Adjust applies corrections (refunds, debts) to buckets in the store in
+// the background, in one store call; Close waits for those under way.
+func (e *Engine) Adjust(adjust []store.Bucket) {
+	e.adjusting.Add(1)
+	go func() {
+		defer e.adjusting.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		err := e.cfg.Store.Adjust(ctx, adjust)
+		if err != nil {
+			e.cfg.Logger.Error("reconciling cost with the upstream's usage failed", zap.Error(err))
+		}
+		if e.cfg.Reconciled != nil {
+			e.cfg.Reconciled(err)
+		}
+	}()
+}

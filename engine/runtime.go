@@ -1,0 +1,109 @@
+package engine
+
+import (
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+
+	"go.uber.org/zap"
+
+	"github.com/caddy-cascade/cascade/control"
+	"github.com/caddy-cascade/cascade/hierarchy"
+)
+
+// What the engine does with the runtime state an operator sets: overrides
+// and modes.
+
+// applyRuntime installs a snapshot of the store's runtime state: each
+// tier's overrides, compiled for this handler's trees, and each tree's
+// mode. It runs when the handler is provisioned and at every change (see
+// control.Runtime.Subscribe), never on the request path: a request reads
+// the result through one atomic pointer per tier.
+func (e *Engine) applyRuntime(snap *control.Snapshot) {
+	e.applying.Lock()
+	defer e.applying.Unlock()
+	// Overrides of one tier with the same limits share one compiled
+	// override: the headers of a path are formatted once per distinct set
+	// of limits (headerCache), and 10,000 customers on one plan are one
+	// set, not 10,000.
+	type shared struct {
+		tier *hierarchy.Tier
+		spec string
+	}
+	compiledOnce := map[shared]*hierarchy.Override{}
+	for _, t := range e.cfg.Trees {
+		if m := snap.Mode(t.Name); m != nil {
+			mode := m.Mode
+			t.mode.Store(&mode)
+		} else {
+			t.mode.Store(nil)
+		}
+		for _, tier := range t.Tiers {
+			var compiled map[string]*hierarchy.Override
+			for _, o := range snap.Overrides() {
+				if o.Tree != t.Name || o.Tier != tier.Name {
+					continue
+				}
+				spec, _ := json.Marshal(struct {
+					L []*hierarchy.Limit
+					U bool
+				}{o.Limits, o.Unlimited})
+				key := shared{tier, string(spec)}
+				c := compiledOnce[key]
+				if c == nil {
+					var err error
+					if c, err = e.compileOverride(t, tier, o); err != nil {
+						e.cfg.Logger.Warn("rate limit override not applied: it does not fit this handler's tree",
+							zap.String("tree", o.Tree), zap.String("tier", o.Tier), zap.String("value", truncate(o.Value, 256)), zap.Error(err))
+						continue
+					}
+					compiledOnce[key] = c
+				}
+				if compiled == nil {
+					compiled = map[string]*hierarchy.Override{}
+				}
+				compiled[o.Value] = c
+			}
+			tier.SetRuntime(compiled)
+		}
+	}
+}
+
+// compileOverride compiles a runtime override for tier of t, on copies of
+// its limits (the snapshot is shared, and compiling names them).
+func (e *Engine) compileOverride(t *Tree, tier *hierarchy.Tier, o *control.Override) (*hierarchy.Override, error) {
+	c := &hierarchy.Override{Unlimited: o.Unlimited}
+	for _, l := range o.Limits {
+		lc := *l
+		c.Limits = append(c.Limits, &hierarchy.Limit{Count: lc.Count, Per: lc.Per, Dimension: lc.Dimension, Burst: lc.Burst, Algorithm: lc.Algorithm, Timezone: lc.Timezone})
+	}
+	if err := t.CompileOverride(tier, c); err != nil {
+		return nil, err
+	}
+	for _, l := range c.Limits {
+		if l.Dimension != hierarchy.Requests && !slices.Contains(e.cfg.Dimensions, l.Dimension) {
+			return nil, fmt.Errorf("limit %s counts %s, but this handler has no cost for %s: add 'cost %s …' to its configuration first",
+				l.String(), l.Dimension, l.Dimension, l.Dimension)
+		}
+	}
+	return c, nil
+}
+
+// CheckOverride tells whether an override can apply to the engine's
+// tree: its tier exists, its limits compile and every dimension they
+// count has a cost. Its error says what to fix.
+func (e *Engine) CheckOverride(o *control.Override) error {
+	t := e.Tree(o.Tree)
+	if t == nil {
+		return fmt.Errorf("no tree %q", o.Tree)
+	}
+	tier, _ := t.Tier(o.Tier)
+	if tier == nil {
+		return fmt.Errorf("tree %s has no tier %q: its tiers are %s", t.Name, o.Tier, strings.Join(t.TierNames(), ", "))
+	}
+	if _, err := e.compileOverride(t, tier, o); err != nil {
+		return fmt.Errorf("override of %s/%s: %w", t.Name, tier.Name, err)
+	}
+	return nil
+}
