@@ -13,6 +13,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"go.uber.org/zap"
 
 	"github.com/caddy-cascade/cascade/adaptive"
 	"github.com/caddy-cascade/cascade/store"
@@ -47,9 +48,16 @@ type App struct {
 	// instances that share limits converge on one factor.
 	Share *RedisStoreConfig `json:"share,omitempty"`
 
+	// RLS serves Envoy's rate limit service on the trees of this
+	// configuration's rate_limit handlers.
+	RLS *RLSConfig `json:"rls,omitempty"`
+
 	controller *adaptive.Controller
 	poolKey    string
 	shareKey   string // the shared Redis client's place in the stores pool
+	rlsKey     string // the rate limit service's place in rlsServers
+	ctx        caddy.Context
+	logger     *zap.Logger
 }
 
 // CaddyModule returns the Caddy module information.
@@ -129,6 +137,12 @@ func (p pooledController) Destruct() error { p.Stop(); return nil }
 // configuration did not change, else a new one that inherits the running
 // one's state (so a reload mid-incident keeps throttling).
 func (a *App) Provision(ctx caddy.Context) error {
+	a.ctx, a.logger = ctx, ctx.Logger()
+	if a.RLS != nil {
+		if err := a.RLS.validate(); err != nil {
+			return err
+		}
+	}
 	cfg := adaptive.Config{}
 	if a.Adaptive != nil {
 		cfg = a.Adaptive.Config
@@ -181,9 +195,14 @@ func (a *App) Provision(ctx caddy.Context) error {
 	return nil
 }
 
-// Start starts the controller's sampling (a no-op when it already runs).
+// Start starts the controller's sampling (a no-op when it already runs)
+// and Envoy's rate limit service, if configured: the handlers it decides
+// with are all provisioned by now.
 func (a *App) Start() error {
 	a.controller.Start()
+	if a.RLS != nil {
+		return a.startRLS()
+	}
 	return nil
 }
 
@@ -199,6 +218,11 @@ func (a *App) Cleanup() error {
 	}
 	if a.shareKey != "" {
 		if _, err2 := stores.Delete(a.shareKey); err == nil {
+			err = err2
+		}
+	}
+	if a.rlsKey != "" {
+		if _, err2 := rlsServers.Delete(a.rlsKey); err == nil {
 			err = err2
 		}
 	}
@@ -228,14 +252,29 @@ func (a *App) Controller() *adaptive.Controller { return a.controller }
 //	                ...                                # (the options of store redis)
 //	            }
 //	        }
+//	        rls {                                      # Envoy's rate limit service (gRPC)
+//	            listen <address>                       # e.g. 127.0.0.1:8081
+//	            domain <name> [tree <tree>] [dimension <dim>] # default: every tree, by its name
+//	        }
 //	    }
 //	}
 func parseGlobalOption(d *caddyfile.Dispenser, _ any) (any, error) {
 	app := &App{Adaptive: &AdaptiveConfig{}}
 	d.Next()
 	for d.NextBlock(0) {
+		if d.Val() == "rls" {
+			if app.RLS != nil {
+				return nil, d.Errf("cascade: rls configured twice")
+			}
+			rc, err := parseRLS(d)
+			if err != nil {
+				return nil, err
+			}
+			app.RLS = rc
+			continue
+		}
 		if d.Val() != "adaptive" {
-			return nil, d.Errf("cascade: unknown option %q: expected adaptive", d.Val())
+			return nil, d.Errf("cascade: unknown option %q: expected adaptive or rls", d.Val())
 		}
 		cfg := &app.Adaptive.Config
 		for nesting := d.Nesting(); d.NextBlock(nesting); {

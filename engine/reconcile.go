@@ -119,3 +119,28 @@ func (e *Engine) Adjust(adjust []store.Bucket) {
 		}
 	}()
 }
+
+// AdjustPath corrects each bucket of d's path (built with Add, not decided)
+// by costs[i] — negative gives back, positive adds debt — at once, in one
+// store call, without deciding anything: for a front end that returns what
+// an earlier call charged (Envoy's is_negative_hits). Buckets whose cost
+// is 0 are left alone. The correction goes to the bucket's current window
+// (the earlier charge's time is not known).
+func (e *Engine) AdjustPath(ctx context.Context, d *Decision, costs []int64) error {
+	adjust := make([]store.Bucket, 0, len(d.Buckets))
+	for i, b := range d.Buckets {
+		if costs[i] == 0 {
+			continue
+		}
+		l, _ := e.effective(b)
+		adjust = append(adjust, store.Bucket{Key: b.Key, Limit: l, Cost: costs[i]})
+	}
+	if len(adjust) == 0 {
+		return nil
+	}
+	err := e.cfg.Store.Adjust(ctx, adjust)
+	if e.cfg.Reconciled != nil {
+		e.cfg.Reconciled(err)
+	}
+	return err
+}

@@ -70,3 +70,22 @@ func Engines() []*engine.Engine {
 	}
 	return out
 }
+
+// EnginesOf returns the live engines registered with done: those of the
+// configuration whose context's Done channel it is (for a front end that
+// belongs to that configuration), in a stable order.
+func EnginesOf(done <-chan struct{}) []*engine.Engine {
+	var of []registered
+	engines.Range(func(_, v any) bool {
+		if r := v.(registered); r.done == done {
+			of = append(of, r)
+		}
+		return true
+	})
+	slices.SortFunc(of, func(a, b registered) int { return strings.Compare(a.seq, b.seq) })
+	out := make([]*engine.Engine, len(of))
+	for i, r := range of {
+		out[i] = r.engine
+	}
+	return out
+}
