@@ -3,6 +3,8 @@ package rls
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"math/rand/v2"
 	"net"
 	"strings"
 	"sync"
@@ -21,6 +23,7 @@ import (
 
 	"github.com/caddy-cascade/cascade/engine"
 	"github.com/caddy-cascade/cascade/hierarchy"
+	"github.com/caddy-cascade/cascade/internal/redistest"
 	"github.com/caddy-cascade/cascade/store"
 )
 
@@ -29,10 +32,21 @@ type clock struct{ now atomic.Int64 }
 
 func (c *clock) read() int64 { return c.now.Load() }
 
+// TestMain stops the Redis server the tests share.
+func TestMain(m *testing.M) { redistest.Main(m) }
+
+// eachStore runs test on the memory store and on a real Redis.
+func eachStore(t *testing.T, test func(t *testing.T, kind string)) {
+	for _, kind := range []string{"memory", "redis"} {
+		t.Run(kind, func(t *testing.T) { test(t, kind) })
+	}
+}
+
 // newServer serves the tree api: org (100/min, 1000 tokens/min) > team
-// (missing: skip; 50/min) > user (10/min; bob 2/min), on a memory store
-// with a fixed clock, under the domains api (requests) and llm (tokens).
-func newServer(t *testing.T, mode string) (*Server, *clock) {
+// (missing: skip; 50/min) > user (10 per 90 s; bob 2/min), on a store of
+// kind (memory, or a real Redis) with a clock the test moves, under the
+// domains api (requests) and llm (tokens).
+func newServer(t *testing.T, kind, mode string) (*Server, *clock) {
 	t.Helper()
 	tree := &hierarchy.Tree{Name: "api", Tiers: []*hierarchy.Tier{
 		{Name: "org", Key: "{org}", Limits: []*hierarchy.Limit{{Count: 100, Per: "min"}, {Count: 1000, Per: "min", Dimension: "tokens"}}},
@@ -46,13 +60,29 @@ func newServer(t *testing.T, mode string) (*Server, *clock) {
 	hierarchy.QualifyPolicies([]*hierarchy.Tree{tree})
 	c := &clock{}
 	c.now.Store(time.Date(2026, 11, 25, 0, 0, 0, 0, time.UTC).UnixMicro())
-	mem := store.NewMemory(store.MemoryOptions{Clock: c.read, SweepInterval: -1})
+	var st store.Store
+	switch kind {
+	case "memory":
+		mem := store.NewMemory(store.MemoryOptions{Clock: c.read, SweepInterval: -1})
+		t.Cleanup(func() { _ = mem.Close() })
+		st = mem
+	case "redis":
+		srv := redistest.Shared(t)
+		r, err := store.NewRedis(context.Background(), store.RedisOptions{Addrs: []string{srv.Addr()},
+			KeyPrefix: fmt.Sprintf("rls:%s:%x:", strings.NewReplacer("/", "_", " ", "_").Replace(t.Name()), rand.Uint32()),
+			Clock:     c.read, Timeout: 10 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { r.Close() })
+		st = r
+	}
 	et := &engine.Tree{Tree: tree}
 	e := engine.New(engine.Config{
-		Trees: []*engine.Tree{et}, Dimensions: []string{"tokens"}, Store: mem, StoreName: "memory",
+		Trees: []*engine.Tree{et}, Dimensions: []string{"tokens"}, Store: st, StoreName: kind,
 		Mode: mode, Headers: engine.Headers{IETF: true, RetryAfter: true}, DenialLog: "off",
 	})
-	t.Cleanup(func() { e.Close(); _ = mem.Close() })
+	t.Cleanup(e.Close)
 	s := New(nil)
 	s.SetRoutes(map[string]Route{"api": {Engine: e, Tree: et}, "llm": {Engine: e, Tree: et, Dimension: "tokens"}})
 	return s, c
@@ -97,242 +127,260 @@ func header(res *rlsv3.RateLimitResponse, name string) string {
 // per level, decides one path; a refusal by the user charges the org
 // nothing.
 func TestHierarchicalAllOrNothing(t *testing.T) {
-	s, _ := newServer(t, "")
-	org := desc("org", "acme")
-	bob := desc("org", "acme", "user", "bob")
-	for i := range 2 {
-		if got := codesOf(call(t, s, "api", 0, org, bob)); got != "OK OK OK" {
-			t.Fatalf("call %d: %s", i, got)
+	eachStore(t, func(t *testing.T, kind string) {
+		s, _ := newServer(t, kind, "")
+		org := desc("org", "acme")
+		bob := desc("org", "acme", "user", "bob")
+		for i := range 2 {
+			if got := codesOf(call(t, s, "api", 0, org, bob)); got != "OK OK OK" {
+				t.Fatalf("call %d: %s", i, got)
+			}
 		}
-	}
-	res := call(t, s, "api", 0, org, bob)
-	if got := codesOf(res); got != "OVER_LIMIT OK OVER_LIMIT" {
-		t.Fatalf("bob's third: %s, want the user's descriptor over", got)
-	}
-	if ra := header(res, "retry-after"); ra == "" || ra == "0" {
-		t.Fatalf("a refusal without retry-after: %v", res.ResponseHeadersToAdd)
-	}
-	var p map[string]any
-	if err := json.Unmarshal(res.RawBody, &p); err != nil || p["status"] != float64(429) || p["blocked_by"] != "api/user" {
-		t.Fatalf("raw_body %s: %v", res.RawBody, err)
-	}
-	// The org was charged once per admitted call: 2 of 100, although two
-	// descriptors name it, and nothing for the refused call.
-	st := call(t, s, "api", 0, org).Statuses[0]
-	if st.LimitRemaining != 100-3 {
-		t.Fatalf("org remaining %d after 2 admitted calls and this one, want 97", st.LimitRemaining)
-	}
+		res := call(t, s, "api", 0, org, bob)
+		if got := codesOf(res); got != "OVER_LIMIT OK OVER_LIMIT" {
+			t.Fatalf("bob's third: %s, want the user's descriptor over", got)
+		}
+		if ra := header(res, "retry-after"); ra == "" || ra == "0" {
+			t.Fatalf("a refusal without retry-after: %v", res.ResponseHeadersToAdd)
+		}
+		var p map[string]any
+		if err := json.Unmarshal(res.RawBody, &p); err != nil || p["status"] != float64(429) || p["blocked_by"] != "api/user" {
+			t.Fatalf("raw_body %s: %v", res.RawBody, err)
+		}
+		// The org was charged once per admitted call: 2 of 100, although two
+		// descriptors name it, and nothing for the refused call.
+		st := call(t, s, "api", 0, org).Statuses[0]
+		if st.LimitRemaining != 100-3 {
+			t.Fatalf("org remaining %d after 2 admitted calls and this one, want 97", st.LimitRemaining)
+		}
+	})
 }
 
 func TestStatuses(t *testing.T) {
-	s, _ := newServer(t, "")
-	res := call(t, s, "api", 0, desc("org", "acme"), desc("org", "acme", "user", "alice"))
-	org, user := res.Statuses[0], res.Statuses[1]
-	if l := org.CurrentLimit; l.RequestsPerUnit != 100 || l.Unit != rlsv3.RateLimitResponse_RateLimit_MINUTE || l.UnitMultiplier != nil || l.Name != "org.requests" {
-		t.Fatalf("org's limit %v", l)
-	}
-	// alice's path: the user bucket (10 per 90 s) is the one with the least
-	// left, 9 of 10; 90 s is 90 SECOND.
-	if l := user.CurrentLimit; l.RequestsPerUnit != 10 || l.Unit != rlsv3.RateLimitResponse_RateLimit_SECOND || l.UnitMultiplier.GetValue() != 90 || l.Name != "user" {
-		t.Fatalf("user's limit %v", l)
-	}
-	if user.LimitRemaining != 9 || org.LimitRemaining != 99 {
-		t.Fatalf("remaining: org %d user %d, want 99 and 9", org.LimitRemaining, user.LimitRemaining)
-	}
-	// GCRA refills one request each 9 s: 9 s until full again.
-	if d := user.DurationUntilReset.AsDuration(); d != 9*time.Second {
-		t.Fatalf("user's duration until reset %v, want 9s", d)
-	}
-	if got := header(res, "ratelimit"); !strings.HasPrefix(got, `"user";r=9;`) {
-		t.Fatalf("ratelimit header %q", got)
-	}
+	eachStore(t, func(t *testing.T, kind string) {
+		s, _ := newServer(t, kind, "")
+		res := call(t, s, "api", 0, desc("org", "acme"), desc("org", "acme", "user", "alice"))
+		org, user := res.Statuses[0], res.Statuses[1]
+		if l := org.CurrentLimit; l.RequestsPerUnit != 100 || l.Unit != rlsv3.RateLimitResponse_RateLimit_MINUTE || l.UnitMultiplier != nil || l.Name != "org.requests" {
+			t.Fatalf("org's limit %v", l)
+		}
+		// alice's path: the user bucket (10 per 90 s) is the one with the least
+		// left, 9 of 10; 90 s is 90 SECOND.
+		if l := user.CurrentLimit; l.RequestsPerUnit != 10 || l.Unit != rlsv3.RateLimitResponse_RateLimit_SECOND || l.UnitMultiplier.GetValue() != 90 || l.Name != "user" {
+			t.Fatalf("user's limit %v", l)
+		}
+		if user.LimitRemaining != 9 || org.LimitRemaining != 99 {
+			t.Fatalf("remaining: org %d user %d, want 99 and 9", org.LimitRemaining, user.LimitRemaining)
+		}
+		// GCRA refills one request each 9 s: 9 s until full again.
+		if d := user.DurationUntilReset.AsDuration(); d != 9*time.Second {
+			t.Fatalf("user's duration until reset %v, want 9s", d)
+		}
+		if got := header(res, "ratelimit"); !strings.HasPrefix(got, `"user";r=9;`) {
+			t.Fatalf("ratelimit header %q", got)
+		}
+	})
 }
 
 // TestHitsAddend: the call's hits_addend, a descriptor's own, and the
 // tokens dimension.
 func TestHitsAddend(t *testing.T) {
-	s, _ := newServer(t, "")
-	if st := call(t, s, "api", 5, desc("org", "a", "user", "u")).Statuses[0]; st.LimitRemaining != 5 {
-		t.Fatalf("after 5 hits: %d left of the user's 10", st.LimitRemaining)
-	}
-	d := desc("org", "b", "user", "u")
-	d.HitsAddend = wrapperspb.UInt64(7) // the descriptor's own wins
-	if st := call(t, s, "api", 5, d).Statuses[0]; st.LimitRemaining != 3 {
-		t.Fatalf("after 7 hits: %d left", st.LimitRemaining)
-	}
-	// llm counts tokens: 400 tokens and 1 request per call.
-	org := desc("org", "c")
-	for i, want := range []uint32{600, 200} {
-		st := call(t, s, "llm", 400, org).Statuses[0]
-		if st.LimitRemaining != want || st.CurrentLimit.Name != "org.tokens" {
-			t.Fatalf("call %d: %d %s left, want %d tokens", i, st.LimitRemaining, st.CurrentLimit.Name, want)
+	eachStore(t, func(t *testing.T, kind string) {
+		s, _ := newServer(t, kind, "")
+		if st := call(t, s, "api", 5, desc("org", "a", "user", "u")).Statuses[0]; st.LimitRemaining != 5 {
+			t.Fatalf("after 5 hits: %d left of the user's 10", st.LimitRemaining)
 		}
-	}
-	if res := call(t, s, "llm", 400, org); res.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
-		t.Fatalf("400 tokens admitted with 200 left")
-	}
-	if st := call(t, s, "api", 0, org).Statuses[0]; st.LimitRemaining != 97 {
-		t.Fatalf("org requests: %d left after 2 admitted llm calls and this one, want 97", st.LimitRemaining)
-	}
+		d := desc("org", "b", "user", "u")
+		d.HitsAddend = wrapperspb.UInt64(7) // the descriptor's own wins
+		if st := call(t, s, "api", 5, d).Statuses[0]; st.LimitRemaining != 3 {
+			t.Fatalf("after 7 hits: %d left", st.LimitRemaining)
+		}
+		// llm counts tokens: 400 tokens and 1 request per call.
+		org := desc("org", "c")
+		for i, want := range []uint32{600, 200} {
+			st := call(t, s, "llm", 400, org).Statuses[0]
+			if st.LimitRemaining != want || st.CurrentLimit.Name != "org.tokens" {
+				t.Fatalf("call %d: %d %s left, want %d tokens", i, st.LimitRemaining, st.CurrentLimit.Name, want)
+			}
+		}
+		if res := call(t, s, "llm", 400, org); res.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
+			t.Fatalf("400 tokens admitted with 200 left")
+		}
+		if st := call(t, s, "api", 0, org).Statuses[0]; st.LimitRemaining != 97 {
+			t.Fatalf("org requests: %d left after 2 admitted llm calls and this one, want 97", st.LimitRemaining)
+		}
+	})
 }
 
 // TestNegativeHits: is_negative_hits gives the addend back, never refused,
 // in the call's dimension only.
 func TestNegativeHits(t *testing.T) {
-	s, _ := newServer(t, "")
-	org := desc("org", "acme")
-	call(t, s, "llm", 900, org)
-	back := desc("org", "acme")
-	back.IsNegativeHits = true
-	back.HitsAddend = wrapperspb.UInt64(500)
-	if res := call(t, s, "llm", 0, back); res.OverallCode != rlsv3.RateLimitResponse_OK || len(res.Statuses) != 1 {
-		t.Fatalf("refund: %s", codesOf(res))
-	}
-	st := call(t, s, "llm", 1, org).Statuses[0]
-	if st.LimitRemaining != 1000-900+500-1 {
-		t.Fatalf("after 900, back 500, 1: %d tokens left, want 599", st.LimitRemaining)
-	}
-	if st := call(t, s, "api", 0, org).Statuses[0]; st.LimitRemaining != 100-3 {
-		t.Fatalf("requests: %d left, want 97 (the refund gives back no request)", st.LimitRemaining)
-	}
+	eachStore(t, func(t *testing.T, kind string) {
+		s, _ := newServer(t, kind, "")
+		org := desc("org", "acme")
+		call(t, s, "llm", 900, org)
+		back := desc("org", "acme")
+		back.IsNegativeHits = true
+		back.HitsAddend = wrapperspb.UInt64(500)
+		if res := call(t, s, "llm", 0, back); res.OverallCode != rlsv3.RateLimitResponse_OK || len(res.Statuses) != 1 {
+			t.Fatalf("refund: %s", codesOf(res))
+		}
+		st := call(t, s, "llm", 1, org).Statuses[0]
+		if st.LimitRemaining != 1000-900+500-1 {
+			t.Fatalf("after 900, back 500, 1: %d tokens left, want 599", st.LimitRemaining)
+		}
+		if st := call(t, s, "api", 0, org).Statuses[0]; st.LimitRemaining != 100-3 {
+			t.Fatalf("requests: %d left, want 97 (the refund gives back no request)", st.LimitRemaining)
+		}
+	})
 }
 
 func TestBadCalls(t *testing.T) {
-	s, _ := newServer(t, "")
-	limited := desc("org", "x")
-	limited.Limit = &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 5}
-	huge := desc("org", "x")
-	huge.HitsAddend = wrapperspb.UInt64(1 << 60)
-	var many []*ratelimitv3.RateLimitDescriptor
-	for range MaxDescriptors + 1 {
-		many = append(many, desc("org", "x"))
-	}
-	for _, tc := range []struct {
-		name   string
-		domain string
-		descs  []*ratelimitv3.RateLimitDescriptor
-		says   string
-	}{
-		{"unknown domain", "nope", []*ratelimitv3.RateLimitDescriptor{desc("org", "x")}, `no domain "nope": the domains served are api, llm`},
-		{"no descriptors", "api", nil, "at least one descriptor"},
-		{"too many", "api", many, "at most 64"},
-		{"unknown key", "api", []*ratelimitv3.RateLimitDescriptor{desc("org", "x"), desc("org", "x", "region", "eu")}, `descriptor 1: the key "region" is not a tier of tree api: its tiers are org, team, user`},
-		{"no entries", "api", []*ratelimitv3.RateLimitDescriptor{desc()}, "no entries"},
-		{"twice", "api", []*ratelimitv3.RateLimitDescriptor{desc("org", "x", "org", "y")}, "named twice"},
-		{"missing org", "api", []*ratelimitv3.RateLimitDescriptor{desc("user", "x")}, "no org"},
-		{"a limit", "api", []*ratelimitv3.RateLimitDescriptor{limited}, "carries a limit"},
-		{"huge addend", "api", []*ratelimitv3.RateLimitDescriptor{huge}, "more than any limit"},
-	} {
-		_, err := s.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: tc.domain, Descriptors: tc.descs})
-		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), tc.says) {
-			t.Errorf("%s: %v, want InvalidArgument saying %q", tc.name, err, tc.says)
+	eachStore(t, func(t *testing.T, kind string) {
+		s, _ := newServer(t, kind, "")
+		limited := desc("org", "x")
+		limited.Limit = &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 5}
+		huge := desc("org", "x")
+		huge.HitsAddend = wrapperspb.UInt64(1 << 60)
+		var many []*ratelimitv3.RateLimitDescriptor
+		for range MaxDescriptors + 1 {
+			many = append(many, desc("org", "x"))
 		}
-	}
-	// Nothing was charged by any of them.
-	if st := call(t, s, "api", 0, desc("org", "x")).Statuses[0]; st.LimitRemaining != 99 {
-		t.Fatalf("org x: %d left after bad calls and this one, want 99", st.LimitRemaining)
-	}
+		for _, tc := range []struct {
+			name   string
+			domain string
+			descs  []*ratelimitv3.RateLimitDescriptor
+			says   string
+		}{
+			{"unknown domain", "nope", []*ratelimitv3.RateLimitDescriptor{desc("org", "x")}, `no domain "nope": the domains served are api, llm`},
+			{"no descriptors", "api", nil, "at least one descriptor"},
+			{"too many", "api", many, "at most 64"},
+			{"unknown key", "api", []*ratelimitv3.RateLimitDescriptor{desc("org", "x"), desc("org", "x", "region", "eu")}, `descriptor 1: the key "region" is not a tier of tree api: its tiers are org, team, user`},
+			{"no entries", "api", []*ratelimitv3.RateLimitDescriptor{desc()}, "no entries"},
+			{"twice", "api", []*ratelimitv3.RateLimitDescriptor{desc("org", "x", "org", "y")}, "named twice"},
+			{"missing org", "api", []*ratelimitv3.RateLimitDescriptor{desc("user", "x")}, "no org"},
+			{"a limit", "api", []*ratelimitv3.RateLimitDescriptor{limited}, "carries a limit"},
+			{"huge addend", "api", []*ratelimitv3.RateLimitDescriptor{huge}, "more than any limit"},
+		} {
+			_, err := s.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: tc.domain, Descriptors: tc.descs})
+			if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), tc.says) {
+				t.Errorf("%s: %v, want InvalidArgument saying %q", tc.name, err, tc.says)
+			}
+		}
+		// Nothing was charged by any of them.
+		if st := call(t, s, "api", 0, desc("org", "x")).Statuses[0]; st.LimitRemaining != 99 {
+			t.Fatalf("org x: %d left after bad calls and this one, want 99", st.LimitRemaining)
+		}
+	})
 }
 
 // TestSkippedTier: a tier the descriptor does not name follows its missing
 // policy: team skips, so org > user is the path.
 func TestSkippedTier(t *testing.T) {
-	s, _ := newServer(t, "")
-	call(t, s, "api", 0, desc("org", "acme", "user", "carol"))
-	res := call(t, s, "api", 0, desc("user", "carol", "org", "acme")) // any order
-	if st := res.Statuses[0]; st.LimitRemaining != 8 {
-		t.Fatalf("carol: %d left after two calls, want 8", st.LimitRemaining)
-	}
-	res = call(t, s, "api", 0, desc("org", "acme", "team", "eng", "user", "carol"))
-	if st := res.Statuses[0]; st.LimitRemaining != 10-1 || st.CurrentLimit.Name != "user" {
-		t.Fatalf("under team eng, carol is another bucket: %d %s", st.LimitRemaining, st.CurrentLimit.Name)
-	}
+	eachStore(t, func(t *testing.T, kind string) {
+		s, _ := newServer(t, kind, "")
+		call(t, s, "api", 0, desc("org", "acme", "user", "carol"))
+		res := call(t, s, "api", 0, desc("user", "carol", "org", "acme")) // any order
+		if st := res.Statuses[0]; st.LimitRemaining != 8 {
+			t.Fatalf("carol: %d left after two calls, want 8", st.LimitRemaining)
+		}
+		res = call(t, s, "api", 0, desc("org", "acme", "team", "eng", "user", "carol"))
+		if st := res.Statuses[0]; st.LimitRemaining != 10-1 || st.CurrentLimit.Name != "user" {
+			t.Fatalf("under team eng, carol is another bucket: %d %s", st.LimitRemaining, st.CurrentLimit.Name)
+		}
+	})
 }
 
 // TestShadowAndWarn: a tree in shadow never refuses nor shows anything; in
 // warn it does not refuse but says so.
 func TestShadowAndWarn(t *testing.T) {
-	for _, mode := range []string{engine.Shadow, engine.Warn} {
-		s, _ := newServer(t, mode)
-		bob := desc("org", "acme", "user", "bob")
-		var res *rlsv3.RateLimitResponse
-		for range 3 {
-			res = call(t, s, "api", 0, bob)
-		}
-		if res.OverallCode != rlsv3.RateLimitResponse_OK || len(res.RawBody) != 0 {
-			t.Fatalf("%s: %s, want the call passed", mode, codesOf(res))
-		}
-		switch mode {
-		case engine.Shadow:
-			if res.Statuses[0].Code != rlsv3.RateLimitResponse_OK || len(res.ResponseHeadersToAdd) != 0 {
-				t.Fatalf("shadow showed something: %s %v", codesOf(res), res.ResponseHeadersToAdd)
+	eachStore(t, func(t *testing.T, kind string) {
+		for _, mode := range []string{engine.Shadow, engine.Warn} {
+			s, _ := newServer(t, kind, mode)
+			bob := desc("org", "acme", "user", "bob")
+			var res *rlsv3.RateLimitResponse
+			for range 3 {
+				res = call(t, s, "api", 0, bob)
 			}
-		case engine.Warn:
-			if res.Statuses[0].Code != rlsv3.RateLimitResponse_OVER_LIMIT || header(res, "ratelimit") == "" {
-				t.Fatalf("warn: %s %v, want the descriptor over and the headers", codesOf(res), res.ResponseHeadersToAdd)
+			if res.OverallCode != rlsv3.RateLimitResponse_OK || len(res.RawBody) != 0 {
+				t.Fatalf("%s: %s, want the call passed", mode, codesOf(res))
+			}
+			switch mode {
+			case engine.Shadow:
+				if res.Statuses[0].Code != rlsv3.RateLimitResponse_OK || len(res.ResponseHeadersToAdd) != 0 {
+					t.Fatalf("shadow showed something: %s %v", codesOf(res), res.ResponseHeadersToAdd)
+				}
+			case engine.Warn:
+				if res.Statuses[0].Code != rlsv3.RateLimitResponse_OVER_LIMIT || header(res, "ratelimit") == "" {
+					t.Fatalf("warn: %s %v, want the descriptor over and the headers", codesOf(res), res.ResponseHeadersToAdd)
+				}
 			}
 		}
-	}
+	})
 }
 
 // TestRetryAtDurationAdmits: a refused descriptor's duration_until_reset
 // is when a retry is admitted.
 func TestRetryAtDurationAdmits(t *testing.T) {
-	s, c := newServer(t, "")
-	bob := desc("org", "acme", "user", "bob")
-	var res *rlsv3.RateLimitResponse
-	for range 3 {
-		res = call(t, s, "api", 0, bob)
-	}
-	wait := res.Statuses[0].DurationUntilReset.AsDuration()
-	if res.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT || wait <= 0 {
-		t.Fatalf("bob's third: %s after %v", codesOf(res), wait)
-	}
-	c.now.Add(wait.Microseconds() - 1000)
-	if res := call(t, s, "api", 0, bob); res.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
-		t.Fatal("admitted a millisecond before its duration_until_reset")
-	}
-	c.now.Add(1000)
-	if res := call(t, s, "api", 0, bob); res.OverallCode != rlsv3.RateLimitResponse_OK {
-		t.Fatal("refused at its duration_until_reset")
-	}
+	eachStore(t, func(t *testing.T, kind string) {
+		s, c := newServer(t, kind, "")
+		bob := desc("org", "acme", "user", "bob")
+		var res *rlsv3.RateLimitResponse
+		for range 3 {
+			res = call(t, s, "api", 0, bob)
+		}
+		wait := res.Statuses[0].DurationUntilReset.AsDuration()
+		if res.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT || wait <= 0 {
+			t.Fatalf("bob's third: %s after %v", codesOf(res), wait)
+		}
+		c.now.Add(wait.Microseconds() - 1000)
+		if res := call(t, s, "api", 0, bob); res.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
+			t.Fatal("admitted a millisecond before its duration_until_reset")
+		}
+		c.now.Add(1000)
+		if res := call(t, s, "api", 0, bob); res.OverallCode != rlsv3.RateLimitResponse_OK {
+			t.Fatal("refused at its duration_until_reset")
+		}
+	})
 }
 
 // TestConcurrentExact: 200 concurrent gRPC calls of cost k against a
 // capacity C admit exactly floor(C/k).
 func TestConcurrentExact(t *testing.T) {
-	s, _ := newServer(t, "")
-	lis := bufconn.Listen(1 << 20)
-	g := grpc.NewServer()
-	s.Register(g)
-	go func() { _ = g.Serve(lis) }()
-	defer g.Stop()
-	conn, err := grpc.NewClient("passthrough:///bufnet",
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
-		grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	client := rlsv3.NewRateLimitServiceClient(conn)
-	const calls, k = 200, 13 // 1000 tokens of the org: floor(1000/13) = 76 (and 76 of its 100 requests)
-	var admitted atomic.Int64
-	var wg sync.WaitGroup
-	for range calls {
-		wg.Go(func() {
-			res, err := client.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{
-				Domain: "llm", HitsAddend: k, Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("org", "exact")}})
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			if res.OverallCode == rlsv3.RateLimitResponse_OK {
-				admitted.Add(1)
-			}
-		})
-	}
-	wg.Wait()
-	if got := admitted.Load(); got != 1000/k {
-		t.Fatalf("%d admitted, want %d", got, 1000/k)
-	}
+	eachStore(t, func(t *testing.T, kind string) {
+		s, _ := newServer(t, kind, "")
+		lis := bufconn.Listen(1 << 20)
+		g := grpc.NewServer()
+		s.Register(g)
+		go func() { _ = g.Serve(lis) }()
+		defer g.Stop()
+		conn, err := grpc.NewClient("passthrough:///bufnet",
+			grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
+			grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		client := rlsv3.NewRateLimitServiceClient(conn)
+		const calls, k = 200, 13 // 1000 tokens of the org: floor(1000/13) = 76 (and 76 of its 100 requests)
+		var admitted atomic.Int64
+		var wg sync.WaitGroup
+		for range calls {
+			wg.Go(func() {
+				res, err := client.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{
+					Domain: "llm", HitsAddend: k, Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("org", "exact")}})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if res.OverallCode == rlsv3.RateLimitResponse_OK {
+					admitted.Add(1)
+				}
+			})
+		}
+		wg.Wait()
+		if got := admitted.Load(); got != 1000/k {
+			t.Fatalf("%d admitted, want %d", got, 1000/k)
+		}
+	})
 }
