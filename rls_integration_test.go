@@ -172,6 +172,38 @@ func TestRLSReload(t *testing.T) {
 	if got := ask().Statuses[0].CurrentLimit.RequestsPerUnit; got != 500 {
 		t.Fatalf("after the failed reload: limit %d, want 500", got)
 	}
+
+	// The calls are counted by domain and outcome; a domain nobody
+	// configured is "unknown", not a label the caller chooses.
+	_, err = client.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "made-up",
+		Descriptors: []*ratelimitv3.RateLimitDescriptor{rlsDesc("org", "x")}})
+	if status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("unknown domain: %v", err)
+	}
+	active := caddy.ActiveContext()
+	families, err := active.GetMetricsRegistry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	counts := map[string]float64{}
+	for _, f := range families {
+		if f.GetName() != "cascade_rls_calls_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			var labels []string
+			for _, l := range m.GetLabel() {
+				labels = append(labels, l.GetName()+"="+l.GetValue())
+			}
+			counts[strings.Join(labels, ",")] = m.GetCounter().GetValue()
+		}
+	}
+	// The running configuration's registry counts since it was loaded:
+	// the ask after the failed reload (the earlier ones went to the
+	// registries of the configurations before).
+	if counts["domain=api,outcome=ok"] < 1 || counts["domain=unknown,outcome=invalid"] != 1 {
+		t.Fatalf("cascade_rls_calls_total: %v", counts)
+	}
 }
 
 // TestRLSCaddyfileErrors: bad rls options are refused when the Caddyfile

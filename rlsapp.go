@@ -11,6 +11,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 
@@ -182,8 +183,39 @@ func (a *App) startRLS() error {
 		return fmt.Errorf("cascade rls: listen %s: %w", a.RLS.Listen, err)
 	}
 	a.rlsKey = a.RLS.Listen
-	v.(*rlsServer).svc.SetRoutes(routes)
+	observe, err := rlsMetrics(a.ctx.GetMetricsRegistry())
+	if err != nil {
+		return fmt.Errorf("cascade rls: metrics: %w", err)
+	}
+	v.(*rlsServer).svc.SetRoutes(routes, observe)
 	return nil
+}
+
+// rlsMetrics counts the rate limit service's calls by domain and outcome,
+// and times them, in reg.
+func rlsMetrics(reg prometheus.Registerer) (rls.Observer, error) {
+	calls := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "cascade", Name: "rls_calls_total",
+		Help: "Calls to Envoy's rate limit service, by domain and outcome: ok, over_limit, invalid, unavailable.",
+	}, []string{"domain", "outcome"})
+	duration := prometheus.NewHistogram(prometheus.HistogramOpts{
+		Namespace: "cascade", Name: "rls_call_duration_seconds",
+		Help:    "Time to decide one call to Envoy's rate limit service, store round trip included.",
+		Buckets: []float64{.00001, .00005, .0001, .00025, .0005, .001, .0025, .005, .01, .05},
+	})
+	if reg != nil {
+		var err error
+		if calls, err = register(reg, calls); err != nil {
+			return nil, err
+		}
+		if duration, err = register(reg, duration); err != nil {
+			return nil, err
+		}
+	}
+	return func(domain, outcome string, took time.Duration) {
+		calls.WithLabelValues(domain, outcome).Inc()
+		duration.Observe(took.Seconds())
+	}, nil
 }
 
 // parseRLS parses

@@ -71,12 +71,23 @@ type Route struct {
 	Dimension string
 }
 
+// Observer is told of each call: its domain (as configured, or "unknown"),
+// its outcome (ok, over_limit, invalid or unavailable) and how long
+// deciding it took.
+type Observer func(domain, outcome string, took time.Duration)
+
 // Server implements RateLimitServiceServer. Its routes can be replaced
 // while it serves (on a configuration reload).
 type Server struct {
 	rlsv3.UnimplementedRateLimitServiceServer
-	routes atomic.Pointer[map[string]Route]
+	config atomic.Pointer[config]
 	logger *zap.Logger
+}
+
+// config is what a configuration gives the server.
+type config struct {
+	routes  map[string]Route
+	observe Observer
 }
 
 // New returns a server with no routes: every call is refused as for an
@@ -86,15 +97,18 @@ func New(logger *zap.Logger) *Server {
 		logger = zap.NewNop()
 	}
 	s := &Server{logger: logger}
-	s.routes.Store(&map[string]Route{})
+	s.config.Store(&config{})
 	return s
 }
 
 // Register registers s on g.
 func (s *Server) Register(g *grpc.Server) { rlsv3.RegisterRateLimitServiceServer(g, s) }
 
-// SetRoutes replaces the routes by domain.
-func (s *Server) SetRoutes(routes map[string]Route) { s.routes.Store(&routes) }
+// SetRoutes replaces the routes by domain, and the observer of calls (nil
+// for none).
+func (s *Server) SetRoutes(routes map[string]Route, observe Observer) {
+	s.config.Store(&config{routes: routes, observe: observe})
+}
 
 func invalid(format string, args ...any) error {
 	return status.Errorf(codes.InvalidArgument, "cascade: "+format, args...)
@@ -102,7 +116,30 @@ func invalid(format string, args ...any) error {
 
 // ShouldRateLimit decides one call: see the package comment.
 func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
-	routes := *s.routes.Load()
+	cfg := s.config.Load()
+	if cfg.observe == nil {
+		return s.decide(ctx, cfg.routes, req)
+	}
+	start := time.Now()
+	res, err := s.decide(ctx, cfg.routes, req)
+	domain := req.GetDomain()
+	if _, ok := cfg.routes[domain]; !ok {
+		domain = "unknown" // not a label an attacker may choose
+	}
+	outcome := "ok"
+	switch {
+	case status.Code(err) == codes.InvalidArgument:
+		outcome = "invalid"
+	case err != nil:
+		outcome = "unavailable"
+	case res.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT:
+		outcome = "over_limit"
+	}
+	cfg.observe(domain, outcome, time.Since(start))
+	return res, err
+}
+
+func (s *Server) decide(ctx context.Context, routes map[string]Route, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	rt, ok := routes[req.GetDomain()]
 	if !ok {
 		names := make([]string, 0, len(routes))

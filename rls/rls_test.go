@@ -84,7 +84,7 @@ func newServer(t *testing.T, kind, mode string) (*Server, *clock) {
 	})
 	t.Cleanup(e.Close)
 	s := New(nil)
-	s.SetRoutes(map[string]Route{"api": {Engine: e, Tree: et}, "llm": {Engine: e, Tree: et, Dimension: "tokens"}})
+	s.SetRoutes(map[string]Route{"api": {Engine: e, Tree: et}, "llm": {Engine: e, Tree: et, Dimension: "tokens"}}, nil)
 	return s, c
 }
 
