@@ -108,7 +108,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    }
 //	    on_store_error deny|allow
 //	    mode           enforce|warn|shadow
-//	    headers        <family...>|none             # ietf x_ratelimit retry_after openai
+//	    headers        <family...>|none             # ietf x_ratelimit retry_after openai (default: ietf retry_after)
 //	    status_code    <code>
 //	    priority       interactive|batch|critical  # adaptive traffic class
 //	    shed_at_floor                               # 503 while the adaptive factor is at its floor

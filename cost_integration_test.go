@@ -296,6 +296,7 @@ http://127.0.0.1:%d {
 				provider graphql
 			}
 		}
+		headers ietf x_ratelimit retry_after
 		%s
 	}
 	reverse_proxy %s

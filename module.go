@@ -188,12 +188,15 @@ type Zone struct {
 	IPv6Prefix int `json:"ipv6_prefix,omitempty"`
 }
 
-// HeadersConfig switches the response header families. All default to on
-// except OpenAI.
+// HeadersConfig switches the response header families. IETF and
+// RetryAfter default to on, XRateLimit and OpenAI to off: every header
+// costs each response its bytes, and the IETF pair says what the others
+// say.
 type HeadersConfig struct {
 	// IETF writes RateLimit-Policy and RateLimit (draft-ietf-httpapi-ratelimit-headers).
 	IETF *bool `json:"ietf,omitempty"`
-	// XRateLimit writes X-RateLimit-Limit, -Remaining and -Reset.
+	// XRateLimit writes X-RateLimit-Limit, -Remaining and -Reset (off
+	// unless set true).
 	XRateLimit *bool `json:"x_ratelimit,omitempty"`
 	// RetryAfter writes Retry-After on denials.
 	RetryAfter *bool `json:"retry_after,omitempty"`
@@ -202,7 +205,10 @@ type HeadersConfig struct {
 	OpenAI bool `json:"openai,omitempty"`
 }
 
-func on(b *bool) bool { return b == nil || *b }
+// on is a family's setting, true when unset; set is one that is off when
+// unset.
+func on(b *bool) bool  { return b == nil || *b }
+func set(b *bool) bool { return b != nil && *b }
 
 // CaddyModule returns the Caddy module information.
 func (Handler) CaddyModule() caddy.ModuleInfo {
@@ -347,7 +353,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		Store: o.Store, StoreName: o.name, Runtime: o.runtime, Top: o.top,
 		Controller: h.controller, Priority: h.priority,
 		Mode:    h.Mode,
-		Headers: engine.Headers{IETF: on(hc.IETF), XRateLimit: on(hc.XRateLimit), RetryAfter: on(hc.RetryAfter), OpenAI: hc.OpenAI},
+		Headers: engine.Headers{IETF: on(hc.IETF), XRateLimit: set(hc.XRateLimit), RetryAfter: on(hc.RetryAfter), OpenAI: hc.OpenAI},
 		Jitter:  h.Jitter, DenialLog: h.DenialLog, LogKey: h.LogKey,
 		Logger: h.logger, Reconciled: h.metrics.reconcile,
 	})

@@ -82,6 +82,23 @@ type Server struct {
 	rlsv3.UnimplementedRateLimitServiceServer
 	config atomic.Pointer[config]
 	logger *zap.Logger
+
+	storeErrors      atomic.Int64 // store failures since the last line logged
+	storeErrorLogged atomic.Int64 // when that line was logged (Unix ns)
+}
+
+// logStoreError logs a store failure at most once a second, with the
+// number of failures since the last line: a dead Redis under load must not
+// turn every call into a log line.
+func (s *Server) logStoreError(msg, domain string, err error) {
+	n := s.storeErrors.Add(1)
+	now := time.Now().UnixNano()
+	last := s.storeErrorLogged.Load()
+	if now-last < int64(time.Second) || !s.storeErrorLogged.CompareAndSwap(last, now) {
+		return
+	}
+	s.storeErrors.Add(-n)
+	s.logger.Error(msg, zap.String("domain", domain), zap.Error(err), zap.Int64("failures", n))
 }
 
 // config is what a configuration gives the server.
@@ -207,7 +224,7 @@ func (s *Server) decide(ctx context.Context, routes map[string]Route, req *rlsv3
 	}
 	if len(refund.Buckets) > 0 {
 		if err := e.AdjustPath(ctx, &refund, refunds); err != nil {
-			s.logger.Error("rls: giving back hits failed", zap.String("domain", req.GetDomain()), zap.Error(err))
+			s.logStoreError("rls: giving back hits failed", req.GetDomain(), err)
 			return nil, status.Errorf(codes.Unavailable, "cascade: the rate limit store could not give the hits back: %v", err)
 		}
 	}
@@ -257,7 +274,7 @@ func (s *Server) decide(ctx context.Context, routes map[string]Route, req *rlsv3
 		return res, nil // refunds only, or paths with no limit (unlimited values)
 	}
 	if err := e.DecideCosts(ctx, &d); err != nil {
-		s.logger.Error("rls: the rate limit store failed", zap.String("domain", req.GetDomain()), zap.Error(err))
+		s.logStoreError("rls: the rate limit store failed", req.GetDomain(), err)
 		return nil, status.Errorf(codes.Unavailable, "cascade: the rate limit store could not decide: %v", err)
 	}
 	mode := d.Mode

@@ -384,3 +384,34 @@ func TestConcurrentExact(t *testing.T) {
 		}
 	})
 }
+
+// TestStoreDown: a store that cannot answer makes the call UNAVAILABLE
+// (Envoy then applies its failure_mode_deny), saying so.
+func TestStoreDown(t *testing.T) {
+	srv := redistest.Start(t)
+	r, err := store.NewRedis(context.Background(), store.RedisOptions{Addrs: []string{srv.Addr()}, Timeout: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	srv.Kill() // a Redis that was there, and is gone
+	tree := &hierarchy.Tree{Name: "api", Tiers: []*hierarchy.Tier{{Name: "org", Key: "{org}", Limits: []*hierarchy.Limit{{Count: 10, Per: "min"}}}}}
+	if err := tree.Compile(); err != nil {
+		t.Fatal(err)
+	}
+	et := &engine.Tree{Tree: tree}
+	e := engine.New(engine.Config{Trees: []*engine.Tree{et}, Store: r, StoreName: "redis", DenialLog: "off"})
+	defer e.Close()
+	s := New(nil)
+	s.SetRoutes(map[string]Route{"api": {Engine: e, Tree: et}}, nil)
+	for _, d := range []*ratelimitv3.RateLimitDescriptor{desc("org", "x"), func() *ratelimitv3.RateLimitDescriptor {
+		back := desc("org", "x")
+		back.IsNegativeHits = true
+		return back
+	}()} {
+		_, err = s.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{d}})
+		if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "rate limit store could not") {
+			t.Fatalf("negative %v: %v, want UNAVAILABLE naming the store", d.IsNegativeHits, err)
+		}
+	}
+}

@@ -11,6 +11,14 @@
 #
 #   scripts/load.sh                      # 3 rounds of 10 s runs
 #   ROUNDS=5 DURATION=20s scripts/load.sh
+#   MHOLT=1 scripts/load.sh              # the memory store against mholt
+#
+# With MHOLT=1 the rounds are instead: plain Caddy; mholt/caddy-ratelimit
+# v0.1.0 (built by scripts/build-mholt.sh) with one zone keyed by the user
+# header (1,000 keys); Cascade with the same zone and `headers none` (equal
+# output: mholt writes no rate-limit header on an admitted response); and
+# Cascade with the same zone and its default headers. Each ratio is against
+# plain Caddy and, for Cascade, against mholt in the same round.
 #
 # It installs wrk and redis-server from Debian if absent, builds ./cmd/caddy,
 # starts its own redis-server on a free port, and stops everything at exit.
@@ -76,7 +84,7 @@ limits='
 		}'
 
 run() { # name, rate_limit block ("" for none)
-	local name=$1 block=$2 port
+	local name=$1 block=$2 bin=${3:-$work/caddy} port
 	port=$(free_port)
 	cat >"$work/$name.Caddyfile" <<CF
 {
@@ -89,7 +97,7 @@ http://127.0.0.1:$port {
 	respond "ok"
 }
 CF
-	"$work/caddy" run --config "$work/$name.Caddyfile" --adapter caddyfile >"$work/$name.log" 2>&1 &
+	"$bin" run --config "$work/$name.Caddyfile" --adapter caddyfile >"$work/$name.log" 2>&1 &
 	local pid=$!
 	pids+=($pid)
 	for _ in $(seq 100); do curl -fso /dev/null "http://127.0.0.1:$port/" -H 'X-Org: o' -H 'X-Team: t' -H 'X-User: u' -H 'X-Agent: a' && break; sleep 0.1; done
@@ -109,6 +117,39 @@ CF
 }
 
 echo "== wrk -t1 -c$CONNS -d$DURATION (loopback, $(nproc) cores), $ROUNDS rounds"
+if [ -n "${MHOLT:-}" ]; then
+	echo "== building mholt/caddy-ratelimit v0.1.0's Caddy"
+	scripts/build-mholt.sh "$work" || exit 2
+	# The same zone for both; a route, so that neither plugin's directive
+	# order matters. 1,000 events per second per user, far above the ~40/s
+	# each of the 1,000 users gets: every request is admitted. (mholt keeps
+	# a ring of `events` timestamps per key, so a huge count would cost it
+	# gigabytes.)
+	zone() { # extra options
+		printf 'route {\n\t\trate_limit {\n\t\t\tzone users {\n\t\t\t\tkey {http.request.header.X-User}\n\t\t\t\tevents 1000\n\t\t\t\twindow 1s\n\t\t\t}\n\t\t\t%s\n\t\t}\n\t\trespond "ok"\n\t}' "$1"
+	}
+	for round in $(seq "$ROUNDS"); do
+		run "plain-$round" ""
+		run "mholt-$round" "$(zone "")" "$work/caddy-mholt"
+		run "cascade-none-$round" "$(zone "headers none")"
+		run "cascade-default-$round" "$(zone "")"
+	done
+	run "plain-$((ROUNDS + 1))" ""
+	echo "== throughput against plain Caddy (the mean of the plain runs before and after) and against mholt (same round)"
+	python3 - "$work" "$ROUNDS" <<'PY'
+import statistics, sys
+work, rounds = sys.argv[1], int(sys.argv[2])
+rps = lambda name: float(open("%s/%s.rps" % (work, name)).read())
+plain = lambda r: (rps("plain-%d" % r) + rps("plain-%d" % (r + 1))) / 2
+for kind in ("mholt", "cascade-none", "cascade-default"):
+    ratios = [rps("%s-%d" % (kind, r)) / plain(r) for r in range(1, rounds + 1)]
+    print("%-16s %.3f x plain Caddy (median of %s)" % (kind, statistics.median(ratios), " ".join("%.3f" % x for x in ratios)))
+for kind in ("cascade-none", "cascade-default"):
+    ratios = [rps("%s-%d" % (kind, r)) / rps("mholt-%d" % r) for r in range(1, rounds + 1)]
+    print("%-16s %.3f x mholt (median of %s)" % (kind, statistics.median(ratios), " ".join("%.3f" % x for x in ratios)))
+PY
+	exit 0
+fi
 for round in $(seq "$ROUNDS"); do
 	run "plain-$round" ""
 	run "cascade-memory-$round" "rate_limit {$limits

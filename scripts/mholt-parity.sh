@@ -51,42 +51,8 @@ fail() {
 }
 
 echo "== building Caddy $CADDY_VERSION with mholt/caddy-ratelimit $MHOLT_VERSION (throwaway module in $WORK/mholt)"
-mkdir -p "$WORK/mholt"
-cat >"$WORK/mholt/main.go" <<'EOF'
-package main
-
-import (
-	caddycmd "github.com/caddyserver/caddy/v2/cmd"
-
-	_ "github.com/caddyserver/caddy/v2/modules/standard"
-	_ "github.com/mholt/caddy-ratelimit"
-)
-
-func main() { caddycmd.Main() }
-EOF
-(
-	cd "$WORK/mholt"
-	export GOWORK=off GOFLAGS=-mod=mod
-	go mod init parity.invalid/mholtcaddy &&
-		go get "github.com/mholt/caddy-ratelimit@$MHOLT_VERSION" &&
-		go get "github.com/caddyserver/caddy/v2@$CADDY_VERSION" &&
-		go mod tidy
-) >"$WORK/build.log" 2>&1 || fail "preparing the mholt module"
-got_rl=$(cd "$WORK/mholt" && GOWORK=off go list -m -f '{{.Version}}' github.com/mholt/caddy-ratelimit 2>"$WORK/build.log") ||
-	fail "reading the mholt module's versions"
-got_caddy=$(cd "$WORK/mholt" && GOWORK=off go list -m -f '{{.Version}}' github.com/caddyserver/caddy/v2 2>"$WORK/build.log") ||
-	fail "reading the mholt module's versions"
-if [ "$got_rl" != "$MHOLT_VERSION" ] || [ "$got_caddy" != "$CADDY_VERSION" ]; then
-	echo "mholt-parity: the mholt module resolved caddy-ratelimit $got_rl and caddy $got_caddy; want $MHOLT_VERSION and $CADDY_VERSION" >&2
-	exit 2
-fi
-(cd "$WORK/mholt" && GOWORK=off go build -o "$WORK/caddy-mholt" .) >"$WORK/build.log" 2>&1 || fail "building mholt's Caddy"
+scripts/build-mholt.sh "$WORK" || exit 2
 echo "== building Cascade (./cmd/caddy)"
-got_caddy=$(go list -m -f '{{.Version}}' github.com/caddyserver/caddy/v2 2>"$WORK/build.log") || fail "reading Cascade's Caddy version"
-if [ "$got_caddy" != "$CADDY_VERSION" ]; then
-	echo "mholt-parity: Cascade builds on caddy $got_caddy; want $CADDY_VERSION, as mholt's side" >&2
-	exit 2
-fi
 go build -o "$WORK/caddy-cascade" ./cmd/caddy >"$WORK/build.log" 2>&1 || fail "building Cascade's Caddy"
 go build -o "$WORK/driver" ./scripts/mholtparity >"$WORK/build.log" 2>&1 || fail "building the traffic driver"
 
