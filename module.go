@@ -519,7 +519,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		repl = caddy.NewReplacer()
 	}
 	if h.Forwarded != nil { // a decision endpoint: it answers itself
-		if h.Forwarded.Report != "" && r.URL.Path == h.Forwarded.Report {
+		// A report is a request to the report path that forwards nothing
+		// (a forwarded request's path may be anything: nginx asks at the
+		// original URI).
+		if h.Forwarded.Report != "" && r.URL.Path == h.Forwarded.Report &&
+			r.Header.Get("X-Forwarded-Uri") == "" && r.Header.Get("X-Original-URI") == "" {
 			return h.serveReport(w, r)
 		}
 		if err := unforward(r); err != nil {

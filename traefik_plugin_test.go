@@ -258,6 +258,17 @@ func TestDecisionEndpointReports(t *testing.T) {
 			t.Errorf("%s: %d %q, want %d saying %q", tc.name, r.status, r.body, tc.status, tc.says)
 		}
 	}
+	// A forwarded request for the report path is decided like any other,
+	// not taken for a report (nginx asks at the original URI).
+	req, _ := http.NewRequest("GET", endpoint+"report", nil)
+	req.Header.Set("X-Original-URI", "/report")
+	req.Header.Set("X-Org", "report-org")
+	req.Header.Set("X-User", "u")
+	if res, err := client.Do(req); err != nil || res.StatusCode != 200 || res.Header.Get("RateLimit") == "" {
+		t.Fatalf("a forwarded request for /report: %v %v", res, err)
+	} else {
+		res.Body.Close()
+	}
 	// The decision after: charged its estimate (4000 + ~1) on top of the
 	// first's 3 tokens, not on its estimate. (So large an estimate makes
 	// the tokens limit the closest, the one RateLimit shows.)
