@@ -20,38 +20,15 @@ import (
 // with each other, not with another machine. calls/s is reported beside
 // ns/op.
 func BenchmarkFrontEnds(b *testing.B) {
-	stores := []struct{ name, cfg string }{
-		{"memory", ""},
-		{"redis", ""},
-	}
-	for _, st := range stores {
+	for _, st := range []string{"memory", "redis"} {
 		for _, front := range []string{"handler", "endpoint"} {
-			b.Run(st.name+"/"+front, func(b *testing.B) {
-				storeCfg := st.cfg
-				if st.name == "redis" {
-					srv := redistest.Shared(b)
-					storeCfg = fmt.Sprintf("store redis {\n\t\t\taddress %s\n\t\t\tkey_prefix bench%d:\n\t\t}", srv.Addr(), time.Now().UnixNano())
-				}
+			b.Run(st+"/"+front, func(b *testing.B) {
 				option, respond := "", "respond 200"
 				if front == "endpoint" {
 					option, respond = "forwarded", ""
 				}
 				port := freePort(b)
-				startCaddy(b, fmt.Sprintf(`http://127.0.0.1:%d {
-	rate_limit {
-		%s
-		%s
-		tree api {
-			tier org {header.X-Org} {
-				limit 1000000000/h
-			}
-			tier user {header.X-User} {
-				limit 1000000000/h
-			}
-		}
-	}
-	%s
-}`, port, option, storeCfg, respond))
+				startCaddy(b, benchSite(b, port, st, option, respond))
 				url := fmt.Sprintf("http://127.0.0.1:%d/v1/things", port)
 				var n atomic.Int64
 				b.SetParallelism(8) // 16 clients on 2 cores
@@ -85,4 +62,37 @@ func BenchmarkFrontEnds(b *testing.B) {
 			})
 		}
 	}
+}
+
+// benchSite is a site on port whose rate_limit handler (with option) holds
+// the tree api, org > user, limited far above any load, on the store st
+// (memory, or redis: the shared test server, with keys of its own),
+// followed by then.
+func benchSite(b *testing.B, port int, st, option, then string) string {
+	storeCfg := ""
+	if st == "redis" {
+		storeCfg = redisBlock(b, "bench")
+	}
+	return fmt.Sprintf(`http://127.0.0.1:%d {
+	rate_limit {
+		%s
+		%s
+		tree api {
+			tier org {header.X-Org} {
+				limit 1000000000/h
+			}
+			tier user {header.X-User} {
+				limit 1000000000/h
+			}
+		}
+	}
+	%s
+}`, port, option, storeCfg, then)
+}
+
+// redisBlock is a `store redis` block on the shared test server, its keys
+// under a prefix of their own.
+func redisBlock(tb testing.TB, prefix string) string {
+	srv := redistest.Shared(tb)
+	return fmt.Sprintf("store redis {\n\t\t\taddress %s\n\t\t\tkey_prefix %s%d:\n\t\t}", srv.Addr(), prefix, time.Now().UnixNano())
 }

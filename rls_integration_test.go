@@ -25,8 +25,6 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
-
-	"github.com/caddy-cascade/cascade/internal/redistest"
 )
 
 // rlsClient dials Cascade's rate limit service as Envoy does (gRPC over
@@ -81,8 +79,7 @@ func TestRLSExact(t *testing.T) {
 		t.Run(st, func(t *testing.T) {
 			storeCfg := ""
 			if st == "redis" {
-				srv := redistest.Shared(t)
-				storeCfg = fmt.Sprintf("store redis {\n\t\t\taddress %s\n\t\t\tkey_prefix rlsexact%d:\n\t\t}", srv.Addr(), time.Now().UnixNano())
+				storeCfg = redisBlock(t, "rlsexact")
 			}
 			grpcPort := freePort(t)
 			startCaddy(t, rlsSite(freePort(t), 1000, storeCfg), rlsGlobal(grpcPort, "domain api"))
@@ -317,26 +314,8 @@ func TestEnvoyExample(t *testing.T) {
 func BenchmarkRLS(b *testing.B) {
 	for _, st := range []string{"memory", "redis"} {
 		b.Run(st, func(b *testing.B) {
-			storeCfg := ""
-			if st == "redis" {
-				srv := redistest.Shared(b)
-				storeCfg = fmt.Sprintf("store redis {\n\t\t\taddress %s\n\t\t\tkey_prefix rlsbench%d:\n\t\t}", srv.Addr(), time.Now().UnixNano())
-			}
 			grpcPort := freePort(b)
-			startCaddy(b, fmt.Sprintf(`http://127.0.0.1:%d {
-	rate_limit {
-		%s
-		tree api {
-			tier org {header.X-Org} {
-				limit 1000000000/h
-			}
-			tier user {header.X-User} {
-				limit 1000000000/h
-			}
-		}
-	}
-	respond 200
-}`, freePort(b), storeCfg), rlsGlobal(grpcPort, "domain api"))
+			startCaddy(b, benchSite(b, freePort(b), st, "", "respond 200"), rlsGlobal(grpcPort, "domain api"))
 			client := rlsClient(b, grpcPort)
 			var n atomic.Int64
 			b.SetParallelism(8)
