@@ -105,8 +105,9 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	        pool_size     <n>
 //	        key_prefix    <prefix>
 //	        timeout       <duration>
+//	        breaker       <failures> [<cooldown>]|off # 3 1s: fail at once after 3 failures in a row
 //	    }
-//	    on_store_error deny|allow
+//	    on_store_error deny|allow|local [<instances>]
 //	    mode           enforce|warn|shadow
 //	    headers        <family...>|none             # ietf x_ratelimit retry_after openai (default: ietf retry_after)
 //	    status_code    <code>
@@ -149,7 +150,19 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "store":
 			err = h.parseStore(d)
 		case "on_store_error":
-			h.OnStoreError, err = oneOf(d, "deny", "allow")
+			args := d.RemainingArgs()
+			switch {
+			case len(args) == 1 && (args[0] == "deny" || args[0] == "allow" || args[0] == "local"):
+				h.OnStoreError = args[0]
+			case len(args) == 2 && args[0] == "local":
+				n, cerr := strconv.Atoi(args[1])
+				if cerr != nil || n < 1 {
+					return d.Errf("on_store_error local %q: give the number of instances sharing the limits, e.g. on_store_error local 3", args[1])
+				}
+				h.OnStoreError, h.LocalInstances = "local", n
+			default:
+				return d.Errf("usage: on_store_error deny|allow|local [<instances>]")
+			}
 		case "mode":
 			h.Mode, err = oneOf(d, "enforce", "warn", "shadow")
 		case "headers":
@@ -802,6 +815,27 @@ func parseRedis(d *caddyfile.Dispenser, r *RedisStoreConfig) error {
 				r.WriteTimeout = caddy.Duration(dur)
 			default:
 				r.Timeout = caddy.Duration(dur)
+			}
+		case "breaker":
+			args := d.RemainingArgs()
+			switch {
+			case len(args) == 1 && args[0] == "off":
+				r.Breaker = &RedisBreaker{}
+			case len(args) == 1 || len(args) == 2:
+				n, cerr := strconv.Atoi(args[0])
+				if cerr != nil || n < 1 {
+					return d.Errf("breaker %q: give the failures in a row that open it (a positive number), e.g. breaker 3 1s, or breaker off", args[0])
+				}
+				r.Breaker = &RedisBreaker{Failures: n}
+				if len(args) == 2 {
+					dur, perr := caddy.ParseDuration(args[1])
+					if perr != nil || dur <= 0 {
+						return d.Errf("breaker cooldown %q: use a positive duration such as 1s", args[1])
+					}
+					r.Breaker.Cooldown = caddy.Duration(dur)
+				}
+			default:
+				return d.Errf("usage: breaker <failures> [<cooldown>], or breaker off")
 			}
 		case "tls":
 			r.TLS = &RedisTLS{}

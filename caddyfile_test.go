@@ -55,6 +55,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 			}
 			timeout 150ms
 			key_prefix rl:
+			breaker 5 2s
 		}
 		on_store_error allow
 		mode warn
@@ -73,7 +74,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 		`{"count":100000,"per":"month","timezone":"Europe/Paris"}`, `"adaptive":true`,
 		`"costs":[{"dimension":"tokens","value":"{header.X-Tokens}"}]`,
 		`"addresses":["{$REDIS:localhost:6379}","10.0.0.2:6379"],"cluster":true`, `"db":2`,
-		`"tls":{"server_name":"redis.internal","insecure_skip_verify":true}`, `"timeout":150000000`, `"key_prefix":"rl:"`,
+		`"tls":{"server_name":"redis.internal","insecure_skip_verify":true}`, `"timeout":150000000`, `"key_prefix":"rl:"`, `"breaker":{"failures":5,"cooldown":2000000000}`,
 		`"on_store_error":"allow"`, `"mode":"warn"`, `"headers":{"ietf":true,"x_ratelimit":false,"retry_after":false,"openai":true}`,
 		`"jitter":1.5`,
 	} {
@@ -142,6 +143,8 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"bad header family", "rate_limit {\n headers github\n}", "unknown family \"github\""},
 		{"cost usage", "rate_limit {\n cost tokens\n}", "usage: cost <dimension>"},
 		{"bad timeout", "rate_limit {\n store redis {\n  timeout soon\n }\n}", "timeout \"soon\""},
+		{"bad breaker", "rate_limit {\n store redis {\n  breaker never\n }\n}", "breaker \"never\": give the failures in a row"},
+		{"bad breaker cooldown", "rate_limit {\n store redis {\n  breaker 3 soon\n }\n}", "breaker cooldown \"soon\""},
 		{"bad tz", "rate_limit {\n tree t {\n  tier a k {\n   limit 5/day calendar tz Mars/Base\n  }\n }\n}", "timezone \"Mars/Base\""},
 		{"redis URL", "rate_limit {\n store redis {\n  address redis://127.0.0.1:6379\n }\n}", "is a URL: write host:port"},
 		{"redis address without port", "rate_limit {\n store redis {\n  address 127.0.0.1\n }\n}", "missing port in address"},

@@ -19,6 +19,7 @@ type metrics struct {
 
 	reconciled      prometheus.Counter
 	reconcileErrors prometheus.Counter
+	local           prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -44,6 +45,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Namespace: "cascade", Name: "reconcile_errors_total",
 			Help: "Corrections from reported usage that the store failed to apply.",
 		}),
+		local: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "cascade", Name: "local_decisions_total",
+			Help: "Decisions made in memory on each limit's local share because Redis could not decide (on_store_error local).",
+		}),
 	}
 	if reg != nil {
 		var err error
@@ -60,6 +65,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			return nil, err
 		}
 		if m.reconcileErrors, err = register(reg, m.reconcileErrors); err != nil {
+			return nil, err
+		}
+		if m.local, err = register(reg, m.local); err != nil {
 			return nil, err
 		}
 		if _, err = register(reg, newStateCollector()); err != nil {
@@ -98,6 +106,9 @@ func (m *metrics) observe(d *decision, took time.Duration) {
 	}
 	if d.Blocked != "" {
 		m.denied.WithLabelValues(d.Blocked).Inc()
+	}
+	if d.Local {
+		m.local.Inc()
 	}
 	if d.Reason != engine.ReasonMissingKey && d.Reason != "bad_cost" {
 		m.duration.Observe(took.Seconds())

@@ -33,6 +33,7 @@ import (
 	"github.com/caddy-cascade/cascade/hierarchy"
 	"github.com/caddy-cascade/cascade/rate"
 	"github.com/caddy-cascade/cascade/running"
+	"github.com/caddy-cascade/cascade/store"
 )
 
 func init() {
@@ -70,9 +71,16 @@ type Handler struct {
 	Store *StoreConfig `json:"store,omitempty"`
 
 	// OnStoreError is what happens when the store cannot decide (Redis
-	// unreachable or too slow): "deny" (default; 503 with Retry-After) or
-	// "allow" (the request passes, and the failure is logged and counted).
+	// unreachable or too slow): "deny" (default; 503 with Retry-After),
+	// "allow" (the request passes, and the failure is logged and counted)
+	// or "local" (Redis stores only: the request is decided in this
+	// process's memory, each limit divided by LocalInstances, until Redis
+	// answers again).
 	OnStoreError string `json:"on_store_error,omitempty"`
+	// LocalInstances is, for on_store_error local, how many instances
+	// share the limits: each decides on its share while Redis is away.
+	// Default 1.
+	LocalInstances int `json:"local_instances,omitempty"`
 
 	// Mode is "enforce" (default), "warn" (over-limit requests pass but
 	// carry the headers) or "shadow" (over-limit requests pass silently;
@@ -154,7 +162,8 @@ type Handler struct {
 	storeErrorLogged *atomic.Int64 // when the last one was (unix ns)
 
 	unregister func()
-	pending    *held // decisions waiting for a usage report (Forwarded)
+	pending    *held         // decisions waiting for a usage report (Forwarded)
+	local      *store.Memory // on_store_error local's store
 }
 
 // Tree is a hierarchy.Tree with optional request matchers.
@@ -348,7 +357,18 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if hc == nil {
 		hc = &HeadersConfig{}
 	}
+	var local store.Store
+	share := 1.0
+	if h.OnStoreError == "local" {
+		if h.Store == nil || h.Store.Redis == nil {
+			return errors.New("rate_limit: on_store_error local decides in memory when Redis cannot: it needs store redis (the memory store does not fail)")
+		}
+		h.local = store.NewMemory(store.MemoryOptions{})
+		local = h.local
+		share = 1 / float64(max(h.LocalInstances, 1))
+	}
 	h.engine = engine.New(engine.Config{
+		Local: local, LocalShare: share,
 		Trees: h.etrees, Dimensions: dims,
 		Store: o.Store, StoreName: o.name, Runtime: o.runtime, Top: o.top,
 		Controller: h.controller, Priority: h.priority,
@@ -439,9 +459,12 @@ func (h *Handler) warnCoarseWindows(t *Tree) {
 // Validate checks the settings that Provision does not.
 func (h *Handler) Validate() error {
 	switch h.OnStoreError {
-	case "", "deny", "allow":
+	case "", "deny", "allow", "local":
 	default:
-		return fmt.Errorf("rate_limit: on_store_error %q: use deny or allow", h.OnStoreError)
+		return fmt.Errorf("rate_limit: on_store_error %q: use deny, allow or local", h.OnStoreError)
+	}
+	if h.LocalInstances < 0 || (h.LocalInstances > 0 && h.OnStoreError != "local") {
+		return fmt.Errorf("rate_limit: local_instances %d: give a positive number, with on_store_error local", h.LocalInstances)
 	}
 	switch h.Mode {
 	case "", "enforce", "warn", "shadow":
@@ -470,6 +493,9 @@ func (h *Handler) Cleanup() error {
 	}
 	if h.engine != nil {
 		h.engine.Close()
+	}
+	if h.local != nil {
+		_ = h.local.Close()
 	}
 	if h.poolKey != "" {
 		_, err := stores.Delete(h.poolKey)

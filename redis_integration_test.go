@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/caddy-cascade/cascade/internal/redistest"
@@ -214,5 +215,165 @@ func eventually(t *testing.T, within time.Duration, cond func() bool, what strin
 			t.Fatalf("timed out waiting for %s", what)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestRedisBreaker: with Redis hung, requests wait out the store's timeout
+// until the breaker opens; then they get on_store_error at once; when
+// Redis answers again the breaker closes and decisions go back to Redis.
+// The transitions are in the metrics.
+func TestRedisBreaker(t *testing.T) {
+	srv := redistest.Start(t)
+	url := site(t, fmt.Sprintf(`
+	tree t {
+		tier user {header.X-User} {
+			limit 100/h
+		}
+	}
+	store redis {
+		address %s
+		key_prefix breaker%d:
+		timeout 200ms
+		breaker 2 100ms
+	}
+	on_store_error deny
+`, srv.Addr(), testSeq.Add(1)))
+	if r := do(t, "GET", url, "X-User: a"); r.status != 200 {
+		t.Fatalf("with Redis up: %d", r.status)
+	}
+	metric := func(name string) float64 {
+		t.Helper()
+		active := caddy.ActiveContext()
+		families, err := active.GetMetricsRegistry().Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range families {
+			if f.GetName() != name {
+				continue
+			}
+			for _, m := range f.GetMetric() {
+				if strings.Contains(m.GetLabel()[0].GetValue(), srv.Addr()) {
+					if g := m.GetGauge(); g != nil {
+						return g.GetValue()
+					}
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+		t.Fatalf("no %s for this store", name)
+		return 0
+	}
+	srv.Pause()
+	for i := range 2 {
+		start := time.Now()
+		r := do(t, "GET", url, "X-User: a")
+		if took := time.Since(start); r.status != http.StatusServiceUnavailable || took < 100*time.Millisecond {
+			t.Fatalf("request %d with Redis hung: %d after %v, want 503 after the 200ms timeout", i+1, r.status, took)
+		}
+	}
+	if metric("cascade_store_breaker_open") != 1 || metric("cascade_store_breaker_trips_total") != 1 {
+		t.Fatal("two failures in a row did not open the breaker")
+	}
+	start := time.Now()
+	r := do(t, "GET", url, "X-User: a")
+	if took := time.Since(start); r.status != http.StatusServiceUnavailable || took > 100*time.Millisecond || r.header.Get("Retry-After") == "" {
+		t.Fatalf("with the breaker open: %d after %v, want 503 (with Retry-After) without waiting for Redis", r.status, took)
+	}
+	srv.Resume()
+	deadline := time.Now().Add(10 * time.Second)
+	for do(t, "GET", url, "X-User: a").status != 200 {
+		if time.Now().After(deadline) {
+			t.Fatal("no decision from Redis 10 s after it came back")
+		}
+		time.Sleep(20 * time.Millisecond) // waiting for the background ping, not timing an algorithm
+	}
+	if metric("cascade_store_breaker_open") != 0 || metric("cascade_store_breaker_trips_total") != 1 {
+		t.Fatal("the breaker did not close")
+	}
+}
+
+// TestStoreErrorLocal: with on_store_error local 2, a hung Redis (breaker
+// open) leaves each instance its half of each limit, decided in memory:
+// exact against that share, with its headers and Retry-After; when Redis
+// answers again the decisions go back to it, and the state it kept.
+func TestStoreErrorLocal(t *testing.T) {
+	cfg, err := adapt(t, fmt.Sprintf(globalOptions, "")+`http://127.0.0.1:1 {
+	rate_limit {
+		tree t {
+			tier user {header.X-User} {
+				limit 10/h
+			}
+		}
+		on_store_error local 2
+	}
+}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := caddy.Validate(mustConfig(t, cfg)); err == nil || !strings.Contains(err.Error(), "on_store_error local decides in memory when Redis cannot: it needs store redis") {
+		t.Fatalf("local on the memory store: %v", err)
+	}
+	srv := redistest.Start(t)
+	url := site(t, fmt.Sprintf(`
+	tree t {
+		tier user {header.X-User} {
+			limit 10/h
+		}
+	}
+	store redis {
+		address %s
+		key_prefix local%d:
+		timeout 200ms
+		breaker 1 100ms
+	}
+	on_store_error local 2
+`, srv.Addr(), testSeq.Add(1)))
+	for range 3 {
+		if r := do(t, "GET", url, "X-User: a"); r.status != 200 {
+			t.Fatalf("with Redis up: %d", r.status)
+		}
+	}
+	srv.Pause()
+	defer srv.Resume()
+	// The first request waits out the timeout, opens the breaker and is
+	// decided locally; then the local half of 10 (5) is all there is.
+	admitted := 0
+	var last resp
+	for range 8 {
+		last = do(t, "GET", url, "X-User: a")
+		switch last.status {
+		case 200:
+			admitted++
+		case http.StatusTooManyRequests:
+		default:
+			t.Fatalf("with Redis hung: %d %s", last.status, last.body)
+		}
+	}
+	if admitted != 5 {
+		t.Fatalf("%d admitted on the local share, want 5 (10 / 2 instances)", admitted)
+	}
+	if last.header.Get("Retry-After") == "" || !strings.Contains(last.header.Get("RateLimit-Policy"), "q=5;") {
+		t.Fatalf("a local refusal: Retry-After %q, RateLimit-Policy %q (want the share, q=5)",
+			last.header.Get("Retry-After"), last.header.Get("RateLimit-Policy"))
+	}
+	srv.Resume()
+	// Back on Redis: 3 of 10 were used there (the local ones were not:
+	// Redis never saw them), so 7 more.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		r := do(t, "GET", url, "X-User: b") // a fresh user shows when Redis decides again
+		if r.status == 200 && strings.Contains(r.header.Get("RateLimit-Policy"), "q=10;") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not back on Redis 10 s after it came back: %d %v", r.status, r.header)
+		}
+		time.Sleep(20 * time.Millisecond) // waiting for the breaker's ping, not timing an algorithm
+	}
+	// 6 when Redis, on waking, ran the script of the request that timed
+	// out (sent before the breaker opened): never more than 7.
+	if got := admitN(t, 10, url, "X-User: a"); got != 7 && got != 6 {
+		t.Fatalf("back on Redis: %d admitted, want 7 (3 of 10 used before the outage; 6 if the timed-out call ran)", got)
 	}
 }

@@ -13,7 +13,7 @@ import (
 // bucket count and evictions, the runtime overrides in force per store,
 // and the mode of each tree of the running configuration.
 type stateCollector struct {
-	keys, evictions, overrides, mode *prometheus.Desc
+	keys, evictions, overrides, mode, breakerOpen, breakerTrips *prometheus.Desc
 }
 
 func newStateCollector() *stateCollector {
@@ -26,6 +26,10 @@ func newStateCollector() *stateCollector {
 			[]string{"store"}, nil),
 		mode: prometheus.NewDesc("cascade_tree_mode", "The mode each tree is in: 1 for its mode, 0 for the others.",
 			[]string{"tree", "mode"}, nil),
+		breakerOpen: prometheus.NewDesc("cascade_store_breaker_open", "1 while a Redis store's circuit breaker is open (calls fail at once), else 0.",
+			[]string{"store"}, nil),
+		breakerTrips: prometheus.NewDesc("cascade_store_breaker_trips_total", "Times a Redis store's circuit breaker has opened.",
+			[]string{"store"}, nil),
 	}
 }
 
@@ -35,6 +39,8 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.evictions
 	ch <- c.overrides
 	ch <- c.mode
+	ch <- c.breakerOpen
+	ch <- c.breakerTrips
 }
 
 // Collect implements prometheus.Collector.
@@ -47,6 +53,14 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		if m, ok := p.Store.(*store.Memory); ok {
 			ch <- prometheus.MustNewConstMetric(c.keys, prometheus.GaugeValue, float64(m.Len()), p.name)
 			ch <- prometheus.MustNewConstMetric(c.evictions, prometheus.CounterValue, float64(m.Evictions()), p.name)
+		}
+		if r, ok := p.Store.(*store.Redis); ok {
+			open := 0.0
+			if r.BreakerOpen() {
+				open = 1
+			}
+			ch <- prometheus.MustNewConstMetric(c.breakerOpen, prometheus.GaugeValue, open, p.name)
+			ch <- prometheus.MustNewConstMetric(c.breakerTrips, prometheus.CounterValue, float64(r.BreakerTrips()), p.name)
 		}
 		if p.runtime != nil {
 			ch <- prometheus.MustNewConstMetric(c.overrides, prometheus.GaugeValue, float64(len(p.runtime.Snapshot().Overrides())), p.name)

@@ -70,6 +70,18 @@ type RedisStoreConfig struct {
 	// Timeout bounds one decision, so a slow or dead Redis never hangs a
 	// request (then on_store_error applies). Default 250ms.
 	Timeout caddy.Duration `json:"timeout,omitempty"`
+	// Breaker stops waiting on a Redis that keeps failing: after Failures
+	// calls in a row have failed, calls fail at once (on_store_error
+	// applies in microseconds) while Redis is pinged every Cooldown in the
+	// background, until it answers. Default 3 failures, 1s; failures 0
+	// turns it off.
+	Breaker *RedisBreaker `json:"breaker,omitempty"`
+}
+
+// RedisBreaker configures the Redis store's circuit breaker.
+type RedisBreaker struct {
+	Failures int            `json:"failures"`
+	Cooldown caddy.Duration `json:"cooldown,omitempty"`
 }
 
 // RedisTLS configures TLS to Redis.
@@ -217,6 +229,17 @@ func (c *StoreConfig) open(ctx caddy.Context, sweep time.Duration) (opened, erro
 				name += "/db" + strconv.Itoa(opts.DB)
 			}
 			logger := ctx.Logger().With(zap.String("store", name))
+			if opts.Breaker.Failures > 0 {
+				// Set before any decision: the store is not shared yet.
+				s.SetBreakerChange(func(open bool, err error) {
+					if open {
+						logger.Warn("redis circuit breaker open: calls fail at once (on_store_error applies) while Redis is probed in the background",
+							zap.Int("failures", opts.Breaker.Failures), zap.Error(err))
+					} else {
+						logger.Info("redis circuit breaker closed: Redis answers again")
+					}
+				})
+			}
 			rt, err := control.New(control.NewRedisBackend(s.Client(), opts.KeyPrefix), control.Options{Logger: logger})
 			if err != nil {
 				s.Close()
@@ -284,6 +307,13 @@ func (c *RedisStoreConfig) options(logger *zap.Logger) (store.RedisOptions, erro
 		PoolSize:     c.PoolSize,
 		KeyPrefix:    c.KeyPrefix,
 		Timeout:      time.Duration(c.Timeout),
+		Breaker:      store.BreakerOptions{Failures: 3, Cooldown: time.Second},
+	}
+	if b := c.Breaker; b != nil {
+		if b.Failures < 0 || b.Cooldown < 0 {
+			return opts, errors.New("redis breaker: failures and cooldown must not be negative (failures 0 turns it off)")
+		}
+		opts.Breaker = store.BreakerOptions{Failures: b.Failures, Cooldown: time.Duration(b.Cooldown)}
 	}
 	for _, template := range c.Addresses {
 		a := strings.TrimSpace(repl.ReplaceAll(template, ""))

@@ -55,6 +55,9 @@ type Decision struct {
 	Closest int
 	// Retry is when to retry a denial, jitter included.
 	Retry time.Duration
+	// Local is true when the store could not decide and Config.Local did,
+	// on each limit's local share.
+	Local bool
 
 	lenient string   // the mode of the trees that apply and do not enforce (warn over shadow)
 	scratch *scratch // nil until Begin takes one
@@ -215,7 +218,12 @@ func (e *Engine) settle(ctx context.Context, d *Decision, sc *scratch) error {
 		res, err = e.cfg.Store.Decide(ctx, d.Limits)
 	}
 	if err != nil {
-		return err
+		if e.cfg.Local == nil {
+			return err
+		}
+		if res, err = e.decideLocally(ctx, d, err); err != nil {
+			return err
+		}
 	}
 	d.Decision = res
 	if res.Impossible && d.Scaled {
@@ -245,6 +253,29 @@ func (e *Engine) settle(ctx context.Context, d *Decision, sc *scratch) error {
 		}
 	}
 	return nil
+}
+
+// decideLocally decides d on the local store, each limit scaled to its
+// local share, after the store failed with cause. The limits the decision
+// shows (headers, placeholders) are the shares.
+func (e *Engine) decideLocally(ctx context.Context, d *Decision, cause error) (store.Decision, error) {
+	local := make([]store.Bucket, len(d.Limits))
+	for i, b := range d.Limits {
+		local[i] = b
+		local[i].Limit = scale(b.Limit, e.cfg.LocalShare)
+	}
+	res, err := e.cfg.Local.Decide(ctx, local)
+	if err != nil {
+		return res, err
+	}
+	if now := time.Now().UnixNano(); now-e.localLogged.Load() >= int64(time.Second) {
+		if last := e.localLogged.Load(); e.localLogged.CompareAndSwap(last, now) {
+			e.cfg.Logger.Warn("the store cannot decide: deciding on the local store, each limit at its local share (logged at most once a second)",
+				zap.Float64("share", e.cfg.LocalShare), zap.Error(cause))
+		}
+	}
+	d.Limits, d.Local, d.Scaled = local, true, true
+	return res, nil
 }
 
 // enforceOnly handles a denial on a path where trees of different modes
@@ -287,7 +318,12 @@ func (e *Engine) enforceOnly(ctx context.Context, d *Decision) error {
 // client told "impossible" would give up for good. It is retried no sooner
 // than the controller's next sample, when the factor may rise.
 func (e *Engine) reducedNotImpossible(d *Decision) {
-	retry := int64(e.cfg.Controller.Config().Interval / time.Microsecond)
+	// The limit grows back at the controller's next sample, or when the
+	// store answers again (a local share): retry no sooner than that.
+	retry := int64(time.Second / time.Microsecond)
+	if e.cfg.Controller != nil {
+		retry = int64(e.cfg.Controller.Config().Interval / time.Microsecond)
+	}
 	for i := range d.Results {
 		rr := &d.Results[i]
 		if rr.Impossible {

@@ -53,6 +53,12 @@ type Config struct {
 	Store      store.Store
 	// StoreName names the store in logs and the admin API.
 	StoreName string
+	// Local, when set, decides whatever Store cannot (Redis unreachable, or
+	// its circuit breaker open): on this store, with each limit scaled by
+	// LocalShare (1/n for n instances sharing the limits), until Store
+	// answers again.
+	Local      store.Store
+	LocalShare float64
 	// Runtime is the store's runtime state (overrides and modes); nil for
 	// none.
 	Runtime *control.Runtime
@@ -107,6 +113,7 @@ type Engine struct {
 	adjusting   sync.WaitGroup // reconciliations under way
 	applying    sync.Mutex     // orders applyRuntime's calls
 	unsubscribe func()
+	localLogged atomic.Int64 // when deciding locally was last logged (Unix ns)
 }
 
 // decideInto is implemented by stores that can write a decision's results

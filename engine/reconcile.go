@@ -31,9 +31,17 @@ func (e *Engine) Reconcile(d *Decision, usage ...Usage) []store.Bucket {
 	}
 	adjust := h.corrections(e.cfg.Dimensions, usage)
 	if len(adjust) > 0 {
-		e.Adjust(adjust)
+		e.adjustIn(e.storeOf(h), adjust)
 	}
 	return adjust
+}
+
+// storeOf is the store that charged a held decision.
+func (e *Engine) storeOf(h *Held) store.Store {
+	if h.local {
+		return e.cfg.Local
+	}
+	return e.cfg.Store
 }
 
 // Held is what reconciling a decision later needs, kept apart from the
@@ -43,6 +51,7 @@ type Held struct {
 	buckets   []store.Bucket // each charged bucket, its Cost unset
 	dims      []string       // each bucket's dimension
 	estimates []int64        // per Config.Dimensions
+	local     bool           // charged by Config.Local
 }
 
 // Hold keeps what reconciling d needs, or returns nil when d charged
@@ -51,7 +60,7 @@ func (e *Engine) Hold(d *Decision) *Held {
 	if !d.Allowed || len(d.Estimates) != len(e.cfg.Dimensions) || len(e.cfg.Dimensions) == 0 {
 		return nil // nothing was estimated, so nothing was charged
 	}
-	h := &Held{estimates: slices.Clone(d.Estimates)}
+	h := &Held{estimates: slices.Clone(d.Estimates), local: d.Local}
 	for i, b := range d.Buckets {
 		if slices.Contains(e.cfg.Dimensions, b.Limit.Dimension) {
 			h.buckets = append(h.buckets, store.Bucket{Key: b.Key, Limit: d.Limits[i].Limit, Charged: d.ChargedAt(i)})
@@ -69,7 +78,7 @@ func (e *Engine) ReconcileHeld(ctx context.Context, h *Held, usage ...Usage) ([]
 	if len(adjust) == 0 {
 		return nil, nil
 	}
-	err := e.cfg.Store.Adjust(ctx, adjust)
+	err := e.storeOf(h).Adjust(ctx, adjust)
 	if e.cfg.Reconciled != nil {
 		e.cfg.Reconciled(err)
 	}
@@ -104,13 +113,16 @@ func (h *Held) corrections(dims []string, usage []Usage) []store.Bucket {
 
 // Adjust applies corrections (refunds, debts) to buckets in the store in
 // the background, in one store call; Close waits for those under way.
-func (e *Engine) Adjust(adjust []store.Bucket) {
+func (e *Engine) Adjust(adjust []store.Bucket) { e.adjustIn(e.cfg.Store, adjust) }
+
+// adjustIn applies corrections to st in the background.
+func (e *Engine) adjustIn(st store.Store, adjust []store.Bucket) {
 	e.adjusting.Add(1)
 	go func() {
 		defer e.adjusting.Done()
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		err := e.cfg.Store.Adjust(ctx, adjust)
+		err := st.Adjust(ctx, adjust)
 		if err != nil {
 			e.cfg.Logger.Error("reconciling cost with the upstream's usage failed", zap.Error(err))
 		}

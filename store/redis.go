@@ -87,6 +87,9 @@ type RedisOptions struct {
 	// Logger receives what cannot be returned: a refund that failed after
 	// a partial denial on a Cluster. Nil discards it.
 	Logger *zap.Logger
+	// Breaker stops waiting on a Redis that keeps failing (see
+	// BreakerOptions); its zero value has none.
+	Breaker BreakerOptions
 
 	// Clock, for tests only, replaces Redis TIME with an injected clock
 	// (see package lua). Production leaves it nil so that every Caddy
@@ -124,6 +127,7 @@ type Redis struct {
 	clock   Clock // nil: Redis TIME
 	logger  *zap.Logger
 	batch   *batchers // send decisions, batched under load
+	breaker *breaker  // nil: none
 
 	refunding sync.WaitGroup // refunds after a partial denial on a Cluster
 	closing   sync.Mutex     // orders starting a refund before Close's wait
@@ -261,6 +265,7 @@ func NewRedis(ctx context.Context, opts RedisOptions) (*Redis, error) {
 	}
 	r.cluster, _ = client.(*redis.ClusterClient)
 	r.batch = newBatchers(client, lua.Decide, opts.Timeout)
+	r.breaker = newBreaker(opts.Breaker, r.Ping)
 	if !opts.LazyLoad {
 		if err := r.load(ctx); err != nil {
 			r.Close()
@@ -325,6 +330,7 @@ func (r *Redis) Ping(ctx context.Context) error {
 
 // Close closes the client and its connections.
 func (r *Redis) Close() error {
+	r.breaker.close()
 	r.batch.close()
 	r.closing.Lock()
 	r.closed = true
@@ -338,12 +344,17 @@ func (r *Redis) Decide(ctx context.Context, buckets []Bucket) (Decision, error) 
 	if len(buckets) == 0 {
 		return Combine([]rate.Result{}), nil
 	}
+	if err := r.breaker.allow(); err != nil {
+		return Decision{}, err
+	}
 	now, wall := r.now()
 	if r.cluster != nil {
 		if groups := slotGroups(r.prefix, buckets); groups != nil {
 			ctx, cancel := context.WithTimeout(ctx, r.timeout)
 			defer cancel()
-			return r.decideSlots(ctx, buckets, groups, now, wall)
+			d, err := r.decideSlots(ctx, buckets, groups, now, wall)
+			r.breaker.record(err)
+			return d, err
 		}
 	}
 	// The common case bounds its wait with a deadline rather than a
@@ -351,6 +362,7 @@ func (r *Redis) Decide(ctx context.Context, buckets []Bucket) (Decision, error) 
 	// rest of its Redis client work.
 	results := make([]rate.Result, len(buckets))
 	at, err := r.decide(ctx, time.Now().Add(r.timeout), buckets, now, wall, results)
+	r.breaker.record(err)
 	if err != nil {
 		return Decision{}, fmt.Errorf("redis store: decide: %w: %w", ErrUnavailable, err)
 	}
@@ -365,6 +377,9 @@ func (r *Redis) Adjust(ctx context.Context, buckets []Bucket) error {
 	if len(buckets) == 0 {
 		return nil
 	}
+	if err := r.breaker.allow(); err != nil {
+		return err
+	}
 	ctx, cancel := context.WithTimeout(ctx, r.timeout)
 	defer cancel()
 	now, wall := r.now()
@@ -378,6 +393,7 @@ func (r *Redis) Adjust(ctx context.Context, buckets []Bucket) error {
 	} else {
 		err = r.adjust(ctx, buckets, now, wall)
 	}
+	r.breaker.record(err)
 	if err != nil {
 		return fmt.Errorf("redis store: adjust: %w: %w", ErrUnavailable, err)
 	}
