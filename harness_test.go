@@ -131,5 +131,10 @@ func reload(t testing.TB, sites string, global ...string) error {
 	if err != nil {
 		t.Fatalf("adapting Caddyfile: %v\n%s", err, sites)
 	}
-	return caddy.Load(cfg, true)
+	err = caddy.Load(cfg, true)
+	// Connections kept alive to the old configuration's servers are closed
+	// by them as they stop: a request sent on one just then would fail
+	// with EOF. Later requests dial the new servers.
+	client.CloseIdleConnections()
+	return err
 }
