@@ -49,8 +49,25 @@ func (p *caddyProcess) stop() {
 	p.cmd.Wait()
 }
 
-// startInstances runs n Caddy processes sharing one Redis store.
+// startInstances runs n Caddy processes sharing one Redis store, with
+// the tree acme (org 1000/min > user 2/min).
 func startInstances(t *testing.T, n int, storeBlock string) []*caddyProcess {
+	return startRateLimited(t, n, `
+			tree acme {
+				tier org {header.X-Org} {
+					limit 1000/min
+				}
+				tier user {header.X-User} {
+					limit 2/min
+				}
+			}
+			`+storeBlock)
+}
+
+// startRateLimited runs n Caddy processes whose site is rate_limited by
+// block (the rate_limit block's body), with an admin API each and
+// /__health outside the limits.
+func startRateLimited(t *testing.T, n int, block string) []*caddyProcess {
 	bin := buildCaddy(t)
 	var out []*caddyProcess
 	for i := 0; i < n; i++ {
@@ -69,20 +86,12 @@ http://127.0.0.1:%d {
 	}
 	handle {
 		rate_limit {
-			tree acme {
-				tier org {header.X-Org} {
-					limit 1000/min
-				}
-				tier user {header.X-User} {
-					limit 2/min
-				}
-			}
 			%s
 		}
 		respond "ok"
 	}
 }
-`, adminPort, port, storeBlock)), 0o644)
+`, adminPort, port, block)), 0o644)
 		p.start(t)
 		out = append(out, p)
 	}

@@ -16,7 +16,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddy-cascade/cascade/adaptive"
-	"github.com/caddy-cascade/cascade/store"
 )
 
 func init() {
@@ -162,7 +161,7 @@ func (a *App) Provision(ctx caddy.Context) error {
 		if prefix == "" {
 			prefix = "cascade:"
 		}
-		publisher = newRedisPublisher(o.Store.(*store.Redis).Client(), prefix, cfg.SharedMaxAge)
+		publisher = newRedisPublisher(o.redis.Client(), prefix, cfg.SharedMaxAge)
 	}
 	key, _ := json.Marshal(struct {
 		adaptive.Config

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
@@ -106,6 +107,11 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	        key_prefix    <prefix>
 //	        timeout       <duration>
 //	        breaker       <failures> [<cooldown>]|off # 3 1s: fail at once after 3 failures in a row
+//	        lease [{                                # decide most requests in memory on capacity leased from Redis
+//	            max_share     <fraction>            # of what remains, per lease (0.1)
+//	            min_remaining <fraction>|<n>%       # below it no lease: per-request decisions (5%)
+//	            ttl           <duration>            # how long a lease may be spent (1s)
+//	        }]
 //	    }
 //	    on_store_error deny|allow|local [<instances>]
 //	    mode           enforce|warn|shadow
@@ -837,6 +843,8 @@ func parseRedis(d *caddyfile.Dispenser, r *RedisStoreConfig) error {
 			default:
 				return d.Errf("usage: breaker <failures> [<cooldown>], or breaker off")
 			}
+		case "lease":
+			err = parseLease(d, r)
 		case "tls":
 			r.TLS = &RedisTLS{}
 			for _, a := range d.RemainingArgs() {
@@ -866,6 +874,53 @@ func parseRedis(d *caddyfile.Dispenser, r *RedisStoreConfig) error {
 		}
 	}
 	return nil
+}
+
+// parseLease reads `lease [{ max_share … min_remaining … ttl … }]`.
+func parseLease(d *caddyfile.Dispenser, r *RedisStoreConfig) error {
+	if d.NextArg() {
+		return d.Errf("lease takes no arguments: write its options in a block (max_share, min_remaining, ttl)")
+	}
+	r.Lease = &RedisLease{}
+	for n := d.Nesting(); d.NextBlock(n); {
+		opt := d.Val()
+		args := d.RemainingArgs()
+		if len(args) != 1 {
+			return d.Errf("lease %s takes one value", opt)
+		}
+		switch opt {
+		case "max_share":
+			v, err := parseFraction(args[0])
+			if err != nil || v <= 0 || v > 1 {
+				return d.Errf("lease max_share %q: give a fraction of what remains above 0 and at most 1, e.g. 0.1 or 10%%", args[0])
+			}
+			r.Lease.MaxShare = v
+		case "min_remaining":
+			v, err := parseFraction(args[0])
+			if err != nil || v < 0 || v >= 1 {
+				return d.Errf("lease min_remaining %q: give a fraction of the capacity from 0 up to (not including) 1, e.g. 0.05 or 5%%", args[0])
+			}
+			r.Lease.MinRemaining = v
+		case "ttl":
+			dur, err := caddy.ParseDuration(args[0])
+			if err != nil || dur <= 0 || dur > time.Minute {
+				return d.Errf("lease ttl %q: give a positive duration of at most a minute, e.g. 1s", args[0])
+			}
+			r.Lease.TTL = caddy.Duration(dur)
+		default:
+			return d.Errf("lease: unknown option %q: expected max_share, min_remaining or ttl", opt)
+		}
+	}
+	return nil
+}
+
+// parseFraction reads 0.05 or 5%.
+func parseFraction(s string) (float64, error) {
+	if p, ok := strings.CutSuffix(s, "%"); ok {
+		v, err := strconv.ParseFloat(p, 64)
+		return v / 100, err
+	}
+	return strconv.ParseFloat(s, 64)
 }
 
 func (h *Handler) parseHeaders(d *caddyfile.Dispenser) error {

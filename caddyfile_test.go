@@ -56,6 +56,11 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 			timeout 150ms
 			key_prefix rl:
 			breaker 5 2s
+			lease {
+				max_share 20%
+				min_remaining 0.01
+				ttl 500ms
+			}
 		}
 		on_store_error allow
 		mode warn
@@ -75,6 +80,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 		`"costs":[{"dimension":"tokens","value":"{header.X-Tokens}"}]`,
 		`"addresses":["{$REDIS:localhost:6379}","10.0.0.2:6379"],"cluster":true`, `"db":2`,
 		`"tls":{"server_name":"redis.internal","insecure_skip_verify":true}`, `"timeout":150000000`, `"key_prefix":"rl:"`, `"breaker":{"failures":5,"cooldown":2000000000}`,
+		`"lease":{"max_share":0.2,"min_remaining":0.01,"ttl":500000000}`,
 		`"on_store_error":"allow"`, `"mode":"warn"`, `"headers":{"ietf":true,"x_ratelimit":false,"retry_after":false,"openai":true}`,
 		`"jitter":1.5`,
 	} {
@@ -144,6 +150,11 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"cost usage", "rate_limit {\n cost tokens\n}", "usage: cost <dimension>"},
 		{"bad timeout", "rate_limit {\n store redis {\n  timeout soon\n }\n}", "timeout \"soon\""},
 		{"bad breaker", "rate_limit {\n store redis {\n  breaker never\n }\n}", "breaker \"never\": give the failures in a row"},
+		{"lease argument", "rate_limit {\n store redis {\n  lease on\n }\n}", "lease takes no arguments"},
+		{"bad lease share", "rate_limit {\n store redis {\n  lease {\n   max_share 2\n  }\n }\n}", "lease max_share \"2\": give a fraction"},
+		{"bad lease min_remaining", "rate_limit {\n store redis {\n  lease {\n   min_remaining 100%\n  }\n }\n}", "lease min_remaining \"100%\""},
+		{"bad lease ttl", "rate_limit {\n store redis {\n  lease {\n   ttl 2m\n  }\n }\n}", "lease ttl \"2m\": give a positive duration of at most a minute"},
+		{"unknown lease option", "rate_limit {\n store redis {\n  lease {\n   size 3\n  }\n }\n}", "lease: unknown option \"size\""},
 		{"bad breaker cooldown", "rate_limit {\n store redis {\n  breaker 3 soon\n }\n}", "breaker cooldown \"soon\""},
 		{"bad tz", "rate_limit {\n tree t {\n  tier a k {\n   limit 5/day calendar tz Mars/Base\n  }\n }\n}", "timezone \"Mars/Base\""},
 		{"redis URL", "rate_limit {\n store redis {\n  address redis://127.0.0.1:6379\n }\n}", "is a URL: write host:port"},

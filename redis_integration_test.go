@@ -4,9 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -76,29 +73,8 @@ func TestThreeInstancesShareOneRedis(t *testing.T) {
 		t.Skip("builds and runs three Caddy processes")
 	}
 	srv := redistest.Shared(t)
-	dir := t.TempDir()
-	bin := filepath.Join(dir, "caddy")
-	build := exec.Command("go", "build", "-o", bin, "./cmd/caddy")
-	build.Stderr = os.Stderr
-	if err := build.Run(); err != nil {
-		t.Fatalf("building ./cmd/caddy: %v", err)
-	}
-	prefix := fmt.Sprintf("multi%d:", testSeq.Add(1))
 	var urls []string
-	for i := 0; i < 3; i++ {
-		port := freePort(t)
-		cf := filepath.Join(dir, fmt.Sprintf("Caddyfile%d", i))
-		os.WriteFile(cf, []byte(fmt.Sprintf(`{
-	admin off
-	auto_https off
-	persist_config off
-}
-http://127.0.0.1:%d {
-	handle /__health {
-		respond "up"
-	}
-	handle {
-		rate_limit {
+	for _, p := range startRateLimited(t, 3, fmt.Sprintf(`
 			tree burst {
 				tier key fixed {
 					limit 100 units/h
@@ -107,22 +83,9 @@ http://127.0.0.1:%d {
 			cost units 3
 			store redis {
 				address %s
-				key_prefix %s
-			}
-		}
-		respond "ok"
-	}
-}
-`, port, srv.Addr(), prefix)), 0o644)
-		cmd := exec.Command(bin, "run", "--config", cf, "--adapter", "caddyfile")
-		cmd.Env = append(os.Environ(), "HOME="+dir, "XDG_DATA_HOME="+dir, "XDG_CONFIG_HOME="+dir)
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-		url := fmt.Sprintf("http://127.0.0.1:%d/", port)
-		waitUp(t, url)
-		urls = append(urls, url)
+				key_prefix multi%d:
+			}`, srv.Addr(), testSeq.Add(1))) {
+		urls = append(urls, p.site)
 	}
 	if got := concurrentAdmits(t, urls, 200); got != 33 {
 		t.Fatalf("three instances admitted %d, want exactly 33", got)
@@ -241,29 +204,7 @@ func TestRedisBreaker(t *testing.T) {
 	if r := do(t, "GET", url, "X-User: a"); r.status != 200 {
 		t.Fatalf("with Redis up: %d", r.status)
 	}
-	metric := func(name string) float64 {
-		t.Helper()
-		active := caddy.ActiveContext()
-		families, err := active.GetMetricsRegistry().Gather()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, f := range families {
-			if f.GetName() != name {
-				continue
-			}
-			for _, m := range f.GetMetric() {
-				if strings.Contains(m.GetLabel()[0].GetValue(), srv.Addr()) {
-					if g := m.GetGauge(); g != nil {
-						return g.GetValue()
-					}
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
-		t.Fatalf("no %s for this store", name)
-		return 0
-	}
+	metric := func(name string) float64 { return storeMetric(t, name, srv.Addr()) }
 	srv.Pause()
 	for i := range 2 {
 		start := time.Now()
@@ -291,6 +232,39 @@ func TestRedisBreaker(t *testing.T) {
 	if metric("cascade_store_breaker_open") != 0 || metric("cascade_store_breaker_trips_total") != 1 {
 		t.Fatal("the breaker did not close")
 	}
+}
+
+// storeMetric reads the running Caddy's metric name for the store whose
+// name holds addr.
+func storeMetric(t *testing.T, name, addr string, labels ...string) float64 {
+	t.Helper()
+	active := caddy.ActiveContext()
+	families, err := active.GetMetricsRegistry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+	metrics:
+		for _, m := range f.GetMetric() {
+			if !strings.Contains(m.GetLabel()[0].GetValue(), addr) {
+				continue
+			}
+			for i, want := range labels {
+				if m.GetLabel()[i+1].GetValue() != want {
+					continue metrics
+				}
+			}
+			if g := m.GetGauge(); g != nil {
+				return g.GetValue()
+			}
+			return m.GetCounter().GetValue()
+		}
+	}
+	t.Fatalf("no %s%v for the store at %s", name, labels, addr)
+	return 0
 }
 
 // TestStoreErrorLocal: with on_store_error local 2, a hung Redis (breaker

@@ -14,6 +14,7 @@ import (
 // and the mode of each tree of the running configuration.
 type stateCollector struct {
 	keys, evictions, overrides, mode, breakerOpen, breakerTrips *prometheus.Desc
+	leaseDecisions, leaseGrants, leaseReleases                  *prometheus.Desc
 }
 
 func newStateCollector() *stateCollector {
@@ -30,6 +31,12 @@ func newStateCollector() *stateCollector {
 			[]string{"store"}, nil),
 		breakerTrips: prometheus.NewDesc("cascade_store_breaker_trips_total", "Times a Redis store's circuit breaker has opened.",
 			[]string{"store"}, nil),
+		leaseDecisions: prometheus.NewDesc("cascade_lease_decisions_total", "Decisions of a Redis store with leases, by where they were made: local (in memory, on a lease), grant (in Redis, taking a lease), strict (in Redis, without one).",
+			[]string{"store", "where"}, nil),
+		leaseGrants: prometheus.NewDesc("cascade_lease_grants_total", "Leases a Redis store granted (grant decisions that leased capacity).",
+			[]string{"store"}, nil),
+		leaseReleases: prometheus.NewDesc("cascade_lease_releases_total", "Leases that ended and gave back their unspent capacity.",
+			[]string{"store"}, nil),
 	}
 }
 
@@ -41,6 +48,9 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.mode
 	ch <- c.breakerOpen
 	ch <- c.breakerTrips
+	ch <- c.leaseDecisions
+	ch <- c.leaseGrants
+	ch <- c.leaseReleases
 }
 
 // Collect implements prometheus.Collector.
@@ -54,13 +64,21 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(c.keys, prometheus.GaugeValue, float64(m.Len()), p.name)
 			ch <- prometheus.MustNewConstMetric(c.evictions, prometheus.CounterValue, float64(m.Evictions()), p.name)
 		}
-		if r, ok := p.Store.(*store.Redis); ok {
+		if r := p.redis; r != nil {
 			open := 0.0
 			if r.BreakerOpen() {
 				open = 1
 			}
 			ch <- prometheus.MustNewConstMetric(c.breakerOpen, prometheus.GaugeValue, open, p.name)
 			ch <- prometheus.MustNewConstMetric(c.breakerTrips, prometheus.CounterValue, float64(r.BreakerTrips()), p.name)
+		}
+		if l := p.lease; l != nil {
+			st := l.Stats()
+			ch <- prometheus.MustNewConstMetric(c.leaseDecisions, prometheus.CounterValue, float64(st.Local), p.name, "local")
+			ch <- prometheus.MustNewConstMetric(c.leaseDecisions, prometheus.CounterValue, float64(st.Grants), p.name, "grant")
+			ch <- prometheus.MustNewConstMetric(c.leaseDecisions, prometheus.CounterValue, float64(st.Strict), p.name, "strict")
+			ch <- prometheus.MustNewConstMetric(c.leaseGrants, prometheus.CounterValue, float64(st.Leased), p.name)
+			ch <- prometheus.MustNewConstMetric(c.leaseReleases, prometheus.CounterValue, float64(st.Released), p.name)
 		}
 		if p.runtime != nil {
 			ch <- prometheus.MustNewConstMetric(c.overrides, prometheus.GaugeValue, float64(len(p.runtime.Snapshot().Overrides())), p.name)

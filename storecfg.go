@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddy-cascade/cascade/control"
+	"github.com/caddy-cascade/cascade/lease"
 	"github.com/caddy-cascade/cascade/store"
 	"github.com/caddy-cascade/cascade/topk"
 )
@@ -76,6 +77,32 @@ type RedisStoreConfig struct {
 	// background, until it answers. Default 3 failures, 1s; failures 0
 	// turns it off.
 	Breaker *RedisBreaker `json:"breaker,omitempty"`
+	// Lease, when set, decides most requests in memory on capacity leased
+	// from Redis (package lease): never more admitted than the limits,
+	// bounded under-admission, strict decisions near exhaustion.
+	Lease *RedisLease `json:"lease,omitempty"`
+}
+
+// RedisLease configures capacity leases (see package lease for the
+// defaults and what each bounds).
+type RedisLease struct {
+	// MaxShare is the largest fraction of what remains on a bucket that
+	// one lease takes (default 0.1).
+	MaxShare float64 `json:"max_share,omitempty"`
+	// MinRemaining is the fraction of a bucket's capacity below which it
+	// grants no lease (default 0.05).
+	MinRemaining float64 `json:"min_remaining,omitempty"`
+	// TTL is how long a lease may be spent (default 1s, at most 1m).
+	TTL caddy.Duration `json:"ttl,omitempty"`
+}
+
+// options translates the JSON config into lease.Options.
+func (l *RedisLease) options(logger *zap.Logger) (lease.Options, error) {
+	o := lease.Options{MaxShare: l.MaxShare, MinRemaining: l.MinRemaining, TTL: time.Duration(l.TTL), Logger: logger}
+	if err := o.Validate(); err != nil {
+		return o, err
+	}
+	return o, nil
 }
 
 // RedisBreaker configures the Redis store's circuit breaker.
@@ -97,6 +124,8 @@ type RedisTLS struct {
 // most-denied keys of its buckets.
 type pooled struct {
 	store.Store
+	redis    *store.Redis    // the Redis store (under the leases, if any); nil for memory
+	lease    *lease.Store    // the lease store wrapping it, when leases are on
 	settings *memorySettings // a memory store's, per configuration
 	runtime  *control.Runtime
 	top      *topk.Sketch
@@ -206,6 +235,14 @@ func (c *StoreConfig) open(ctx caddy.Context, sweep time.Duration) (opened, erro
 		if err != nil {
 			return opened{}, err
 		}
+		var leaseOpts *lease.Options
+		if c.Redis.Lease != nil {
+			lo, err := c.Redis.Lease.options(ctx.Logger())
+			if err != nil {
+				return opened{}, err
+			}
+			leaseOpts = &lo
+		}
 		key, _ := json.Marshal(c.Redis)
 		poolKey := "redis/" + string(key)
 		v, _, err := stores.LoadOrNew(poolKey, func() (caddy.Destructor, error) {
@@ -245,7 +282,18 @@ func (c *StoreConfig) open(ctx caddy.Context, sweep time.Duration) (opened, erro
 				s.Close()
 				return nil, fmt.Errorf("runtime state: %w", err)
 			}
-			return pooled{Store: s, runtime: rt, top: topk.New(topKeys), name: name}, nil
+			p := pooled{Store: s, redis: s, runtime: rt, top: topk.New(topKeys), name: name}
+			if leaseOpts != nil {
+				leaseOpts.Logger = logger
+				ls, err := lease.New(s, *leaseOpts)
+				if err != nil {
+					rt.Close()
+					s.Close()
+					return nil, err
+				}
+				p.Store, p.lease = ls, ls
+			}
+			return p, nil
 		})
 		if err != nil {
 			return opened{}, err

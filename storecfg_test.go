@@ -3,6 +3,9 @@ package cascade
 import (
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
 )
 
 // TestRedisAddressErrorNamesTheTemplate: an address placeholder that
@@ -13,5 +16,26 @@ func TestRedisAddressErrorNamesTheTemplate(t *testing.T) {
 	_, err := (&RedisStoreConfig{Addresses: []string{"{env.CASCADE_TEST_UNSET_REDIS_ADDR}"}}).options(nil)
 	if err == nil || !strings.Contains(err.Error(), "{env.CASCADE_TEST_UNSET_REDIS_ADDR}") {
 		t.Fatalf("error %v does not name {env.CASCADE_TEST_UNSET_REDIS_ADDR}", err)
+	}
+}
+
+// TestLeaseOptionsInJSON: lease options that cannot work are refused when
+// the configuration loads (caddy validate), whatever wrote the JSON.
+func TestLeaseOptionsInJSON(t *testing.T) {
+	for _, tc := range []struct {
+		lease RedisLease
+		err   string
+	}{
+		{RedisLease{}, ""},
+		{RedisLease{MaxShare: 0.5, MinRemaining: 0.1, TTL: caddy.Duration(2 * time.Second)}, ""},
+		{RedisLease{MaxShare: 3}, "lease max_share must be in (0, 1], got 3"},
+		{RedisLease{MinRemaining: 1}, "lease min_remaining must be in [0, 1), got 1"},
+		{RedisLease{TTL: caddy.Duration(-time.Second)}, "lease ttl must not be negative"},
+		{RedisLease{TTL: caddy.Duration(time.Hour)}, "lease ttl 1h0m0s is longer than a minute"},
+	} {
+		_, err := tc.lease.options(nil)
+		if tc.err == "" && err != nil || tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)) {
+			t.Errorf("%+v: error %v, want %q", tc.lease, err, tc.err)
+		}
 	}
 }

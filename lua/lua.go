@@ -145,6 +145,14 @@ var Decide = redis.NewScript(rateSource + decideSource)
 // or a debt (positive), applied atomically as rate.Limit.Adjust does.
 var Adjust = redis.NewScript(rateSource + adjustSource)
 
+//go:embed lease.lua
+var leaseSource string
+
+// Lease gives back what leases left unspent and decides a request while
+// leasing further capacity on its path, atomically (see lease.lua and
+// store.Leaser).
+var Lease = redis.NewScript(rateSource + leaseSource)
+
 //go:embed factor.lua
 var factorSource string
 

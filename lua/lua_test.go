@@ -35,7 +35,7 @@ func TestScriptsLoad(t *testing.T) {
 	for _, tt := range []struct {
 		name   string
 		script *redis.Script
-	}{{"Decide", lua.Decide}, {"Adjust", lua.Adjust}} {
+	}{{"Decide", lua.Decide}, {"Adjust", lua.Adjust}, {"Lease", lua.Lease}} {
 		want := tt.script.Hash()
 		sha, err := tt.script.Load(context.Background(), c).Result()
 		if err != nil {

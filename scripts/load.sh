@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Load test on loopback: plain Caddy `respond`, Cascade on the memory store
-# (4 tiers) and Cascade on Redis (4 tiers, Redis on this machine), one after
+# (4 tiers), Cascade on Redis (4 tiers, Redis on this machine) deciding
+# every request there (strict), and the same with capacity leases (`lease`:
+# most requests decided in memory on capacity leased from Redis), one after
 # the other, with wrk (1 thread, 32 connections). Prints requests/s, p50 and
-# p99 of each and the throughput ratios against plain Caddy.
+# p99 of each, the throughput ratios against plain Caddy, and Redis's
+# script calls per request.
 #
 # On a small shared machine a single run moves by ±5%, so the three runs are
-# repeated in ROUNDS rounds (plain, memory, Redis, plain, memory, Redis, ...,
+# repeated in ROUNDS rounds (plain, memory, Redis, lease, plain, ...,
 # then plain once more): each ratio is taken against the mean of the plain
 # runs on either side of it, and the median over the rounds is reported.
 #
@@ -159,6 +162,13 @@ for round in $(seq "$ROUNDS"); do
 			address 127.0.0.1:$redis_port
 		}
 	}"
+	run "cascade-lease-$round" "rate_limit {$limits
+		store redis {
+			address 127.0.0.1:$redis_port
+			key_prefix lease$round:
+			lease
+		}
+	}"
 done
 run "plain-$((ROUNDS + 1))" ""
 
@@ -167,7 +177,7 @@ python3 - "$work" "$ROUNDS" <<'PY'
 import statistics, sys
 work, rounds = sys.argv[1], int(sys.argv[2])
 rps = lambda name: float(open("%s/%s.rps" % (work, name)).read())
-for kind in ("cascade-memory", "cascade-redis"):
+for kind in ("cascade-memory", "cascade-redis", "cascade-lease"):
     ratios = [rps("%s-%d" % (kind, r)) / ((rps("plain-%d" % r) + rps("plain-%d" % (r + 1))) / 2)
               for r in range(1, rounds + 1)]
     print("%-16s %.3f x plain Caddy (median of %s)" % (kind, statistics.median(ratios), " ".join("%.3f" % x for x in ratios)))
@@ -175,19 +185,20 @@ PY
 # Redis's own accounting of the measured run: its script calls (several
 # decisions each under load: the store batches what queues up) and the
 # server time they took, per call and per decision (per request).
-echo "== Redis server time during the cascade-redis runs (4 tiers):"
+echo "== Redis server time during the cascade-redis (strict) and cascade-lease runs (4 tiers):"
 python3 - "$work" "$ROUNDS" <<'PY'
 import re, sys
 work, rounds = sys.argv[1], int(sys.argv[2])
-for r in range(1, rounds + 1):
-    stats = open("%s/cascade-redis-%d.redis" % (work, r)).read()
-    requests = int(open("%s/cascade-redis-%d.requests" % (work, r)).read())
+for kind in ("redis", "lease"):
+  for r in range(1, rounds + 1):
+    stats = open("%s/cascade-%s-%d.redis" % (work, kind, r)).read()
+    requests = int(open("%s/cascade-%s-%d.requests" % (work, kind, r)).read())
     calls = usec = 0
     for name in ("evalsha", "eval"):
         m = re.search(r"cmdstat_%s:calls=(\d+),usec=(\d+)" % name, stats)
         if m:
             calls += int(m.group(1)); usec += int(m.group(2))
     if calls and requests:
-        print("round %d: %d requests, %d script calls (%.1f decisions per call), %.2f µs of Redis time per decision"
-              % (r, requests, calls, requests / calls, usec / requests))
+        print("%s round %d: %d requests, %d script calls (%.3f per request), %.2f µs of Redis time per request"
+              % (kind, r, requests, calls, calls / requests, usec / requests))
 PY

@@ -226,3 +226,11 @@ func TestMemoryOps(t *testing.T) {
 		return m
 	})
 }
+
+func TestMemoryLeaseConformance(t *testing.T) {
+	storetest.RunLeases(t, func(t *testing.T, clock store.Clock) store.Leaser {
+		m := store.NewMemory(store.MemoryOptions{Clock: clock, SweepInterval: -1})
+		t.Cleanup(func() { m.Close() })
+		return m
+	})
+}

@@ -281,7 +281,7 @@ func (r *Redis) load(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, max(r.timeout, redisStartTimeout))
 	defer cancel()
 	loadInto := func(ctx context.Context, c redis.Scripter) error {
-		for _, s := range []*redis.Script{lua.Decide, lua.Adjust} {
+		for _, s := range []*redis.Script{lua.Decide, lua.Adjust, lua.Lease} {
 			if err := s.Load(ctx, c).Err(); err != nil {
 				return err
 			}

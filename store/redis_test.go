@@ -64,6 +64,22 @@ func TestRedisConformance(t *testing.T) {
 	})
 }
 
+func TestRedisLeaseConformance(t *testing.T) {
+	addr := redistest.Shared(t).Addr()
+	storetest.RunLeases(t, func(t *testing.T, clock store.Clock) store.Leaser {
+		return newRedis(t, store.RedisOptions{Addrs: []string{addr}, KeyPrefix: prefix(t), Clock: clock})
+	})
+}
+
+// TestRedisClusterLeaseConformance leases on a 3-master Cluster, where a
+// path in one slot is leased by the master of that slot.
+func TestRedisClusterLeaseConformance(t *testing.T) {
+	addrs := redistest.SharedCluster(t).Addrs()
+	storetest.RunLeases(t, func(t *testing.T, clock store.Clock) store.Leaser {
+		return newRedis(t, store.RedisOptions{Addrs: addrs, KeyPrefix: prefix(t), Clock: clock})
+	})
+}
+
 // TestRedisClusterConformance runs the suite on a 3-master Redis Cluster
 // twice: as the hierarchy lays keys out (one hash tag per path, so one
 // script per decision), and with every bucket given a hash tag of its own,

@@ -1,0 +1,660 @@
+// Package lease decides most requests of a shared store in memory, without
+// ever admitting more than the store's limits allow.
+//
+// A Store wraps a store.Leaser (the Redis store). The first time it sees a
+// path (the buckets of one request) it decides it in the shared store as
+// usual. When it sees the path again, it asks the store to decide the
+// request and, in the same atomic step, to charge every bucket of the path
+// a slice of further capacity, sized from the path's observed rate (Want:
+// the requests expected in TTL), never more than MaxShare of what remains
+// on any bucket, and none at all when a bucket has less than MinRemaining
+// of its capacity left. The requests that follow are decided against that
+// slice, in memory: a request whose cost fits what the lease has left on
+// every bucket is admitted there and then; one that does not fit goes to the
+// store, which gives back what the old lease left and grants a new one in
+// the same call.
+//
+// Leased capacity is charged in the store before it is spent, and spent
+// only while its charge is still counted there (rate's "Leases" explains
+// the draining of GCRA charges and the windows of calendar quotas), so the
+// sum of what every instance admits never exceeds the limits: zero
+// over-admission, by construction. What leases cost is under-admission:
+// capacity one instance holds and does not use is not available to the
+// others until its lease ends (after TTL, or when Close releases it) and
+// gives back what is left. MaxShare bounds it, and MinRemaining turns it off
+// near exhaustion, where every request is decided in the store again.
+//
+// Paths with a sliding-window limit are never leased (see rate), nor, on a
+// Redis Cluster, paths whose keys span slots: both are decided in the
+// store, request by request. A denial always comes from the store, so its
+// Retry-After is the store's. When a path's limits change (an override,
+// the adaptive factor), its lease is given back and a new one is taken on
+// the new limits; Reset and ResetMatching revoke the leases of the buckets
+// they reset (this instance's: another instance's lease on a reset bucket
+// runs to the end of its TTL).
+package lease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/maphash"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/caddy-cascade/cascade/rate"
+	"github.com/caddy-cascade/cascade/store"
+)
+
+// Options configure a Store. Zero values take the defaults.
+type Options struct {
+	// MaxShare is the largest fraction of what remains on a bucket that
+	// one lease may take (default 0.1).
+	MaxShare float64
+	// MinRemaining is the fraction of a bucket's capacity below which no
+	// lease is granted on it: near exhaustion every request is decided in
+	// the store (default 0.05).
+	MinRemaining float64
+	// TTL is how long a lease may be spent, and the horizon of its sizing:
+	// a lease is sized for the requests the path is expected to see in TTL
+	// (default 1s).
+	TTL time.Duration
+	// MaxPaths bounds the paths tracked; beyond it new paths are decided in
+	// the store until idle ones are forgotten (default 100,000).
+	MaxPaths int
+	// Clock is the local clock (µs since the Unix epoch); tests inject one.
+	// Default: the wall clock.
+	Clock store.Clock
+	// Sweep is how often ended leases are given back (default TTL/4, at
+	// least 10ms); a negative value disables the background sweep (tests
+	// call Sweep themselves).
+	Sweep time.Duration
+	// Logger receives what cannot be returned (a failed release). Nil
+	// discards it.
+	Logger *zap.Logger
+}
+
+// Defaults.
+const (
+	DefaultMaxShare     = 0.1
+	DefaultMinRemaining = 0.05
+	DefaultTTL          = time.Second
+	DefaultMaxPaths     = 100_000
+	maxWant             = 1 << 20
+)
+
+// Validate reports options that cannot work.
+func (o Options) Validate() error {
+	switch {
+	case o.MaxShare < 0 || o.MaxShare > 1:
+		return fmt.Errorf("lease max_share must be in (0, 1], got %v", o.MaxShare)
+	case o.MinRemaining < 0 || o.MinRemaining >= 1:
+		return fmt.Errorf("lease min_remaining must be in [0, 1), got %v", o.MinRemaining)
+	case o.TTL < 0:
+		return fmt.Errorf("lease ttl must not be negative, got %v", o.TTL)
+	case o.TTL > time.Minute:
+		return fmt.Errorf("lease ttl %v is longer than a minute: capacity leased and unused is unavailable to other instances for that long", o.TTL)
+	case o.MaxPaths < 0:
+		return fmt.Errorf("lease max_paths must not be negative, got %d", o.MaxPaths)
+	}
+	return nil
+}
+
+const shards = 64
+
+// Store decides paths on leases of a store.Leaser's capacity (see the
+// package doc). It implements store.Store and store.Resetter; Close
+// releases every lease and closes the inner store.
+type Store struct {
+	inner store.Leaser
+	opts  Options
+	seed  maphash.Seed
+	ttl   int64 // µs
+	paths [shards]pathShard
+	count atomic.Int64 // paths tracked
+	gen   atomic.Int64 // bumped by every reset: a grant that began before one is not installed
+
+	pendingMu sync.Mutex
+	pending   []store.Release // ended leases to give back
+
+	stats counters
+	stop  chan struct{}
+	done  chan struct{}
+	once  sync.Once
+}
+
+type pathShard struct {
+	mu sync.Mutex
+	m  map[uint64]*path
+}
+
+// path is one bucket path this instance has seen: its sizing and its lease.
+type path struct {
+	keys   []string
+	limits []rate.Limit
+	strict bool // never leased: decided in the store, request by request
+
+	seen  int64 // requests since since
+	since int64 // local µs
+	want  int64 // the last lease's size, in requests
+	used  int64 // local µs of the last request
+
+	lease    *held         // nil: none
+	renewing chan struct{} // closed when the grant in flight is done; nil: none
+}
+
+// held is a lease: units per bucket, charged in the store at at.
+type held struct {
+	at      int64 // the store's time of the grant
+	sent    int64 // local µs when the grant was sent (before at: so elapsed is never underestimated)
+	expires int64 // local µs
+	units   []float64
+	used    []float64 // spent or drained
+	levels  []float64
+	stops   []int64       // store time at which a calendar bucket's window ends (0: GCRA)
+	results []rate.Result // the grant's: what remained beyond the lease
+}
+
+// counters are the Store's statistics.
+type counters struct {
+	local, grants, leased, strict, releases, released atomic.Int64
+}
+
+// Stats are counts since the Store was made.
+type Stats struct {
+	// Local counts requests decided in memory on a lease.
+	Local int64
+	// Grants counts calls to the store that asked for a lease (each also
+	// decides its request); Leased, those that were granted one.
+	Grants, Leased int64
+	// Strict counts requests decided in the store without a lease.
+	Strict int64
+	// Releases counts calls that gave back ended leases; Released, the
+	// leases given back (with a grant or on their own).
+	Releases, Released int64
+}
+
+// StoreCalls is the number of calls to the store: grants, strict decisions
+// and releases.
+func (s Stats) StoreCalls() int64 { return s.Grants + s.Strict + s.Releases }
+
+// Stats returns the Store's counts.
+func (s *Store) Stats() Stats {
+	return Stats{
+		Local: s.stats.local.Load(), Grants: s.stats.grants.Load(), Leased: s.stats.leased.Load(),
+		Strict: s.stats.strict.Load(), Releases: s.stats.releases.Load(), Released: s.stats.released.Load(),
+	}
+}
+
+// New returns a Store deciding on leases of inner's capacity. The Store owns
+// inner: Close closes it.
+func New(inner store.Leaser, opts Options) (*Store, error) {
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
+	if opts.MaxShare == 0 {
+		opts.MaxShare = DefaultMaxShare
+	}
+	if opts.MinRemaining == 0 {
+		opts.MinRemaining = DefaultMinRemaining
+	}
+	if opts.TTL == 0 {
+		opts.TTL = DefaultTTL
+	}
+	if opts.MaxPaths == 0 {
+		opts.MaxPaths = DefaultMaxPaths
+	}
+	if opts.Clock == nil {
+		opts.Clock = store.WallClock
+	}
+	if opts.Logger == nil {
+		opts.Logger = zap.NewNop()
+	}
+	s := &Store{inner: inner, opts: opts, seed: maphash.MakeSeed(), ttl: opts.TTL.Microseconds(),
+		stop: make(chan struct{}), done: make(chan struct{})}
+	for i := range s.paths {
+		s.paths[i].m = map[uint64]*path{}
+	}
+	sweep := opts.Sweep
+	if sweep == 0 {
+		sweep = max(opts.TTL/4, 10*time.Millisecond)
+	}
+	if sweep > 0 {
+		go s.sweepEvery(sweep)
+	} else {
+		close(s.done)
+	}
+	return s, nil
+}
+
+// Inner is the store the leases are taken on.
+func (s *Store) Inner() store.Leaser { return s.inner }
+
+// Decide implements store.Store.
+func (s *Store) Decide(ctx context.Context, buckets []store.Bucket) (store.Decision, error) {
+	return s.DecideInto(ctx, buckets, nil)
+}
+
+// DecideInto is Decide writing a lease's results into buf when it is long
+// enough (the engine reuses it from request to request).
+func (s *Store) DecideInto(ctx context.Context, buckets []store.Bucket, buf []rate.Result) (store.Decision, error) {
+	if len(buckets) == 0 {
+		return s.inner.Decide(ctx, buckets)
+	}
+	h := s.hash(buckets)
+	sh := &s.paths[h%shards]
+	for attempt := 0; ; attempt++ {
+		now := s.opts.Clock()
+		sh.mu.Lock()
+		p := sh.m[h]
+		if p == nil || !p.same(buckets) {
+			p = s.track(sh, h, buckets, now)
+			if p == nil { // too many paths
+				sh.mu.Unlock()
+				return s.strict(ctx, buckets)
+			}
+		} else if !p.sameLimits(buckets) {
+			s.retire(p)
+			p.limits = limitsOf(buckets, p.limits[:0])
+			p.want = 0
+		}
+		p.seen++
+		p.used = now
+		if p.strict {
+			sh.mu.Unlock()
+			return s.strict(ctx, buckets)
+		}
+		if d, ok := s.spend(p, buckets, now, buf); ok {
+			sh.mu.Unlock()
+			s.stats.local.Add(1)
+			return d, nil
+		}
+		if p.renewing != nil {
+			// Another request is taking the path's next lease: wait for
+			// it once, then try it.
+			wait := p.renewing
+			sh.mu.Unlock()
+			if attempt > 0 {
+				return s.strict(ctx, buckets)
+			}
+			select {
+			case <-wait:
+				continue
+			case <-ctx.Done():
+				return store.Decision{}, fmt.Errorf("lease: waiting for the path's lease: %w: %w", store.ErrUnavailable, ctx.Err())
+			}
+		}
+		want := s.size(p, now)
+		if want <= 1 && p.lease == nil {
+			sh.mu.Unlock()
+			return s.strict(ctx, buckets)
+		}
+		release := s.releaseOf(p)
+		p.lease = nil
+		done := make(chan struct{})
+		p.renewing = done
+		gen := s.gen.Load()
+		sh.mu.Unlock()
+		return s.grant(ctx, sh, p, buckets, want, release, gen, done)
+	}
+}
+
+// grant asks the store to decide buckets and lease want requests' worth,
+// giving back release in the same call, and installs the lease.
+func (s *Store) grant(ctx context.Context, sh *pathShard, p *path, buckets []store.Bucket, want int64, release []store.Release, gen int64, done chan struct{}) (store.Decision, error) {
+	sent := s.opts.Clock()
+	s.stats.grants.Add(1)
+	l, err := s.inner.Lease(ctx, store.Grant{
+		Buckets: buckets, Want: want, MaxShare: s.opts.MaxShare, MinRemaining: s.opts.MinRemaining,
+		Hold: s.opts.TTL, Release: release,
+	})
+	sh.mu.Lock()
+	defer func() {
+		p.renewing = nil
+		close(done)
+		sh.mu.Unlock()
+	}()
+	if errors.Is(err, store.ErrNotLeasable) {
+		p.strict = true
+		s.queue(release) // not sent: the grant was refused before any call
+		sh.mu.Unlock()
+		d, err := s.strict(ctx, buckets)
+		sh.mu.Lock()
+		return d, err
+	}
+	if err != nil {
+		// The releases may or may not have been applied (a reply lost
+		// after the script ran): they are not sent again, since giving
+		// back twice would over-admit. What they held stays charged until
+		// it drains or its window ends.
+		return store.Decision{}, err
+	}
+	if len(release) > 0 {
+		s.stats.released.Add(int64(len(release)))
+	}
+	p.want = want
+	if l.Extra > 0 {
+		s.stats.leased.Add(1)
+		if s.gen.Load() != gen {
+			// A reset ran while the grant was in flight: its charge may
+			// have been wiped, and the capacity it leased with it.
+			return l.Decision, nil
+		}
+		h := &held{
+			at: l.At, sent: sent, expires: sent + s.ttl,
+			units: make([]float64, len(buckets)), used: make([]float64, len(buckets)),
+			levels: l.Levels, stops: make([]int64, len(buckets)), results: l.Results,
+		}
+		for i, b := range buckets {
+			h.units[i] = float64(l.Extra * b.Cost)
+			if b.Limit.Algorithm == rate.Calendar {
+				_, h.stops[i] = b.Limit.Window(l.At)
+			}
+		}
+		// The decision's results are handed to the caller: the lease keeps
+		// its own copy.
+		h.results = append([]rate.Result(nil), l.Results...)
+		p.lease = h
+	}
+	return l.Decision, nil
+}
+
+// strict decides buckets in the store, without a lease.
+func (s *Store) strict(ctx context.Context, buckets []store.Bucket) (store.Decision, error) {
+	s.stats.strict.Add(1)
+	return s.inner.Decide(ctx, buckets)
+}
+
+// spend decides buckets on p's lease, if it has one that covers every
+// bucket's cost now. The caller holds the path's shard lock.
+func (s *Store) spend(p *path, buckets []store.Bucket, now int64, buf []rate.Result) (store.Decision, bool) {
+	l := p.lease
+	if l == nil || now >= l.expires {
+		return store.Decision{}, false
+	}
+	at := l.at + (now - l.sent) // the store's time now, never underestimated
+	for i, b := range buckets {
+		if float64(b.Cost) > l.avail(i, b.Limit, at) {
+			return store.Decision{}, false
+		}
+	}
+	results := buf
+	if cap(results) < len(buckets) {
+		results = make([]rate.Result, len(buckets))
+	}
+	results = results[:len(buckets)]
+	elapsed := at - l.at
+	for i, b := range buckets {
+		l.used[i] = l.units[i] - l.avail(i, b.Limit, at) + float64(b.Cost)
+		left := int64(l.units[i] - l.used[i])
+		g := l.results[i]
+		results[i] = rate.Result{
+			Allowed:   true,
+			Remaining: g.Remaining + left,
+			Before:    g.Remaining + left + b.Cost,
+			Reset:     max(0, g.Reset-elapsed),
+		}
+	}
+	return store.Decision{Allowed: true, Results: results, At: at}, true
+}
+
+// avail is what the lease has left on bucket i at the store's time at: the
+// units neither spent nor drained, none once a calendar window has ended.
+func (l *held) avail(i int, limit rate.Limit, at int64) float64 {
+	if l.stops[i] != 0 && at >= l.stops[i] {
+		return 0
+	}
+	return l.units[i] - math.Max(l.used[i], limit.LeaseDrained(l.at, l.levels[i], at))
+}
+
+// releaseOf returns what p's lease gives back when it ends (nil: nothing).
+// The caller holds the path's shard lock.
+func (s *Store) releaseOf(p *path) []store.Release {
+	l := p.lease
+	if l == nil {
+		return nil
+	}
+	var out []store.Release
+	for i, limit := range p.limits {
+		if left := l.units[i] - l.used[i]; left >= 1 {
+			out = append(out, store.Release{
+				Bucket: store.Bucket{Key: p.keys[i], Limit: limit, Charged: l.at},
+				Offset: l.levels[i] + l.used[i], Units: left,
+			})
+		}
+	}
+	return out
+}
+
+// retire ends p's lease, queueing what it gives back. The caller holds the
+// path's shard lock.
+func (s *Store) retire(p *path) {
+	s.queue(s.releaseOf(p))
+	p.lease = nil
+}
+
+func (s *Store) queue(r []store.Release) {
+	if len(r) == 0 {
+		return
+	}
+	s.pendingMu.Lock()
+	s.pending = append(s.pending, r...)
+	s.pendingMu.Unlock()
+}
+
+// size is how many requests the path's next lease should cover: its rate
+// since the last lease times TTL, growing at most fourfold from one lease
+// to the next. The caller holds the path's shard lock.
+func (s *Store) size(p *path, now int64) int64 {
+	elapsed := max(now-p.since, 1000) // at least 1ms: two requests at once are not an infinite rate
+	want := int64(math.Ceil(float64(p.seen) * float64(s.ttl) / float64(elapsed)))
+	want = min(want, max(4*p.want, 4), maxWant)
+	p.seen, p.since = 0, now
+	return max(want, 1)
+}
+
+// track starts tracking a path (replacing whatever hashed the same), or
+// returns nil when MaxPaths are tracked. The caller holds the shard lock.
+func (s *Store) track(sh *pathShard, h uint64, buckets []store.Bucket, now int64) *path {
+	if old := sh.m[h]; old != nil {
+		if old.renewing != nil {
+			return nil // a collision whose grant is in flight: leave it be
+		}
+		s.retire(old)
+	} else if s.count.Load() >= int64(s.opts.MaxPaths) {
+		return nil
+	} else {
+		s.count.Add(1)
+	}
+	// seen starts below zero: the first request is not counted, it starts
+	// the clock (a rate needs two requests).
+	p := &path{keys: make([]string, len(buckets)), since: now, seen: -1}
+	for i, b := range buckets {
+		p.keys[i] = b.Key
+		if !b.Limit.Leasable() {
+			p.strict = true
+		}
+		for _, o := range buckets[:i] {
+			if o.Key == b.Key {
+				p.strict = true
+			}
+		}
+	}
+	p.limits = limitsOf(buckets, nil)
+	sh.m[h] = p
+	return p
+}
+
+func limitsOf(buckets []store.Bucket, dst []rate.Limit) []rate.Limit {
+	for _, b := range buckets {
+		dst = append(dst, b.Limit)
+	}
+	return dst
+}
+
+func (p *path) same(buckets []store.Bucket) bool {
+	if len(p.keys) != len(buckets) {
+		return false
+	}
+	for i, b := range buckets {
+		if p.keys[i] != b.Key {
+			return false
+		}
+	}
+	return true
+}
+
+func (p *path) sameLimits(buckets []store.Bucket) bool {
+	for i, b := range buckets {
+		if p.limits[i] != b.Limit {
+			return false
+		}
+	}
+	return true
+}
+
+// hash identifies a path by its keys.
+func (s *Store) hash(buckets []store.Bucket) uint64 {
+	var h maphash.Hash
+	h.SetSeed(s.seed)
+	for _, b := range buckets {
+		h.WriteString(b.Key)
+		h.WriteByte(0)
+	}
+	return h.Sum64()
+}
+
+// Sweep ends the leases whose TTL is over and gives back what they left,
+// forgets paths idle for ten TTLs, and sends what is queued to the store.
+func (s *Store) Sweep(ctx context.Context) {
+	now := s.opts.Clock()
+	for i := range s.paths {
+		sh := &s.paths[i]
+		sh.mu.Lock()
+		for h, p := range sh.m {
+			if p.lease != nil && now >= p.lease.expires {
+				s.retire(p)
+			}
+			if p.lease == nil && p.renewing == nil && now-p.used > 10*s.ttl {
+				delete(sh.m, h)
+				s.count.Add(-1)
+			}
+		}
+		sh.mu.Unlock()
+	}
+	s.flush(ctx)
+}
+
+// flush sends the queued releases to the store in one call (one per
+// Cluster slot).
+func (s *Store) flush(ctx context.Context) {
+	s.pendingMu.Lock()
+	r := s.pending
+	s.pending = nil
+	s.pendingMu.Unlock()
+	if len(r) == 0 {
+		return
+	}
+	s.stats.releases.Add(1)
+	s.stats.released.Add(int64(len(r)))
+	if err := s.inner.Release(ctx, r); err != nil {
+		// Not sent again: it may have been applied. What it held stays
+		// charged until it drains (under-admission, never over).
+		s.opts.Logger.Warn("giving back unused lease capacity failed; it stays charged until it drains",
+			zap.Int("buckets", len(r)), zap.Error(err))
+	}
+}
+
+func (s *Store) sweepEvery(interval time.Duration) {
+	defer close(s.done)
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+			s.Sweep(context.Background())
+		}
+	}
+}
+
+// Revoke ends every lease on a path holding one of keys (nil: every
+// lease) without giving anything back: the buckets were reset.
+func (s *Store) revoke(selected func(key string) bool) {
+	s.gen.Add(1)
+	for i := range s.paths {
+		sh := &s.paths[i]
+		sh.mu.Lock()
+		for _, p := range sh.m {
+			if p.lease == nil {
+				continue
+			}
+			for _, k := range p.keys {
+				if selected(k) {
+					p.lease = nil
+					break
+				}
+			}
+		}
+		sh.mu.Unlock()
+	}
+}
+
+// Adjust implements store.Store: corrections go to the store as they are.
+func (s *Store) Adjust(ctx context.Context, buckets []store.Bucket) error {
+	return s.inner.Adjust(ctx, buckets)
+}
+
+// Reset implements store.Resetter: this instance's leases on the keys end
+// (the store's buckets are reset, and their charges with them).
+func (s *Store) Reset(ctx context.Context, keys []string) (int, error) {
+	rs, ok := s.inner.(store.Resetter)
+	if !ok {
+		return 0, errors.New("lease: the store cannot reset buckets")
+	}
+	set := make(map[string]bool, len(keys))
+	for _, k := range keys {
+		set[k] = true
+	}
+	s.revoke(func(k string) bool { return set[k] })
+	return rs.Reset(ctx, keys)
+}
+
+// ResetMatching implements store.Resetter.
+func (s *Store) ResetMatching(ctx context.Context, m store.KeyMatch) (int, error) {
+	rs, ok := s.inner.(store.Resetter)
+	if !ok {
+		return 0, errors.New("lease: the store cannot reset buckets")
+	}
+	s.revoke(m.Match)
+	return rs.ResetMatching(ctx, m)
+}
+
+// Close gives back every lease (waiting at most the inner store's timeout)
+// and closes the inner store.
+func (s *Store) Close() error {
+	s.once.Do(func() {
+		close(s.stop)
+		<-s.done
+		for i := range s.paths {
+			sh := &s.paths[i]
+			sh.mu.Lock()
+			for _, p := range sh.m {
+				s.retire(p)
+			}
+			sh.mu.Unlock()
+		}
+		s.flush(context.Background())
+	})
+	return s.inner.Close()
+}
+
+var (
+	_ store.Store    = (*Store)(nil)
+	_ store.Resetter = (*Store)(nil)
+)

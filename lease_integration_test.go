@@ -1,0 +1,300 @@
+package cascade
+
+import (
+	"fmt"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"github.com/caddy-cascade/cascade/internal/redistest"
+)
+
+// leaseDeployments are the Redis deployments the lease tests run on.
+var leaseDeployments = []struct {
+	name  string
+	addrs func(t *testing.T) []string
+}{
+	{"standalone", func(t *testing.T) []string { return []string{redistest.Shared(t).Addr()} }},
+	{"cluster", func(t *testing.T) []string { return redistest.SharedCluster(t).Addrs() }},
+}
+
+// TestLeaseThreeInstances: three Caddy processes lease capacity from one
+// Redis (standalone, then the 3-master Cluster). 256 concurrent clients
+// against 1000 units a day at 7 units each never get more than
+// floor(1000/7) = 142 through; once the leases have ended (TTL) and
+// given back what they held, one client takes what is left, and the total
+// is exactly 142: nothing over-admitted, nothing lost.
+func TestLeaseThreeInstances(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs Caddy processes")
+	}
+	for _, dep := range leaseDeployments {
+		t.Run(dep.name, func(t *testing.T) {
+			ps := startRateLimited(t, 3, fmt.Sprintf(`
+			tree burst {
+				tier key fixed {
+					limit 1000 units/day
+				}
+			}
+			cost units 7
+			store redis {
+				address %s
+				key_prefix lease%d:
+				lease {
+					ttl 500ms
+				}
+			}`, strings.Join(dep.addrs(t), " "), testSeq.Add(1)))
+			var urls []string
+			for _, p := range ps {
+				urls = append(urls, p.site)
+			}
+			first := concurrentAdmits(t, urls, 256)
+			if first > 142 {
+				t.Fatalf("three instances admitted %d at once, more than floor(1000/7) = 142", first)
+			}
+			time.Sleep(time.Second) // every lease ends and is given back
+			total := first
+			for refused := 0; refused < 3; {
+				switch r := do(t, "GET", urls[0]); r.status {
+				case 200:
+					total++
+					refused = 0
+				case 429:
+					refused++
+				default:
+					t.Fatalf("status %d: %s", r.status, r.body)
+				}
+			}
+			if total != 142 {
+				t.Fatalf("admitted %d in all (%d in the burst), want exactly 142", total, first)
+			}
+			var local, calls float64
+			for _, p := range ps {
+				m := scrape(t, p.api+"/metrics")
+				local += m[`cascade_lease_decisions_total{store="redis/`+strings.Join(dep.addrs(t), ",")+`",where="local"}`]
+				for _, where := range []string{"grant", "strict"} {
+					calls += m[`cascade_lease_decisions_total{store="redis/`+strings.Join(dep.addrs(t), ",")+`",where="`+where+`"}`]
+				}
+			}
+			if local == 0 {
+				t.Fatal("no decision was made on a lease (cascade_lease_decisions_total{where=\"local\"})")
+			}
+			t.Logf("burst admitted %d of 142; %v decisions on leases, %v in Redis", first, local, calls)
+		})
+	}
+}
+
+// TestLeaseSoak: three Caddy processes leasing from one Redis, offered
+// twice the limit (60/s) at a steady pace for CASCADE_SOAK (default 8s;
+// the issue's proof runs 60s): what they admit together is no more than
+// the capacity plus the refill over the run, and no less than 90% of it.
+func TestLeaseSoak(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs Caddy processes")
+	}
+	soak := 8 * time.Second
+	if v := os.Getenv("CASCADE_SOAK"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			t.Fatalf("CASCADE_SOAK=%q: %v", v, err)
+		}
+		soak = d
+	}
+	for _, dep := range leaseDeployments {
+		t.Run(dep.name, func(t *testing.T) {
+			ps := startRateLimited(t, 3, fmt.Sprintf(`
+			tree soak {
+				tier key fixed {
+					limit 60/s
+				}
+			}
+			store redis {
+				address %s
+				key_prefix soak%d:
+				lease
+			}`, strings.Join(dep.addrs(t), " "), testSeq.Add(1)))
+			var admitted, sent atomic.Int64
+			var wg sync.WaitGroup
+			begin := time.Now()
+			for _, p := range ps {
+				for w := 0; w < 4; w++ { // 4 senders of 10/s per instance: 120/s in all
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						tick := time.NewTicker(100 * time.Millisecond)
+						defer tick.Stop()
+						for time.Since(begin) < soak {
+							<-tick.C
+							res, err := client.Get(p.site)
+							if err != nil {
+								t.Error(err)
+								return
+							}
+							res.Body.Close()
+							sent.Add(1)
+							switch res.StatusCode {
+							case 200:
+								admitted.Add(1)
+							case 429:
+							default:
+								t.Errorf("status %d", res.StatusCode)
+							}
+						}
+					}()
+				}
+			}
+			wg.Wait()
+			elapsed := time.Since(begin)
+			limit := 60 + 60*elapsed.Seconds()
+			got := float64(admitted.Load())
+			t.Logf("%v: %d sent, %v admitted of at most %.0f (%.1f%%)", elapsed.Round(time.Millisecond), sent.Load(), got, limit, 100*got/limit)
+			if got > limit {
+				t.Fatalf("admitted %v, more than capacity + refill = %.0f", got, limit)
+			}
+			if got < 0.9*limit {
+				t.Fatalf("admitted %v, less than 90%% of %.0f", got, limit)
+			}
+		})
+	}
+}
+
+// scrape reads a Prometheus exposition's counters and gauges, by their
+// name and labels as the text format writes them (labels sorted by name).
+func scrape(t *testing.T, url string) map[string]float64 {
+	t.Helper()
+	res, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(res.Body)
+	if err != nil {
+		t.Fatalf("%s: %v", url, err)
+	}
+	out := map[string]float64{}
+	for name, f := range families {
+		for _, m := range f.GetMetric() {
+			var labels []string
+			for _, l := range m.GetLabel() {
+				labels = append(labels, fmt.Sprintf("%s=%q", l.GetName(), l.GetValue()))
+			}
+			key := name
+			if len(labels) > 0 {
+				key += "{" + strings.Join(labels, ",") + "}"
+			}
+			switch {
+			case m.Counter != nil:
+				out[key] = m.GetCounter().GetValue()
+			case m.Gauge != nil:
+				out[key] = m.GetGauge().GetValue()
+			case m.Untyped != nil:
+				out[key] = m.GetUntyped().GetValue()
+			}
+		}
+	}
+	return out
+}
+
+// TestLeaseRedisFaults: a Caddy leasing from a Redis that is stopped
+// (SIGSTOP), then killed, with on_store_error local 2. Before the faults,
+// the leases' capacity is all accounted for: what was admitted and what
+// Redis holds add up to the limit. During each fault, once the breaker is
+// open, requests are answered without waiting for Redis, on the local
+// half of the limit, exactly; when Redis is back, decisions are on it
+// again within 2 s.
+func TestLeaseRedisFaults(t *testing.T) {
+	srv := redistest.Start(t)
+	url := site(t, fmt.Sprintf(`
+	tree t {
+		tier user {header.X-User} {
+			limit 40/day
+		}
+	}
+	store redis {
+		address %s
+		key_prefix leasefault%d:
+		timeout 200ms
+		breaker 1 100ms
+		lease {
+			ttl 300ms
+		}
+	}
+	on_store_error local 2
+`, srv.Addr(), testSeq.Add(1)))
+	metric := func(name string, labels ...string) float64 { return storeMetric(t, name, srv.Addr(), labels...) }
+	if got := admitN(t, 30, url, "X-User: a"); got != 30 {
+		t.Fatalf("with Redis up: %d of 30 admitted", got)
+	}
+	if metric("cascade_lease_decisions_total", "local") == 0 {
+		t.Fatal("no request was decided on a lease")
+	}
+	time.Sleep(500 * time.Millisecond) // the leases end and give back what they left
+	if got := admitN(t, 15, url, "X-User: a"); got != 10 {
+		t.Fatalf("after the leases ended: %d admitted, want the 10 left of 40", got)
+	}
+
+	for _, fault := range []string{"stop", "kill"} {
+		t.Run(fault, func(t *testing.T) {
+			time.Sleep(500 * time.Millisecond) // no lease outstanding
+			user := "X-User: " + fault
+			if fault == "stop" {
+				srv.Pause()
+				defer srv.Resume()
+			} else {
+				srv.Kill()
+			}
+			// The first request fails on Redis (a timeout, or a refused
+			// connection), opens the breaker and is decided locally; the
+			// others do not wait for Redis. The local share is 20.
+			admitted := 0
+			var slowest time.Duration
+			for i := range 25 {
+				start := time.Now()
+				r := do(t, "GET", url, user)
+				took := time.Since(start)
+				if i > 0 {
+					slowest = max(slowest, took)
+				}
+				switch r.status {
+				case 200:
+					admitted++
+				case http.StatusTooManyRequests:
+				default:
+					t.Fatalf("with Redis %s: %d %s", fault, r.status, r.body)
+				}
+			}
+			if admitted != 20 {
+				t.Fatalf("with Redis %s: %d admitted, want the local share, 20", fault, admitted)
+			}
+			if slowest > 100*time.Millisecond {
+				t.Fatalf("with the breaker open a request took %v: it waited for Redis", slowest)
+			}
+			t.Logf("Redis %s: the slowest request after the breaker opened took %v", fault, slowest)
+			back := time.Now()
+			if fault == "stop" {
+				srv.Resume()
+			} else {
+				srv.Restart(t)
+			}
+			for i := 0; ; i++ {
+				r := do(t, "GET", url, fmt.Sprintf("X-User: fresh-%s-%d", fault, i))
+				if r.status == 200 && strings.Contains(r.header.Get("RateLimit-Policy"), "q=40;") {
+					break
+				}
+				if time.Since(back) > 2*time.Second {
+					t.Fatalf("not deciding on Redis 2 s after it came back: %d %v", r.status, r.header)
+				}
+				time.Sleep(10 * time.Millisecond) // waiting for the breaker's ping, not timing an algorithm
+			}
+			t.Logf("Redis %s: deciding on Redis again %v after it came back", fault, time.Since(back).Round(time.Millisecond))
+		})
+	}
+}

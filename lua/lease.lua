@@ -1,0 +1,149 @@
+-- lease.lua: gives back what earlier leases left unspent, then decides one
+-- request and leases further capacity on its path, in one atomic step
+-- (store.Memory.Lease is the same in Go; rate/lease.go explains leases).
+--
+-- KEYS are the grant's bucket keys in order (none for a release only),
+-- then the releases' keys in order. Only GCRA and calendar limits are
+-- leased, so no key has a log.
+--
+-- ARGV[1] is the grant: the test clock (µs) or 0 for Redis TIME, the
+-- requests wanted (this one included), the share of what remains a lease
+-- may take, the fraction of the capacity below which none is taken and
+-- how long (µs) the leased units must last (the padding), then per bucket decide.lua's numbers (algorithm code, count, period,
+-- capacity, cost, a calendar's four window bounds). ARGV[2] holds the
+-- releases, each adjust.lua's numbers (with the window of the charge in the
+-- capacity's place; the cost is not used) followed by three doubles: when
+-- the lease was charged, the level under its unspent units, and the units.
+--
+-- The reply: per grant bucket seven doubles (decide.lua's six, then its
+-- GCRA level under the leased units: after the request's charge and the
+-- padding), then the extra requests leased
+-- and the time of the decision; for a release only, just the time.
+local apply, adjust, ttl, window, decode, spec, put = algorithms()
+local unpk, pack, floor = struct.unpack, struct.pack, math.floor
+local grant, rel = ARGV[1], ARGV[2]
+local now, want, share, minrem, hold, i0 = unpk('<ddddd', grant)
+now = clock(now)
+local values = redis.call('MGET', unpack(KEYS))
+local written = {} -- by key name: the state a release left (false: none)
+
+-- the grant's buckets, read before the releases' keys
+local nb = 0
+local specs = {}
+while i0 <= #grant do
+  local alg, count, period, cap, n, w0, w1, w2, w3
+  i0, alg, count, period, cap, n, w0, w1, w2, w3 = spec(grant, i0)
+  nb = nb + 1
+  specs[nb] = {alg, count, period, cap, n, w0, w1, w2, w3}
+end
+
+-- releases: rate.Limit.LeaseRefund, then Limit.Adjust
+local k = nb
+local j = 1
+while j <= #rel do
+  local alg, count, period, charged, _, w0, w1, w2, w3
+  j, alg, count, period, charged, _, w0, w1, w2, w3 = spec(rel, j)
+  local t0, off, units
+  t0, off, units, j = unpk('<ddd', rel, j)
+  k = k + 1
+  local key = KEYS[k]
+  local refund
+  if alg == CALENDAR then
+    refund = units
+  else
+    local elapsed = now - t0
+    if elapsed < 0 then elapsed = 0 end
+    local drained = elapsed * count / period - off
+    if not (drained > 0) then drained = 0 end
+    if drained > units then drained = units end
+    refund = units - drained
+  end
+  if refund <= 0 then refund = 0 else refund = floor(refund) end
+  if refund > 0 then
+    local v = values[k]
+    if written[key] ~= nil then v = written[key] end
+    local a, b, t, e = decode(v)
+    local start, stop
+    if alg == CALENDAR then start, stop = window(now, w0, w1, w2, w3) end
+    a, b, t = adjust(alg, count, period, -refund, a, b, t, now, start, charged)
+    local _
+    _, _, written[key] = put(key, a, b, t, e, now, ttl(alg, count, period, a, t, now, stop), '')
+  end
+end
+if nb == 0 then return pack('<d', now) end
+
+-- the decision: every bucket's verdict on the request's own cost
+local st, res = {}, {}
+local admit = true
+for i = 1, nb do
+  local s = specs[i]
+  local v = values[i]
+  if written[KEYS[i]] ~= nil then v = written[KEYS[i]] end
+  local a, b, t, e = decode(v)
+  local start, stop
+  if s[1] == CALENDAR then start, stop = window(now, s[6], s[7], s[8], s[9]) end
+  local ok, imp, remaining, before, retry, reset
+  ok, imp, remaining, before, retry, reset, a, b, t = apply(s[1], s[2], s[3], s[4], s[5], a, b, t, now, start, stop)
+  st[i] = {a, b, t, e, start, stop}
+  res[i] = {ok, imp, remaining, before, retry, reset}
+  if ok == 0 then admit = false end
+end
+
+local extra = 0
+local levels, pads = {}, {}
+if admit then
+  -- rate.Limit.LeasePad and LeaseExtra on every bucket
+  extra = want - 1
+  for i = 1, nb do
+    local s, n, remaining = specs[i], specs[i][5], res[i][3]
+    local pad = 0
+    if n > 0 and s[1] ~= CALENDAR then
+      pad = s[2] * hold / s[3] - st[i][1]
+      if pad <= 0 then pad = 0 else pad = math.ceil(pad) end
+    end
+    pads[i] = pad
+    if n > 0 then
+      if remaining < minrem * s[4] then
+        extra = 0
+      else
+        local e = floor((share * remaining - pad) / n)
+        if e < extra then extra = e end
+      end
+    end
+  end
+  if extra < 0 then extra = 0 end
+  if extra > 0 then
+    local leased, after = {}, {}
+    for i = 1, nb do
+      local s, c = specs[i], st[i]
+      levels[i] = c[1] + pads[i]
+      local ok, _, remaining, _, _, reset, a, b, t = apply(s[1], s[2], s[3], s[4], pads[i] + extra * s[5], c[1], c[2], c[3], now, c[5], c[6])
+      if ok == 0 then extra = 0 break end
+      leased[i] = {a, b, t}
+      after[i] = {remaining, reset}
+    end
+    if extra > 0 then
+      for i = 1, nb do
+        st[i][1], st[i][2], st[i][3] = leased[i][1], leased[i][2], leased[i][3]
+        res[i][3], res[i][6] = after[i][1], after[i][2]
+      end
+    else
+      levels = {}
+    end
+  end
+  for i = 1, nb do
+    local s, c = specs[i], st[i]
+    put(KEYS[i], c[1], c[2], c[3], c[4], now, ttl(s[1], s[2], s[3], c[1], c[3], now, c[6]), '')
+  end
+end
+
+local reply = {}
+for i = 1, nb do
+  local r = res[i]
+  local remaining = r[3]
+  if not admit then remaining = r[4] end -- store.Combine: nothing was charged
+  local retry = r[5]
+  reply[i] = pack('<ddddddd', r[1], r[2], remaining, r[4], retry, r[6], levels[i] or 0)
+end
+reply[nb + 1] = pack('<dd', extra, now)
+return table.concat(reply)

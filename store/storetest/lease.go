@@ -1,0 +1,190 @@
+package storetest
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/caddy-cascade/cascade/rate"
+	"github.com/caddy-cascade/cascade/store"
+)
+
+// LeaserOpener returns a fresh store that can lease, reading time from clock.
+type LeaserOpener func(t *testing.T, clock store.Clock) store.Leaser
+
+// RunLeases runs the lease scenarios (store.Leaser) against the stores open
+// makes: the same grants, releases and decisions must come out of both.
+func RunLeases(t *testing.T, open LeaserOpener) {
+	perSec := gcra(100, time.Second, 0)
+	perHour := calendar(100, rate.Hour, time.UTC)
+	slow := gcra(100, time.Hour, 0)
+	ctx := context.Background()
+	grant := func(bs []store.Bucket, want int64, rel ...store.Release) store.Grant {
+		return store.Grant{Buckets: bs, Want: want, MaxShare: 0.1, MinRemaining: 0.05, Release: rel}
+	}
+	for _, tc := range []struct {
+		name string
+		run  func(t *testing.T, s store.Leaser, c *Clock)
+	}{
+		{"granted within max_share", func(t *testing.T, s store.Leaser, c *Clock) {
+			l := mustLease(t, s, grant([]store.Bucket{b("l1", "k", perSec, 1)}, 20))
+			// 99 remain after the request: a tenth of them, 9, are leased.
+			expectLease(t, l, true, 9, []int64{90})
+			if l.Levels[0] != 1 {
+				t.Fatalf("level under the lease %v, want 1", l.Levels[0])
+			}
+			expectDecide(t, s, []store.Bucket{b("l1", "k", perSec, 90)}, true)
+			expectDecide(t, s, []store.Bucket{b("l1", "k", perSec, 1)}, false)
+		}},
+		{"want bounds the lease", func(t *testing.T, s store.Leaser, c *Clock) {
+			expectLease(t, mustLease(t, s, grant([]store.Bucket{b("l2", "k", perSec, 2)}, 3)), true, 2, []int64{94})
+		}},
+		{"the tightest bucket sizes the lease", func(t *testing.T, s store.Leaser, c *Clock) {
+			org := gcra(1000, time.Second, 0)
+			user := gcra(30, time.Second, 0)
+			l := mustLease(t, s, grant([]store.Bucket{b("l3", "org", org, 1), b("l3", "user", user, 1)}, 100))
+			// user: 29 remain, a tenth is 2.
+			expectLease(t, l, true, 2, []int64{997, 27})
+		}},
+		{"none near exhaustion", func(t *testing.T, s store.Leaser, c *Clock) {
+			expectDecide(t, s, []store.Bucket{b("l4", "k", slow, 95)}, true)
+			// 4 remain after the request, below 5% of 100: no lease.
+			expectLease(t, mustLease(t, s, grant([]store.Bucket{b("l4", "k", slow, 1)}, 50)), true, 0, []int64{4})
+		}},
+		{"a denial charges nothing anywhere", func(t *testing.T, s store.Leaser, c *Clock) {
+			expectDecide(t, s, []store.Bucket{b("l5", "user", slow, 100)}, true)
+			l := mustLease(t, s, grant([]store.Bucket{b("l5", "org", slow, 1), b("l5", "user", slow, 1)}, 50))
+			expectLease(t, l, false, 0, []int64{100, 0})
+			if l.RetryAfter != 36*time.Second+time.Microsecond {
+				t.Fatalf("retry after %v, want 36.000001s (one unit of 100/h)", l.RetryAfter)
+			}
+			expectDecide(t, s, []store.Bucket{b("l5", "org", slow, 100)}, true)
+		}},
+		{"an impossible cost", func(t *testing.T, s store.Leaser, c *Clock) {
+			l := mustLease(t, s, grant([]store.Bucket{b("l6", "k", perSec, 101)}, 50))
+			if l.Allowed || !l.Impossible || l.Extra != 0 {
+				t.Fatalf("got allowed %v impossible %v extra %d, want an impossible denial", l.Allowed, l.Impossible, l.Extra)
+			}
+		}},
+		{"a release gives back the undrained units", func(t *testing.T, s store.Leaser, c *Clock) {
+			l := mustLease(t, s, grant([]store.Bucket{b("l7", "k", perSec, 1)}, 20))
+			expectLease(t, l, true, 9, []int64{90})
+			// 20ms at 100/s drain 2 units: the request's and one leased.
+			c.Advance(20 * time.Millisecond)
+			rel := store.Release{Bucket: store.Bucket{Key: key("l7", "k"), Limit: perSec, Charged: l.At}, Offset: l.Levels[0], Units: 9}
+			if err := s.Release(ctx, []store.Release{rel}); err != nil {
+				t.Fatal(err)
+			}
+			// Level 10 − 2 drained − 8 given back: the bucket is full.
+			expectDecide(t, s, []store.Bucket{b("l7", "k", perSec, 100)}, true)
+			expectDecide(t, s, []store.Bucket{b("l7", "k", perSec, 1)}, false)
+		}},
+		{"a late release gives back nothing drained", func(t *testing.T, s store.Leaser, c *Clock) {
+			l := mustLease(t, s, grant([]store.Bucket{b("l8", "k", perSec, 1)}, 20))
+			expectDecide(t, s, []store.Bucket{b("l8", "k", perSec, 90)}, true)
+			c.Advance(200 * time.Millisecond) // 20 units drained: the request's and all nine leased
+			rel := store.Release{Bucket: store.Bucket{Key: key("l8", "k"), Limit: perSec, Charged: l.At}, Offset: l.Levels[0], Units: 9}
+			if err := s.Release(ctx, []store.Release{rel}); err != nil {
+				t.Fatal(err)
+			}
+			// Level 100 − 20: exactly 20 fit.
+			expectDecide(t, s, []store.Bucket{b("l8", "k", perSec, 20)}, true)
+			expectDecide(t, s, []store.Bucket{b("l8", "k", perSec, 1)}, false)
+		}},
+		{"a release with the next grant", func(t *testing.T, s store.Leaser, c *Clock) {
+			l := mustLease(t, s, grant([]store.Bucket{b("l9", "k", slow, 1)}, 20))
+			expectLease(t, l, true, 9, []int64{90})
+			// Three of the nine spent: six given back, then the next grant.
+			rel := store.Release{Bucket: store.Bucket{Key: key("l9", "k"), Limit: slow, Charged: l.At}, Offset: l.Levels[0] + 3, Units: 6}
+			l = mustLease(t, s, grant([]store.Bucket{b("l9", "k", slow, 1)}, 20, rel))
+			// 96 remained; the request leaves 95, a tenth is 9.
+			expectLease(t, l, true, 9, []int64{86})
+		}},
+		{"padding keeps the leased units for the hold", func(t *testing.T, s store.Leaser, c *Clock) {
+			g := grant([]store.Bucket{b("ld", "k", perSec, 1)}, 4)
+			g.MaxShare, g.Hold = 1, 100*time.Millisecond
+			l := mustLease(t, s, g)
+			// 100/s drains 10 units in 100ms: 9 of padding on top of the
+			// request's 1, then the 3 leased.
+			expectLease(t, l, true, 3, []int64{87})
+			if l.Levels[0] != 10 {
+				t.Fatalf("level under the lease %v, want 10", l.Levels[0])
+			}
+			c.Advance(50 * time.Millisecond)
+			rel := store.Release{Bucket: store.Bucket{Key: key("ld", "k"), Limit: perSec, Charged: l.At}, Offset: l.Levels[0], Units: 3}
+			if err := s.Release(ctx, []store.Release{rel}); err != nil {
+				t.Fatal(err)
+			}
+			// 13 − 5 drained − 3 given back: 95 fit, not 96.
+			expectDecide(t, s, []store.Bucket{b("ld", "k", perSec, 95)}, true)
+			expectDecide(t, s, []store.Bucket{b("ld", "k", perSec, 1)}, false)
+		}},
+		{"padding counts against the share", func(t *testing.T, s store.Leaser, c *Clock) {
+			g := grant([]store.Bucket{b("le", "k", perSec, 1)}, 4)
+			g.Hold = time.Second // 100 units drain in a second: more than a tenth of what remains
+			expectLease(t, mustLease(t, s, g), true, 0, []int64{99})
+		}},
+		{"a calendar release only in its window", func(t *testing.T, s store.Leaser, c *Clock) {
+			l := mustLease(t, s, grant([]store.Bucket{b("la", "k", perHour, 1)}, 20))
+			expectLease(t, l, true, 9, []int64{90})
+			rel := store.Release{Bucket: store.Bucket{Key: key("la", "k"), Limit: perHour, Charged: l.At}, Offset: 0, Units: 9}
+			if err := s.Release(ctx, []store.Release{rel}); err != nil {
+				t.Fatal(err)
+			}
+			expectDecide(t, s, []store.Bucket{b("la", "k", perHour, 99)}, true)
+			l = mustLease(t, s, grant([]store.Bucket{b("lb", "k", perHour, 1)}, 20))
+			c.Set(start.Truncate(time.Hour).Add(time.Hour))
+			rel = store.Release{Bucket: store.Bucket{Key: key("lb", "k"), Limit: perHour, Charged: l.At}, Offset: 0, Units: 9}
+			if err := s.Release(ctx, []store.Release{rel}); err != nil {
+				t.Fatal(err)
+			}
+			// The new hour is full, and not more than full.
+			expectDecide(t, s, []store.Bucket{b("lb", "k", perHour, 100)}, true)
+			expectDecide(t, s, []store.Bucket{b("lb", "k", perHour, 1)}, false)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := NewClock(start)
+			tc.run(t, open(t, c.Now), c)
+		})
+	}
+	t.Run("a sliding window is not leased", func(t *testing.T) {
+		c := NewClock(start)
+		_, err := open(t, c.Now).Lease(ctx, grant([]store.Bucket{b("lc", "k", sliding(10, time.Second), 1)}, 5))
+		if err == nil {
+			t.Fatal("a sliding window was leased")
+		}
+	})
+}
+
+func mustLease(t *testing.T, s store.Leaser, g store.Grant) store.Leased {
+	t.Helper()
+	l, err := s.Lease(context.Background(), g)
+	if err != nil {
+		t.Fatalf("Lease: %v", err)
+	}
+	return l
+}
+
+func expectLease(t *testing.T, l store.Leased, allowed bool, extra int64, remaining []int64) {
+	t.Helper()
+	if l.Allowed != allowed || l.Extra != extra {
+		t.Fatalf("lease: allowed %v extra %d, want %v and %d", l.Allowed, l.Extra, allowed, extra)
+	}
+	for i, r := range remaining {
+		if l.Results[i].Remaining != r {
+			t.Fatalf("lease: bucket %d remaining %d, want %d", i, l.Results[i].Remaining, r)
+		}
+	}
+}
+
+func expectDecide(t *testing.T, s store.Store, bs []store.Bucket, allowed bool) {
+	t.Helper()
+	d, err := s.Decide(context.Background(), bs)
+	if err != nil {
+		t.Fatalf("Decide: %v", err)
+	}
+	if d.Allowed != allowed {
+		t.Fatalf("Decide: allowed %v, want %v (%+v)", d.Allowed, allowed, d.Results)
+	}
+}
