@@ -79,7 +79,8 @@ type Handler struct {
 	OnStoreError string `json:"on_store_error,omitempty"`
 	// LocalInstances is, for on_store_error local, how many instances
 	// share the limits: each decides on its share while Redis is away.
-	// Default 1.
+	// Default (0): the instances counted live on the Redis store when it
+	// last answered (each sends a heartbeat every second).
 	LocalInstances int `json:"local_instances,omitempty"`
 
 	// Mode is "enforce" (default), "warn" (over-limit requests pass but
@@ -359,6 +360,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	var local store.Store
 	share := 1.0
+	var instances func() int64
 	if h.OnStoreError == "local" {
 		if h.Store == nil || h.Store.Redis == nil {
 			return errors.New("rate_limit: on_store_error local decides in memory when Redis cannot: it needs store redis (the memory store does not fail)")
@@ -366,9 +368,13 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		h.local = store.NewMemory(store.MemoryOptions{})
 		local = h.local
 		share = 1 / float64(max(h.LocalInstances, 1))
+		if h.LocalInstances == 0 && o.presence != nil {
+			o.presence.Start()
+			instances = o.presence.Count
+		}
 	}
 	h.engine = engine.New(engine.Config{
-		Local: local, LocalShare: share,
+		Local: local, LocalShare: share, LocalInstances: instances,
 		Trees: h.etrees, Dimensions: dims,
 		Store: o.Store, StoreName: o.name, Runtime: o.runtime, Top: o.top,
 		Controller: h.controller, Priority: h.priority,

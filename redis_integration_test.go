@@ -13,6 +13,7 @@ import (
 
 	"github.com/caddy-cascade/cascade/internal/redistest"
 	"github.com/caddy-cascade/cascade/lua"
+	"github.com/caddy-cascade/cascade/store"
 )
 
 // TestDeadRedis: when Redis dies, requests get the declared policy within
@@ -349,5 +350,63 @@ func TestStoreErrorLocal(t *testing.T) {
 	// out (sent before the breaker opened): never more than 7.
 	if got := admitN(t, 10, url, "X-User: a"); got != 7 && got != 6 {
 		t.Fatalf("back on Redis: %d admitted, want 7 (3 of 10 used before the outage; 6 if the timed-out call ran)", got)
+	}
+}
+
+// TestStoreErrorLocalCounted: with on_store_error local and no count, the
+// share is one over the instances heard from on the Redis store: here
+// this Caddy and a peer sending heartbeats (as another Caddy does), so a
+// hung Redis leaves this one half of each limit.
+func TestStoreErrorLocalCounted(t *testing.T) {
+	srv := redistest.Start(t)
+	prefix := fmt.Sprintf("counted%d:", testSeq.Add(1))
+	url := site(t, fmt.Sprintf(`
+	tree t {
+		tier user {header.X-User} {
+			limit 10/h
+		}
+	}
+	store redis {
+		address %s
+		key_prefix %s
+		timeout 200ms
+		breaker 1 100ms
+	}
+	on_store_error local
+`, srv.Addr(), prefix))
+	peerStore, err := store.NewRedis(context.Background(), store.RedisOptions{Addrs: []string{srv.Addr()}, KeyPrefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer peerStore.Close()
+	peer := peerStore.NewPresence(100 * time.Millisecond) // a peer heard from every 100ms (fresh for 300ms)
+	defer peer.Close()
+	stop, beats := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(beats)
+		for {
+			_ = peer.Beat(context.Background())
+			select {
+			case <-stop:
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}()
+	defer func() { close(stop); <-beats }()
+	eventually(t, 5*time.Second, func() bool {
+		do(t, "GET", url, "X-User: warm")
+		return storeMetric(t, "cascade_store_instances", srv.Addr()) == 2
+	}, "this instance to count the peer")
+	srv.Pause()
+	defer srv.Resume()
+	admitted := 0
+	for range 8 {
+		if r := do(t, "GET", url, "X-User: a"); r.status == 200 {
+			admitted++
+		}
+	}
+	if admitted != 5 {
+		t.Fatalf("%d admitted on the local share, want 5 (10 / 2 instances counted)", admitted)
 	}
 }

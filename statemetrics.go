@@ -14,7 +14,7 @@ import (
 // and the mode of each tree of the running configuration.
 type stateCollector struct {
 	keys, evictions, overrides, mode, breakerOpen, breakerTrips *prometheus.Desc
-	leaseDecisions, leaseGrants, leaseReleases                  *prometheus.Desc
+	leaseDecisions, leaseGrants, leaseReleases, instances       *prometheus.Desc
 }
 
 func newStateCollector() *stateCollector {
@@ -35,6 +35,8 @@ func newStateCollector() *stateCollector {
 			[]string{"store", "where"}, nil),
 		leaseGrants: prometheus.NewDesc("cascade_lease_grants_total", "Leases a Redis store granted (grant decisions that leased capacity).",
 			[]string{"store"}, nil),
+		instances: prometheus.NewDesc("cascade_store_instances", "Caddy instances sharing a Redis store, as last counted from their heartbeats (on_store_error local divides each limit by it while Redis is away).",
+			[]string{"store"}, nil),
 		leaseReleases: prometheus.NewDesc("cascade_lease_releases_total", "Leases that ended and gave back their unspent capacity.",
 			[]string{"store"}, nil),
 	}
@@ -51,6 +53,7 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.leaseDecisions
 	ch <- c.leaseGrants
 	ch <- c.leaseReleases
+	ch <- c.instances
 }
 
 // Collect implements prometheus.Collector.
@@ -71,6 +74,9 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			}
 			ch <- prometheus.MustNewConstMetric(c.breakerOpen, prometheus.GaugeValue, open, p.name)
 			ch <- prometheus.MustNewConstMetric(c.breakerTrips, prometheus.CounterValue, float64(r.BreakerTrips()), p.name)
+		}
+		if pr := p.presence; pr != nil && pr.Started() {
+			ch <- prometheus.MustNewConstMetric(c.instances, prometheus.GaugeValue, float64(pr.Count()), p.name)
 		}
 		if l := p.lease; l != nil {
 			st := l.Stats()

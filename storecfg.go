@@ -126,6 +126,7 @@ type pooled struct {
 	store.Store
 	redis    *store.Redis    // the Redis store (under the leases, if any); nil for memory
 	lease    *lease.Store    // the lease store wrapping it, when leases are on
+	presence *store.Presence // the instances sharing the Redis store (started by on_store_error local)
 	settings *memorySettings // a memory store's, per configuration
 	runtime  *control.Runtime
 	top      *topk.Sketch
@@ -216,6 +217,9 @@ func (s *memorySettings) add(config <-chan struct{}, name string, maxKeys int, s
 }
 
 func (p pooled) Destruct() error {
+	if p.presence != nil {
+		p.presence.Close()
+	}
 	if p.runtime != nil {
 		_ = p.runtime.Close()
 	}
@@ -282,7 +286,8 @@ func (c *StoreConfig) open(ctx caddy.Context, sweep time.Duration) (opened, erro
 				s.Close()
 				return nil, fmt.Errorf("runtime state: %w", err)
 			}
-			p := pooled{Store: s, redis: s, runtime: rt, top: topk.New(topKeys), name: name}
+			p := pooled{Store: s, redis: s, runtime: rt, top: topk.New(topKeys), name: name,
+				presence: s.NewPresence(time.Second)}
 			if leaseOpts != nil {
 				leaseOpts.Logger = logger
 				ls, err := lease.New(s, *leaseOpts)

@@ -259,10 +259,14 @@ func (e *Engine) settle(ctx context.Context, d *Decision, sc *scratch) error {
 // local share, after the store failed with cause. The limits the decision
 // shows (headers, placeholders) are the shares.
 func (e *Engine) decideLocally(ctx context.Context, d *Decision, cause error) (store.Decision, error) {
+	share := e.cfg.LocalShare
+	if count := e.cfg.LocalInstances; count != nil {
+		share = 1 / float64(max(count(), 1))
+	}
 	local := make([]store.Bucket, len(d.Limits))
 	for i, b := range d.Limits {
 		local[i] = b
-		local[i].Limit = scale(b.Limit, e.cfg.LocalShare)
+		local[i].Limit = scale(b.Limit, share)
 	}
 	res, err := e.cfg.Local.Decide(ctx, local)
 	if err != nil {
@@ -271,7 +275,7 @@ func (e *Engine) decideLocally(ctx context.Context, d *Decision, cause error) (s
 	if now := time.Now().UnixNano(); now-e.localLogged.Load() >= int64(time.Second) {
 		if last := e.localLogged.Load(); e.localLogged.CompareAndSwap(last, now) {
 			e.cfg.Logger.Warn("the store cannot decide: deciding on the local store, each limit at its local share (logged at most once a second)",
-				zap.Float64("share", e.cfg.LocalShare), zap.Error(cause))
+				zap.Float64("share", share), zap.Error(cause))
 		}
 	}
 	d.Limits, d.Local, d.Scaled = local, true, true

@@ -56,9 +56,11 @@ type Config struct {
 	// Local, when set, decides whatever Store cannot (Redis unreachable, or
 	// its circuit breaker open): on this store, with each limit scaled by
 	// LocalShare (1/n for n instances sharing the limits), until Store
-	// answers again.
-	Local      store.Store
-	LocalShare float64
+	// answers again. LocalInstances, when set, gives n instead, as
+	// counted when the store last answered (store.Presence).
+	Local          store.Store
+	LocalShare     float64
+	LocalInstances func() int64
 	// Runtime is the store's runtime state (overrides and modes); nil for
 	// none.
 	Runtime *control.Runtime

@@ -161,6 +161,13 @@ var factorSource string
 // that Caddy instances sharing a Redis converge on one factor.
 var Factor = redis.NewScript(factorSource)
 
+//go:embed presence.lua
+var presenceSource string
+
+// Presence stamps one instance's heartbeat and counts the instances heard
+// from recently (see presence.lua), for on_store_error local's share.
+var Presence = redis.NewScript(presenceSource)
+
 //go:embed control.lua
 var controlSource string
 

@@ -1017,3 +1017,43 @@ func TestRedisClusterOps(t *testing.T) {
 		return newRedis(t, store.RedisOptions{Addrs: addrs, KeyPrefix: prefix(t), Clock: clock})
 	})
 }
+
+// TestPresence: instances sharing a Redis count each other from their
+// heartbeats; one not heard from within three intervals drops out; when
+// Redis is gone the last count stands.
+func TestPresence(t *testing.T) {
+	srv := redistest.Start(t)
+	clock := storetest.NewClock(time.Date(2026, 11, 25, 0, 0, 0, 0, time.UTC))
+	opts := store.RedisOptions{Addrs: []string{srv.Addr()}, KeyPrefix: prefix(t), Clock: clock.Now, Timeout: 200 * time.Millisecond}
+	a, b := newRedis(t, opts).NewPresence(time.Second), newRedis(t, opts).NewPresence(time.Second)
+	ctx := context.Background()
+	beat := func(p *store.Presence, want int64) {
+		t.Helper()
+		if err := p.Beat(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if got := p.Count(); got != want {
+			t.Fatalf("count %d, want %d", got, want)
+		}
+	}
+	if a.Count() != 1 {
+		t.Fatalf("before any heartbeat: %d, want 1 (this instance)", a.Count())
+	}
+	beat(a, 1)
+	beat(b, 2)
+	clock.Advance(2 * time.Second)
+	beat(a, 2)
+	clock.Advance(2 * time.Second) // b last heard 4 s ago
+	beat(a, 1)
+	beat(b, 2) // back
+	beat(a, 2)
+	srv.Kill()
+	if err := a.Beat(ctx); err == nil {
+		t.Fatal("a heartbeat to a dead Redis succeeded")
+	}
+	if got := a.Count(); got != 2 {
+		t.Fatalf("with Redis gone: %d, want the last count, 2", got)
+	}
+	a.Close()
+	b.Close()
+}
