@@ -113,7 +113,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	            ttl           <duration>            # how long a lease may be spent (1s)
 //	        }]
 //	    }
-//	    on_store_error deny|allow|local [<instances>]
+//	    on_store_error deny|allow|local [<instances>]  # local: default instances counted from heartbeats
 //	    mode           enforce|warn|shadow
 //	    headers        <family...>|none             # ietf x_ratelimit retry_after openai (default: ietf retry_after)
 //	    status_code    <code>

@@ -26,7 +26,8 @@ var leaseDeployments = []struct {
 }
 
 // TestLeaseThreeInstances: three Caddy processes lease capacity from one
-// Redis (standalone, then the 3-master Cluster). 256 concurrent clients
+// Redis (standalone, then the 3-master Cluster, where the two tiers' keys
+// are in different slots: leased slot by slot). 256 concurrent clients
 // against 1000 units a day at 7 units each never get more than
 // floor(1000/7) = 142 through; once the leases have ended (TTL) and
 // given back what they held, one client takes what is left, and the total
@@ -39,6 +40,9 @@ func TestLeaseThreeInstances(t *testing.T) {
 		t.Run(dep.name, func(t *testing.T) {
 			ps := startRateLimited(t, 3, fmt.Sprintf(`
 			tree burst {
+				tier everyone global {
+					limit 100000 units/day
+				}
 				tier key fixed {
 					limit 1000 units/day
 				}

@@ -24,9 +24,11 @@
 // gives back what is left. MaxShare bounds it, and MinRemaining turns it off
 // near exhaustion, where every request is decided in the store again.
 //
-// Paths with a sliding-window limit are never leased (see rate), nor, on a
-// Redis Cluster, paths whose keys span slots: both are decided in the
-// store, request by request. A denial always comes from the store, so its
+// Paths with a sliding-window limit are never leased (see rate): they are
+// decided in the store, request by request, and so is a path for TTL after
+// a grant that leased nothing (near exhaustion, or a bucket that refills
+// too fast for the TTL). On a Redis Cluster, a path across slots is leased
+// slot by slot (store.Redis.Lease). A denial always comes from the store, so its
 // Retry-After is the store's. When a path's limits change (an override,
 // the adaptive factor), its lease is given back and a new one is taken on
 // the new limits; Reset and ResetMatching revoke the leases of the buckets
@@ -145,12 +147,17 @@ type path struct {
 
 	lease    *held         // nil: none
 	renewing chan struct{} // closed when the grant in flight is done; nil: none
+	// until is, after a grant that leased nothing (near exhaustion, or a
+	// bucket refilling too fast for the TTL), when to try again: until
+	// then the path is decided in the store, request by request, on the
+	// store's cheaper (batched) path.
+	until int64
 }
 
 // held is a lease: units per bucket, charged in the store at at.
 type held struct {
-	at      int64 // the store's time of the grant
-	sent    int64 // local µs when the grant was sent (before at: so elapsed is never underestimated)
+	ats     []int64 // the store's time of the grant, per bucket (a Cluster's masters each have theirs)
+	sent    int64   // local µs when the grant was sent (before the grant: so elapsed is never underestimated)
 	expires int64 // local µs
 	units   []float64
 	used    []float64 // spent or drained
@@ -289,7 +296,7 @@ func (s *Store) DecideInto(ctx context.Context, buckets []store.Bucket, buf []ra
 			}
 		}
 		want := s.size(p, now)
-		if want <= 1 && p.lease == nil {
+		if (want <= 1 || now < p.until) && p.lease == nil {
 			sh.mu.Unlock()
 			return s.strict(ctx, buckets)
 		}
@@ -337,6 +344,9 @@ func (s *Store) grant(ctx context.Context, sh *pathShard, p *path, buckets []sto
 		s.stats.released.Add(int64(len(release)))
 	}
 	p.want = want
+	if l.Extra == 0 {
+		p.until = sent + s.ttl
+	}
 	if l.Extra > 0 {
 		s.stats.leased.Add(1)
 		if s.gen.Load() != gen {
@@ -345,14 +355,18 @@ func (s *Store) grant(ctx context.Context, sh *pathShard, p *path, buckets []sto
 			return l.Decision, nil
 		}
 		h := &held{
-			at: l.At, sent: sent, expires: sent + s.ttl,
+			ats: make([]int64, len(buckets)), sent: sent, expires: sent + s.ttl,
 			units: make([]float64, len(buckets)), used: make([]float64, len(buckets)),
-			levels: l.Levels, stops: make([]int64, len(buckets)), results: l.Results,
+			levels: l.Levels, stops: make([]int64, len(buckets)),
 		}
 		for i, b := range buckets {
+			h.ats[i] = l.ChargedAt(i)
 			h.units[i] = float64(l.Extra * b.Cost)
+			if l.Units != nil {
+				h.units[i] = float64(l.Units[i])
+			}
 			if b.Limit.Algorithm == rate.Calendar {
-				_, h.stops[i] = b.Limit.Window(l.At)
+				_, h.stops[i] = b.Limit.Window(h.ats[i])
 			}
 		}
 		// The decision's results are handed to the caller: the lease keeps
@@ -376,9 +390,9 @@ func (s *Store) spend(p *path, buckets []store.Bucket, now int64, buf []rate.Res
 	if l == nil || now >= l.expires {
 		return store.Decision{}, false
 	}
-	at := l.at + (now - l.sent) // the store's time now, never underestimated
+	elapsed := now - l.sent // since the grant, never underestimated
 	for i, b := range buckets {
-		if float64(b.Cost) > l.avail(i, b.Limit, at) {
+		if float64(b.Cost) > l.avail(i, b.Limit, l.ats[i]+elapsed) {
 			return store.Decision{}, false
 		}
 	}
@@ -387,9 +401,8 @@ func (s *Store) spend(p *path, buckets []store.Bucket, now int64, buf []rate.Res
 		results = make([]rate.Result, len(buckets))
 	}
 	results = results[:len(buckets)]
-	elapsed := at - l.at
 	for i, b := range buckets {
-		l.used[i] = l.units[i] - l.avail(i, b.Limit, at) + float64(b.Cost)
+		l.used[i] = l.units[i] - l.avail(i, b.Limit, l.ats[i]+elapsed) + float64(b.Cost)
 		left := int64(l.units[i] - l.used[i])
 		g := l.results[i]
 		results[i] = rate.Result{
@@ -399,7 +412,7 @@ func (s *Store) spend(p *path, buckets []store.Bucket, now int64, buf []rate.Res
 			Reset:     max(0, g.Reset-elapsed),
 		}
 	}
-	return store.Decision{Allowed: true, Results: results, At: at}, true
+	return store.Decision{Allowed: true, Results: results, At: l.ats[len(l.ats)-1] + elapsed}, true
 }
 
 // avail is what the lease has left on bucket i at the store's time at: the
@@ -408,7 +421,7 @@ func (l *held) avail(i int, limit rate.Limit, at int64) float64 {
 	if l.stops[i] != 0 && at >= l.stops[i] {
 		return 0
 	}
-	return l.units[i] - math.Max(l.used[i], limit.LeaseDrained(l.at, l.levels[i], at))
+	return l.units[i] - math.Max(l.used[i], limit.LeaseDrained(l.ats[i], l.levels[i], at))
 }
 
 // releaseOf returns what p's lease gives back when it ends (nil: nothing).
@@ -422,7 +435,7 @@ func (s *Store) releaseOf(p *path) []store.Release {
 	for i, limit := range p.limits {
 		if left := l.units[i] - l.used[i]; left >= 1 {
 			out = append(out, store.Release{
-				Bucket: store.Bucket{Key: p.keys[i], Limit: limit, Charged: l.at},
+				Bucket: store.Bucket{Key: p.keys[i], Limit: limit, Charged: l.ats[i]},
 				Offset: l.levels[i] + l.used[i], Units: left,
 			})
 		}

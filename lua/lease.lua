@@ -15,9 +15,9 @@
 -- capacity's place; the cost is not used) followed by three doubles: when
 -- the lease was charged, the level under its unspent units, and the units.
 --
--- The reply: per grant bucket seven doubles (decide.lua's six, then its
+-- The reply: per grant bucket eight doubles (decide.lua's six, then its
 -- GCRA level under the leased units: after the request's charge and the
--- padding), then the extra requests leased
+-- padding, then the padding), then the extra requests leased
 -- and the time of the decision; for a release only, just the time.
 local apply, adjust, ttl, window, decode, spec, put = algorithms()
 local unpk, pack, floor = struct.unpack, struct.pack, math.floor
@@ -143,7 +143,9 @@ for i = 1, nb do
   local remaining = r[3]
   if not admit then remaining = r[4] end -- store.Combine: nothing was charged
   local retry = r[5]
-  reply[i] = pack('<ddddddd', r[1], r[2], remaining, r[4], retry, r[6], levels[i] or 0)
+  local pad = 0
+  if levels[i] then pad = pads[i] end
+  reply[i] = pack('<dddddddd', r[1], r[2], remaining, r[4], retry, r[6], levels[i] or 0, pad)
 end
 reply[nb + 1] = pack('<dd', extra, now)
 return table.concat(reply)

@@ -74,6 +74,13 @@ type Leased struct {
 	// (after the request's own charge and the padding): the leased units
 	// sit on top of it, and drain after it (rate.Limit.LeaseDrained).
 	Levels []float64
+	// Pads are, for each bucket, the padding charged under the leased
+	// units (rate.Limit.LeasePad; 0 without a lease).
+	Pads []int64
+	// Units, when not nil, are the units leased on each bucket; nil means
+	// Extra times the bucket's cost. (A path across Cluster slots is
+	// leased slot by slot: a slot may lease more than the path can use.)
+	Units []int64
 }
 
 // Lease implements Leaser for the memory store. Package lease does not need
@@ -100,10 +107,10 @@ func (m *Memory) Lease(_ context.Context, g Grant) (Leased, error) {
 		next[i], results[i] = b.Limit.Apply(m.stateOf(hashes[i], b.Key, now), now, b.Cost)
 		allowed = allowed && results[i].Allowed
 	}
-	out := Leased{Levels: make([]float64, n)}
+	out := Leased{Levels: make([]float64, n), Pads: make([]int64, n)}
 	if allowed {
 		extra := g.Want - 1
-		pads := make([]int64, n)
+		pads := out.Pads
 		for i, b := range g.Buckets {
 			if b.Cost > 0 {
 				pads[i] = b.Limit.LeasePad(next[i].A, g.Hold.Microseconds())
@@ -128,7 +135,11 @@ func (m *Memory) Lease(_ context.Context, g Grant) (Leased, error) {
 				}
 			} else {
 				clear(out.Levels)
+				clear(out.Pads)
 			}
+		}
+		if extra <= 0 {
+			clear(out.Pads)
 		}
 		out.Extra = max(extra, 0)
 		for i, b := range g.Buckets {

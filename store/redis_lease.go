@@ -3,33 +3,24 @@ package store
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math"
+	"sync"
+
+	"go.uber.org/zap"
 
 	"github.com/caddy-cascade/cascade/lua"
 	"github.com/caddy-cascade/cascade/rate"
 )
 
 // Lease implements Leaser: one lua.Lease call, sent on its own (leases are
-// rare: the point of one is that the requests it covers ask nothing).
+// rare: the point of one is that the requests it covers ask nothing). On
+// a Cluster, a path across slots is leased slot by slot, as Decide decides
+// it (see leaseSlots).
 func (r *Redis) Lease(ctx context.Context, g Grant) (Leased, error) {
 	if err := checkGrant(g); err != nil {
 		return Leased{}, err
-	}
-	if r.cluster != nil {
-		// One script touches one slot: a path across slots is decided
-		// slot by slot (Decide), and so is not leased.
-		slot := RedisKeySlot(r.prefix + g.Buckets[0].Key)
-		for _, b := range g.Buckets[1:] {
-			if RedisKeySlot(r.prefix+b.Key) != slot {
-				return Leased{}, ErrNotLeasable
-			}
-		}
-		for _, rel := range g.Release {
-			if RedisKeySlot(r.prefix+rel.Key) != slot {
-				return Leased{}, fmt.Errorf("lease: a release in another slot than its grant: %w", ErrNotLeasable)
-			}
-		}
 	}
 	if err := r.breaker.allow(); err != nil {
 		return Leased{}, err
@@ -37,31 +28,55 @@ func (r *Redis) Lease(ctx context.Context, g Grant) (Leased, error) {
 	ctx, cancel := context.WithTimeout(ctx, r.timeout)
 	defer cancel()
 	now, wall := r.now()
-	keys, _, spec := r.encode(g.Buckets, now, wall, false)
-	grant := make([]byte, 0, len(spec)+24)
+	var l Leased
+	var err error
+	if groups := r.leaseGroups(g.Buckets); groups != nil {
+		l, err = r.leaseSlots(ctx, g, groups, now, wall)
+	} else {
+		l, err = r.lease(ctx, g.Buckets, g, g.Release, now, wall)
+	}
+	r.breaker.record(err)
+	if err != nil {
+		return Leased{}, fmt.Errorf("redis store: lease: %w: %w", ErrUnavailable, err)
+	}
+	return l, nil
+}
+
+// leaseGroups is slotGroups on a Cluster, nil elsewhere.
+func (r *Redis) leaseGroups(buckets []Bucket) [][]int {
+	if r.cluster == nil {
+		return nil
+	}
+	return slotGroups(r.prefix, buckets)
+}
+
+// lease runs lua.Lease once: buckets (one slot on a Cluster) decided and
+// leased as g asks, rels given back first.
+func (r *Redis) lease(ctx context.Context, buckets []Bucket, g Grant, rels []Release, now, wall int64) (Leased, error) {
+	keys, _, spec := r.encode(buckets, now, wall, false)
+	grant := make([]byte, 0, len(spec)+32)
 	grant = append(grant, spec[:8]...)
 	grant = appendFloat(grant, g.Want)
 	grant = appendFloat64(grant, g.MaxShare)
 	grant = appendFloat64(grant, g.MinRemaining)
 	grant = appendFloat(grant, g.Hold.Microseconds())
 	grant = append(grant, spec[8:]...)
-	relKeys, rel := r.encodeReleases(g.Release, now, wall)
+	relKeys, rel := r.encodeReleases(rels, now, wall)
 	reply, err := lua.Lease.Run(ctx, r.client, append(keys, relKeys...), grant, rel).Text()
-	r.breaker.record(err)
 	if err != nil {
-		return Leased{}, fmt.Errorf("redis store: lease: %w: %w", ErrUnavailable, err)
+		return Leased{}, err
 	}
-	n := len(g.Buckets)
-	if len(reply) != 56*n+16 {
-		return Leased{}, fmt.Errorf("redis store: lease script returned %d bytes for %d buckets: %w", len(reply), n, ErrUnavailable)
+	n := len(buckets)
+	if len(reply) != 64*n+16 {
+		return Leased{}, fmt.Errorf("lease script returned %d bytes for %d buckets", len(reply), n)
 	}
 	float := func(off int) float64 {
 		return math.Float64frombits(binary.LittleEndian.Uint64([]byte(reply[off : off+8])))
 	}
 	results := make([]rate.Result, n)
-	out := Leased{Levels: make([]float64, n)}
+	out := Leased{Levels: make([]float64, n), Pads: make([]int64, n)}
 	for i := range results {
-		o := 56 * i
+		o := 64 * i
 		results[i] = rate.Result{
 			Allowed:    float(o) == 1,
 			Impossible: float(o+8) == 1,
@@ -71,10 +86,162 @@ func (r *Redis) Lease(ctx context.Context, g Grant) (Leased, error) {
 			Reset:      int64(float(o + 40)),
 		}
 		out.Levels[i] = float(o + 48)
+		out.Pads[i] = int64(float(o + 56))
 	}
 	out.Decision = Combine(results)
-	out.Extra = int64(float(56 * n))
-	out.At = int64(float(56*n + 8))
+	out.Extra = int64(float(64 * n))
+	out.At = int64(float(64*n + 8))
+	return out, nil
+}
+
+// leaseSlots leases a path whose buckets live in several Cluster slots, as
+// decideSlots decides one: the slot of the path's last bucket (the
+// tenant's) first; only if it admits are the other slots (global
+// ceilings) asked, in parallel, each for no more than the tenant's slot
+// leased; if one of them refuses or fails, everything the others charged
+// (request, padding and lease) is given back at once — nothing was spent —
+// and the request is refused. The lease is then as long as the shortest:
+// Extra is the least any slot leased, and Units what each bucket holds
+// (a slot that leased more holds the surplus until the lease ends). If the
+// tenant's slot refuses, the other slots are asked without being charged,
+// for the Retry-After. Each release goes with the call of its key's slot.
+func (r *Redis) leaseSlots(ctx context.Context, g Grant, groups [][]int, now, wall int64) (Leased, error) {
+	n := len(g.Buckets)
+	leaf := 0
+	for gi, idx := range groups {
+		if idx[len(idx)-1] == n-1 {
+			leaf = gi
+		}
+	}
+	// Releases by the group of their slot; any in a slot the path does not
+	// touch (none: a path's lease releases its own keys) go on their own.
+	rels := make([][]Release, len(groups))
+	var stray []Release
+	for _, rel := range g.Release {
+		slot, placed := RedisKeySlot(r.prefix+rel.Key), false
+		for gi, idx := range groups {
+			if RedisKeySlot(r.prefix+g.Buckets[idx[0]].Key) == slot {
+				rels[gi] = append(rels[gi], rel)
+				placed = true
+				break
+			}
+		}
+		if !placed {
+			stray = append(stray, rel)
+		}
+	}
+	if len(stray) > 0 {
+		if err := r.Release(ctx, stray); err != nil {
+			return Leased{}, err
+		}
+	}
+
+	parts := make([]Leased, len(groups))
+	errs := make([]error, len(groups))
+	parts[leaf], errs[leaf] = r.lease(ctx, pick(g.Buckets, groups[leaf]), g, rels[leaf], now, wall)
+	if errs[leaf] != nil {
+		// The other slots' releases are not sent: the caller takes a
+		// failed lease as releases that may or may not have applied.
+		return Leased{}, errs[leaf]
+	}
+	var wg sync.WaitGroup
+	for gi := range groups {
+		if gi == leaf {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			part := pick(g.Buckets, groups[gi])
+			if !parts[leaf].Allowed {
+				// Refused by the tenant's slot: ask the others without
+				// charging them (a bucket that can never admit makes the
+				// script write nothing), giving back their releases.
+				part = append(part, dryRun(part[0]))
+				parts[gi], errs[gi] = r.lease(ctx, part, Grant{Want: 1}, rels[gi], now, wall)
+				return
+			}
+			sub := g
+			sub.Want = parts[leaf].Extra + 1
+			parts[gi], errs[gi] = r.lease(ctx, part, sub, rels[gi], now, wall)
+		}()
+	}
+	wg.Wait()
+
+	results := make([]rate.Result, n)
+	times := make([]int64, n)
+	out := Leased{Levels: make([]float64, n), Pads: make([]int64, n), Units: make([]int64, n)}
+	allowed := parts[leaf].Allowed
+	extra := parts[leaf].Extra
+	for gi, idx := range groups {
+		if errs[gi] != nil {
+			allowed = false
+			continue
+		}
+		allowed = allowed && parts[gi].Allowed
+		extra = min(extra, parts[gi].Extra)
+		for k, j := range idx {
+			results[j], times[j] = parts[gi].Results[k], parts[gi].At
+			out.Levels[j], out.Pads[j] = parts[gi].Levels[k], parts[gi].Pads[k]
+			out.Units[j] = parts[gi].Extra * g.Buckets[j].Cost
+		}
+	}
+	if parts[leaf].Allowed && !allowed {
+		// A ceiling refused (or failed): give back what the slots that
+		// admitted charged, request and lease, before answering.
+		var refunds []Bucket
+		for gi, idx := range groups {
+			if errs[gi] != nil || !parts[gi].Allowed {
+				continue
+			}
+			for k, j := range idx {
+				b := g.Buckets[j]
+				b.Cost = -(b.Cost + parts[gi].Pads[k] + parts[gi].Extra*b.Cost)
+				b.Charged = parts[gi].At
+				refunds = append(refunds, b)
+			}
+		}
+		if len(refunds) > 0 {
+			bySlot := groupBySlot(len(refunds), func(i int) int { return RedisKeySlot(r.prefix + refunds[i].Key) })
+			if err := r.adjustSlots(ctx, refunds, bySlot, now, wall); err != nil && r.logger != nil {
+				r.logger.Warn("giving back a lease refused by another slot failed; it stays charged until it drains",
+					zap.Error(err))
+			}
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return Leased{}, fmt.Errorf("lease across %d slots: %w", len(groups), err)
+	}
+	out.Decision = Combine(results)
+	out.At, out.Times = times[n-1], times
+	if !out.Allowed {
+		extra = 0
+	}
+	if extra == 0 {
+		// Refused, or no lease on some slot: nothing is held. A slot that
+		// leased all the same keeps its units charged until the caller's
+		// lease layer gives them back: it cannot, holding none, so they are
+		// given back here.
+		var rel []Release
+		if out.Allowed {
+			for j, b := range g.Buckets {
+				if out.Units[j] > 0 {
+					rel = append(rel, Release{Bucket: Bucket{Key: b.Key, Limit: b.Limit, Charged: times[j]},
+						Offset: out.Levels[j], Units: float64(out.Units[j])})
+				}
+			}
+		}
+		if len(rel) > 0 {
+			if err := r.Release(ctx, rel); err != nil && r.logger != nil {
+				r.logger.Warn("giving back a lease too short to use failed; it stays charged until it drains",
+					zap.Error(err))
+			}
+		}
+		clear(out.Levels)
+		clear(out.Pads)
+		out.Units = nil
+	}
+	out.Extra = extra
 	return out, nil
 }
 

@@ -71,12 +71,20 @@ func TestRedisLeaseConformance(t *testing.T) {
 	})
 }
 
-// TestRedisClusterLeaseConformance leases on a 3-master Cluster, where a
-// path in one slot is leased by the master of that slot.
+// TestRedisClusterLeaseConformance leases on a 3-master Cluster: a path in
+// one slot is leased by the master of that slot; with every bucket in a
+// slot of its own, slot by slot, with the same outcomes.
 func TestRedisClusterLeaseConformance(t *testing.T) {
 	addrs := redistest.SharedCluster(t).Addrs()
-	storetest.RunLeases(t, func(t *testing.T, clock store.Clock) store.Leaser {
-		return newRedis(t, store.RedisOptions{Addrs: addrs, KeyPrefix: prefix(t), Clock: clock})
+	t.Run("one slot per path", func(t *testing.T) {
+		storetest.RunLeases(t, func(t *testing.T, clock store.Clock) store.Leaser {
+			return newRedis(t, store.RedisOptions{Addrs: addrs, KeyPrefix: prefix(t), Clock: clock})
+		})
+	})
+	t.Run("one slot per bucket", func(t *testing.T) {
+		storetest.RunLeases(t, func(t *testing.T, clock store.Clock) store.Leaser {
+			return &slotPerBucket{Redis: newRedis(t, store.RedisOptions{Addrs: addrs, KeyPrefix: prefix(t), Clock: clock})}
+		})
 	})
 }
 
@@ -143,6 +151,28 @@ func (s *slotPerBucket) Adjust(ctx context.Context, buckets []store.Bucket) erro
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.Redis.Adjust(ctx, retag(buckets))
+}
+
+func (s *slotPerBucket) Lease(ctx context.Context, g store.Grant) (store.Leased, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	g.Buckets, g.Release = retag(g.Buckets), retagReleases(g.Release)
+	return s.Redis.Lease(ctx, g)
+}
+
+func (s *slotPerBucket) Release(ctx context.Context, r []store.Release) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.Redis.Release(ctx, retagReleases(r))
+}
+
+func retagReleases(r []store.Release) []store.Release {
+	out := make([]store.Release, len(r))
+	for i, rel := range r {
+		rel.Bucket = retag([]store.Bucket{rel.Bucket})[0]
+		out[i] = rel
+	}
+	return out
 }
 
 // TestRedisClusterConcurrentRefunds: 200 concurrent requests on a path of

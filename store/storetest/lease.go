@@ -60,6 +60,15 @@ func RunLeases(t *testing.T, open LeaserOpener) {
 			}
 			expectDecide(t, s, []store.Bucket{b("l5", "org", slow, 100)}, true)
 		}},
+		{"a refusal by an upper bucket charges nothing below", func(t *testing.T, s store.Leaser, c *Clock) {
+			// On a Cluster with the buckets in different slots, the user's
+			// slot leases first and is given everything back when the
+			// organisation's refuses.
+			expectDecide(t, s, []store.Bucket{b("lf", "org", slow, 100)}, true)
+			l := mustLease(t, s, grant([]store.Bucket{b("lf", "org", slow, 1), b("lf", "user", slow, 1)}, 50))
+			expectLease(t, l, false, 0, []int64{0, 100})
+			expectDecide(t, s, []store.Bucket{b("lf", "user", slow, 100)}, true)
+		}},
 		{"an impossible cost", func(t *testing.T, s store.Leaser, c *Clock) {
 			l := mustLease(t, s, grant([]store.Bucket{b("l6", "k", perSec, 101)}, 50))
 			if l.Allowed || !l.Impossible || l.Extra != 0 {
