@@ -158,7 +158,7 @@ type path struct {
 type held struct {
 	ats     []int64 // the store's time of the grant, per bucket (a Cluster's masters each have theirs)
 	sent    int64   // local µs when the grant was sent (before the grant: so elapsed is never underestimated)
-	expires int64 // local µs
+	expires int64   // local µs
 	units   []float64
 	used    []float64 // spent or drained
 	levels  []float64
