@@ -307,6 +307,14 @@ func TestLeaseRedisFaults(t *testing.T) {
 				time.Sleep(10 * time.Millisecond) // waiting for the breaker's ping, not timing an algorithm
 			}
 			t.Logf("Redis %s: deciding on Redis again %v after it came back", fault, time.Since(back).Round(time.Millisecond))
+			// What the outage's user holds in Redis: nothing the local
+			// share admitted (it is not copied there), but the first
+			// request's decision if Redis ran it on waking (it had been
+			// sent before the breaker opened); a killed Redis lost all.
+			got := admitN(t, 45, url, user)
+			if want := 40; got != want && (fault != "stop" || got != want-1) {
+				t.Fatalf("back on Redis: %d admitted, want %d (39 if Redis ran the timed-out call)", got, want)
+			}
 		})
 	}
 }
