@@ -113,6 +113,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	            ttl           <duration>            # how long a lease may be spent (1s)
 //	        }]
 //	    }
+//	    charge_on      status <code...>|{ status <code...>; header <field> [<value>] } # charge only matching responses
 //	    on_store_error deny|allow|local [<instances>]  # local: default instances counted from heartbeats
 //	    mode           enforce|warn|shadow
 //	    headers        <family...>|none             # ietf x_ratelimit retry_after openai (default: ietf retry_after)
@@ -155,6 +156,19 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			err = h.parseCost(d)
 		case "store":
 			err = h.parseStore(d)
+		case "charge_on":
+			if h.ChargeOn != nil {
+				return d.Err("charge_on given twice: write one, with every status and header it needs")
+			}
+			m := map[string]caddyhttp.ResponseMatcher{}
+			if err := caddyhttp.ParseNamedResponseMatcher(d.NewFromNextSegment(), m); err != nil {
+				return err
+			}
+			rm := m["charge_on"]
+			if len(rm.StatusCode) == 0 && len(rm.Headers) == 0 {
+				return d.Err("usage: charge_on status <code...> (e.g. charge_on status 401 403), or a block of status and header lines")
+			}
+			h.ChargeOn = &rm
 		case "on_store_error":
 			args := d.RemainingArgs()
 			switch {

@@ -141,6 +141,14 @@ type Handler struct {
 	// calling the next handler. See ForwardedConfig.
 	Forwarded *ForwardedConfig `json:"forwarded,omitempty"`
 
+	// ChargeOn, when set, charges an admitted request only if its response
+	// matches (status codes, a class such as 4 for 4xx, and headers, as
+	// reverse_proxy's handle_response matchers): e.g. only failed logins
+	// count. The request is decided up front as any other — a path whose
+	// limit is spent is refused — and, when its response does not match,
+	// given back everything it was charged, before the response leaves.
+	ChargeOn *caddyhttp.ResponseMatcher `json:"charge_on,omitempty"`
+
 	// Distributed and StorageRaw are mholt/caddy-ratelimit's file-synced
 	// distribution. They are accepted so its configs load, and ignored
 	// with a warning: the Redis store shares exact limits instead.
@@ -488,6 +496,19 @@ func (h *Handler) Validate() error {
 	if h.StatusCode != 0 && (h.StatusCode < 400 || h.StatusCode > 599) {
 		return fmt.Errorf("rate_limit: status_code %d: use a 4xx or 5xx code", h.StatusCode)
 	}
+	if h.ChargeOn != nil {
+		if h.Forwarded != nil {
+			return errors.New("rate_limit: charge_on needs the response, which a decision endpoint (forwarded) does not see: report it instead, or rate limit in front of the upstream")
+		}
+		if len(h.ChargeOn.StatusCode) == 0 && len(h.ChargeOn.Headers) == 0 {
+			return errors.New("rate_limit: charge_on matches every response: give status codes (charge_on status 401 403) or headers")
+		}
+		for _, c := range h.ChargeOn.StatusCode {
+			if !(c >= 1 && c <= 5 || c >= 100 && c <= 599) {
+				return fmt.Errorf("rate_limit: charge_on status %d: use a status code (100-599) or a class (4xx)", c)
+			}
+		}
+	}
 	return nil
 }
 
@@ -516,6 +537,7 @@ func (h *Handler) Cleanup() error {
 type decision struct {
 	engine.Decision
 	inputErr *cost.InputError
+	refunded bool // charge_on gave back its charges: nothing to reconcile (set on charge_on's copy)
 }
 
 // looksLikeHeader tells whether a constant key is probably a header name
@@ -605,6 +627,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if mode != engine.Shadow {
 		h.engine.WriteHeaders(w.Header(), &d.Decision)
 	}
+	var charged *decision // charge_on's copy of d, which must not escape: it is on the stack
+	if h.ChargeOn != nil && d.Allowed && len(d.Limits) > 0 {
+		charged = new(decision)
+		*charged = *d // shares d's pooled memory, released when ServeHTTP returns, after next
+		next = chargedNext{h: h, d: charged, next: next}
+	}
 	// Only a charged request has estimates to reconcile: a path with no
 	// bucket (a tree whose matcher did not apply, tiers skipped or
 	// unlimited) was charged nothing and is passed through untouched.
@@ -620,7 +648,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		if len(t.taps) > 0 {
 			readableEncoding(r.Header)
 			err := h.pass(t.w, r, next)
-			h.reconcile(t, d)
+			if charged == nil || !charged.refunded {
+				h.reconcile(t, d)
+			}
 			return err
 		}
 	}

@@ -132,6 +132,36 @@ func (e *Engine) adjustIn(st store.Store, adjust []store.Bucket) {
 	}()
 }
 
+// Refund gives back everything d charged, at once (one store call), to
+// the store that charged it, each bucket to the window or the very charge
+// that holds it: for a request that, once answered, should not count
+// (charge_on). It does nothing for a decision that charged nothing.
+func (e *Engine) Refund(ctx context.Context, d *Decision) error {
+	if !d.Allowed || len(d.Limits) == 0 {
+		return nil
+	}
+	adjust := make([]store.Bucket, 0, len(d.Limits))
+	for i, b := range d.Limits {
+		if b.Cost == 0 {
+			continue
+		}
+		b.Cost, b.Charged = -b.Cost, d.ChargedAt(i)
+		adjust = append(adjust, b)
+	}
+	if len(adjust) == 0 {
+		return nil
+	}
+	st := e.cfg.Store
+	if d.Local {
+		st = e.cfg.Local
+	}
+	err := st.Adjust(ctx, adjust)
+	if e.cfg.Reconciled != nil {
+		e.cfg.Reconciled(err)
+	}
+	return err
+}
+
 // AdjustPath corrects each bucket of d's path (built with Add, not decided)
 // by costs[i] — negative gives back, positive adds debt — at once, in one
 // store call, without deciding anything: for a front end that returns what
