@@ -345,3 +345,48 @@ func TestLeaseRedisFaults(t *testing.T) {
 		})
 	}
 }
+
+// TestLeaseGivenBackOnReload: leases held when a reload changes the store
+// (here its lease options) are given back when the old store closes, so
+// the new configuration finds all of the limit that was not spent.
+func TestLeaseGivenBackOnReload(t *testing.T) {
+	srv := redistest.Shared(t)
+	port := freePort(t)
+	sites := func(ttl string) string {
+		return fmt.Sprintf(`
+http://127.0.0.1:%d {
+	rate_limit {
+		tree t {
+			tier user {header.X-User} {
+				limit 100/day
+			}
+		}
+		store redis {
+			address %s
+			key_prefix reloadlease%d:
+			lease {
+				ttl %s
+				max_share 0.5
+			}
+		}
+	}
+	respond "ok"
+}
+`, port, srv.Addr(), port, ttl)
+	}
+	startCaddy(t, sites("50s"))
+	url := fmt.Sprintf("http://127.0.0.1:%d/", port)
+	if got := admitN(t, 10, url, "X-User: a"); got != 10 {
+		t.Fatalf("%d of 10 admitted", got)
+	}
+	if storeMetric(t, "cascade_lease_grants_total", srv.Addr()) == 0 {
+		t.Fatal("no lease was granted")
+	}
+	// A 50 s lease holds capacity the new store must get back.
+	if err := reload(t, sites("40s")); err != nil {
+		t.Fatal(err)
+	}
+	if got := admitN(t, 100, url, "X-User: a"); got != 90 {
+		t.Fatalf("after the reload: %d admitted, want the 90 left of 100", got)
+	}
+}
