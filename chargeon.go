@@ -2,7 +2,6 @@ package cascade
 
 import (
 	"context"
-	"errors"
 	"io"
 	"net/http"
 
@@ -28,11 +27,7 @@ func (c chargedNext) ServeHTTP(w http.ResponseWriter, r *http.Request) error {
 		// error handling writes once the handlers return), or 200.
 		code := http.StatusOK
 		if err != nil {
-			code = http.StatusInternalServerError
-			var he caddyhttp.HandlerError
-			if errors.As(err, &he) && he.StatusCode != 0 {
-				code = he.StatusCode
-			}
+			code = errorStatus(err, http.StatusInternalServerError)
 		}
 		cw.settle(code)
 	}

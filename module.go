@@ -701,16 +701,22 @@ func (h *Handler) pass(w http.ResponseWriter, r *http.Request, next caddyhttp.Ha
 		latency = time.Since(sw.start)
 	}
 	if err != nil {
-		status = http.StatusBadGateway
-		var he caddyhttp.HandlerError
-		if errors.As(err, &he) && he.StatusCode != 0 {
-			status = he.StatusCode
-		}
+		status = errorStatus(err, http.StatusBadGateway)
 	} else if status == 0 {
 		status = http.StatusOK
 	}
 	h.controller.Record(latency, status)
 	return err
+}
+
+// errorStatus is the status of a handler's error: its HandlerError's, or
+// otherwise.
+func errorStatus(err error, otherwise int) int {
+	var he caddyhttp.HandlerError
+	if errors.As(err, &he) && he.StatusCode != 0 {
+		return he.StatusCode
+	}
+	return otherwise
 }
 
 // statusWriter remembers the status code of a response and how long the
@@ -753,12 +759,7 @@ func (h *Handler) decide(r *http.Request, repl *caddy.Replacer, d *decision) (in
 				// say "no match"): the request is refused, with the
 				// matcher's status if it gave one.
 				d.Reason, d.Blocked, d.Enforcing, d.Mode = "matcher_error", t.Name, true, engine.Enforce
-				status := http.StatusInternalServerError
-				var he caddyhttp.HandlerError
-				if errors.As(err, &he) && he.StatusCode != 0 {
-					status = he.StatusCode
-				}
-				return status, fmt.Errorf("the matcher of tree %s could not decide on this request: %w", t.Name, err)
+				return errorStatus(err, http.StatusInternalServerError), fmt.Errorf("the matcher of tree %s could not decide on this request: %w", t.Name, err)
 			}
 			if !match {
 				continue
