@@ -327,7 +327,10 @@ func (s *Store) grant(ctx context.Context, sh *pathShard, p *path, buckets []sto
 	}()
 	if errors.Is(err, store.ErrNotLeasable) {
 		p.strict = true
-		s.queue(release) // not sent: the grant was refused before any call
+		if len(release) > 0 { // not sent: the grant was refused before any call
+			s.stats.released.Add(1)
+			s.queue(release)
+		}
 		sh.mu.Unlock()
 		d, err := s.strict(ctx, buckets)
 		sh.mu.Lock()
@@ -341,7 +344,7 @@ func (s *Store) grant(ctx context.Context, sh *pathShard, p *path, buckets []sto
 		return store.Decision{}, err
 	}
 	if len(release) > 0 {
-		s.stats.released.Add(int64(len(release)))
+		s.stats.released.Add(1) // one lease, however many buckets
 	}
 	p.want = want
 	if l.Extra == 0 {
@@ -446,7 +449,10 @@ func (s *Store) releaseOf(p *path) []store.Release {
 // retire ends p's lease, queueing what it gives back. The caller holds the
 // path's shard lock.
 func (s *Store) retire(p *path) {
-	s.queue(s.releaseOf(p))
+	if r := s.releaseOf(p); len(r) > 0 {
+		s.stats.released.Add(1)
+		s.queue(r)
+	}
 	p.lease = nil
 }
 
@@ -573,7 +579,6 @@ func (s *Store) flush(ctx context.Context) {
 		return
 	}
 	s.stats.releases.Add(1)
-	s.stats.released.Add(int64(len(r)))
 	if err := s.inner.Release(ctx, r); err != nil {
 		// Not sent again: it may have been applied. What it held stays
 		// charged until it drains (under-admission, never over).
