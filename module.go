@@ -167,6 +167,11 @@ type Handler struct {
 	logger     *zap.Logger
 	metrics    *metrics
 
+	// refundable: a charge may be refunded once the response is known
+	// (costs reconciled, reported to a decision endpoint, charge_on), so
+	// it is never decided on a lease (see Decision.Refundable).
+	refundable bool
+
 	storeErrors      *atomic.Int64 // failures not yet logged
 	storeErrorLogged *atomic.Int64 // when the last one was (unix ns)
 
@@ -240,6 +245,8 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 // opens (or reuses, across config reloads) the store.
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
+	h.refundable = h.ChargeOn != nil || h.Forwarded != nil && h.Forwarded.Report != "" ||
+		slices.ContainsFunc(h.Costs, func(c *Cost) bool { return c.Reconcile != nil })
 	if len(h.Distributed) > 0 || len(h.StorageRaw) > 0 {
 		h.logger.Warn("rate_limit: 'distributed' and 'storage' (mholt/caddy-ratelimit) are ignored; " +
 			"to share exact limits across instances, use 'store redis { address ... }'")
@@ -787,6 +794,8 @@ func (h *Handler) decide(r *http.Request, repl *caddy.Replacer, d *decision) (in
 			return ie.Status, err
 		}
 	}
+	// A charge that may be refunded is not decided on a lease.
+	d.Refundable = h.refundable
 	return 0, h.engine.Decide(r.Context(), &d.Decision, estimates)
 }
 

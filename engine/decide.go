@@ -34,6 +34,11 @@ type Decision struct {
 	Costs []int64
 	// Estimates are the costs given to Decide, per Config.Dimensions.
 	Estimates []int64
+	// Refundable is true when the charge may be refunded later (a cost
+	// reconciled with the response, charge_on): a store that leases
+	// capacity decides it without a lease, since a refund cannot reach
+	// beneath a lease taken after the charge (see rate's Leases).
+	Refundable bool
 	// Limits are the buckets as decided: their effective limits (scaled by
 	// the adaptive factor) and costs.
 	Limits []store.Bucket
@@ -212,7 +217,9 @@ func (e *Engine) DecideCosts(ctx context.Context, d *Decision) error {
 func (e *Engine) settle(ctx context.Context, d *Decision, sc *scratch) error {
 	var res store.Decision
 	var err error
-	if e.into != nil && sc != nil {
+	if d.Refundable && e.unleased != nil {
+		res, err = e.unleased.DecideUnleased(ctx, d.Limits)
+	} else if e.into != nil && sc != nil {
 		res, err = e.into.DecideInto(ctx, d.Limits, sc.results[:])
 	} else {
 		res, err = e.cfg.Store.Decide(ctx, d.Limits)

@@ -109,6 +109,7 @@ type Tree struct {
 type Engine struct {
 	cfg         Config
 	into        decideInto // the store, when it can decide into reused memory
+	unleased    unleased   // the store, when it leases capacity (package lease)
 	policies    map[*hierarchy.Limit]string
 	headerCache *headerCache
 	denials     *logsample.Sampler
@@ -124,6 +125,13 @@ type decideInto interface {
 	DecideInto(ctx context.Context, buckets []store.Bucket, results []rate.Result) (store.Decision, error)
 }
 
+// unleased is implemented by stores that decide on leases of capacity
+// (package lease): DecideUnleased decides a path in the shared store, as
+// if there were no leases.
+type unleased interface {
+	DecideUnleased(ctx context.Context, buckets []store.Bucket) (store.Decision, error)
+}
+
 // New returns an engine, with the runtime state applied and followed.
 // Close it when its configuration is unloaded.
 func New(cfg Config) *Engine {
@@ -135,6 +143,7 @@ func New(cfg Config) *Engine {
 	}
 	e := &Engine{cfg: cfg}
 	e.into, _ = cfg.Store.(decideInto)
+	e.unleased, _ = cfg.Store.(unleased)
 	e.policies = policyItems(cfg.Trees)
 	e.headerCache = &headerCache{policies: e.policies}
 	if cfg.DenialLog != "off" {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/caddy-cascade/cascade/hierarchy"
+	"github.com/caddy-cascade/cascade/lease"
 	"github.com/caddy-cascade/cascade/store"
 )
 
@@ -248,5 +249,51 @@ func TestPathErrors(t *testing.T) {
 	tr, values, err := e.Path("api", map[string]string{"org": "acme", "user": "alice"})
 	if err != nil || tr.Name != "api" || strings.Join(values, "/") != "acme/alice" {
 		t.Fatalf("Path: %v %v %v", tr, values, err)
+	}
+}
+
+// TestRefundableNotLeased: a charge that may be refunded is decided in the
+// shared store, never on a lease (a refund cannot reach beneath a lease
+// taken after it), while the same path's other requests are leased.
+func TestRefundableNotLeased(t *testing.T) {
+	tree := &hierarchy.Tree{Name: "api", Tiers: []*hierarchy.Tier{
+		{Name: "org", Key: "{org}", Limits: []*hierarchy.Limit{{Count: 1000, Per: "min"}}},
+	}}
+	if err := tree.Compile(); err != nil {
+		t.Fatal(err)
+	}
+	c := &clock{now: time.Date(2026, 11, 25, 0, 0, 0, 0, time.UTC).UnixMicro()}
+	mem := store.NewMemory(store.MemoryOptions{Clock: c.read, SweepInterval: -1})
+	leases, err := lease.New(mem, lease.Options{Clock: c.read, Sweep: -1, TTL: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := New(Config{Trees: []*Tree{{Tree: tree}}, Store: leases, StoreName: "redis", DenialLog: "off"})
+	t.Cleanup(func() { e.Close(); _ = leases.Close() })
+	decideOnce := func(refundable bool) {
+		t.Helper()
+		var d Decision
+		e.Begin(&d)
+		if err := e.Add(&d, e.Tree("api"), []string{"acme"}); err != nil {
+			t.Fatal(err)
+		}
+		d.Refundable = refundable
+		if err := e.Decide(context.Background(), &d, nil); err != nil || !d.Allowed {
+			t.Fatalf("decide: %v, allowed %v", err, d.Allowed)
+		}
+		c.now += 1000
+	}
+	for range 3 {
+		decideOnce(false)
+	}
+	before := leases.Stats()
+	if before.Local != 1 {
+		t.Fatalf("stats %+v: the path was not leased", before)
+	}
+	for range 3 {
+		decideOnce(true)
+	}
+	if after := leases.Stats(); after.Local != before.Local || after.Strict != before.Strict+3 {
+		t.Fatalf("refundable charges: stats %+v after %+v, want three more decided in the store", after, before)
 	}
 }

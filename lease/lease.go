@@ -68,8 +68,9 @@ type Options struct {
 	// MaxPaths bounds the paths tracked; beyond it new paths are decided in
 	// the store until idle ones are forgotten (default 100,000).
 	MaxPaths int
-	// Clock is the local clock (µs since the Unix epoch); tests inject one.
-	// Default: the wall clock.
+	// Clock is the local clock (µs), which times leases from when they
+	// were asked for; tests inject one. Default: a monotonic clock (a wall
+	// clock stepped back would make a lease outlive its units).
 	Clock store.Clock
 	// Sweep is how often ended leases are given back (default TTL/4, at
 	// least 10ms); a negative value disables the background sweep (tests
@@ -118,15 +119,25 @@ type Store struct {
 	ttl   int64 // µs
 	paths [shards]pathShard
 	count atomic.Int64 // paths tracked
-	gen   atomic.Int64 // bumped by every reset: a grant that began before one is not installed
+
+	// gen is bumped when a reset starts and when it ends, and resetting
+	// counts the resets under way: a grant is installed only if neither
+	// moved while it was in flight (its charge may have been wiped).
+	gen, resetting atomic.Int64
 
 	pendingMu sync.Mutex
 	pending   []store.Release // ended leases to give back
 
-	stats counters
-	stop  chan struct{}
-	done  chan struct{}
-	once  sync.Once
+	// life is held for reading by every grant in flight; Close takes it
+	// to wait for them, then sets closed (no grant starts after that).
+	life   sync.RWMutex
+	closed bool
+
+	stats    counters
+	stop     chan struct{}
+	done     chan struct{}
+	once     sync.Once
+	closeErr error
 }
 
 type pathShard struct {
@@ -156,14 +167,16 @@ type path struct {
 
 // held is a lease: units per bucket, charged in the store at at.
 type held struct {
-	ats     []int64 // the store's time of the grant, per bucket (a Cluster's masters each have theirs)
-	sent    int64   // local µs when the grant was sent (before the grant: so elapsed is never underestimated)
-	expires int64   // local µs
+	limits  []rate.Limit // the limits it was charged on
+	ats     []int64      // the store's time of the grant, per bucket (a Cluster's masters each have theirs)
+	sent    int64        // local µs when the grant was sent (before the grant: so elapsed is never underestimated)
+	expires int64        // local µs
 	units   []float64
 	used    []float64 // spent or drained
 	levels  []float64
 	stops   []int64       // store time at which a calendar bucket's window ends (0: GCRA)
 	results []rate.Result // the grant's: what remained beyond the lease
+	times   bool          // the buckets were granted at different times (a Cluster's slots)
 }
 
 // counters are the Store's statistics.
@@ -216,7 +229,7 @@ func New(inner store.Leaser, opts Options) (*Store, error) {
 		opts.MaxPaths = DefaultMaxPaths
 	}
 	if opts.Clock == nil {
-		opts.Clock = store.WallClock
+		opts.Clock = monotonic()
 	}
 	if opts.Logger == nil {
 		opts.Logger = zap.NewNop()
@@ -238,6 +251,14 @@ func New(inner store.Leaser, opts Options) (*Store, error) {
 	return s, nil
 }
 
+// monotonic returns a clock of µs that never steps back: the wall clock
+// when it is made, plus the monotonic time since.
+func monotonic() store.Clock {
+	start := time.Now()
+	base := start.UnixMicro()
+	return func() int64 { return base + time.Since(start).Microseconds() }
+}
+
 // Inner is the store the leases are taken on.
 func (s *Store) Inner() store.Leaser { return s.inner }
 
@@ -255,8 +276,10 @@ func (s *Store) DecideInto(ctx context.Context, buckets []store.Bucket, buf []ra
 	h := s.hash(buckets)
 	sh := &s.paths[h%shards]
 	for attempt := 0; ; attempt++ {
-		now := s.opts.Clock()
 		sh.mu.Lock()
+		// The clock is read under the lock: a lease installed by another
+		// request was sent before now, so its elapsed time is never negative.
+		now := s.opts.Clock()
 		p := sh.m[h]
 		if p == nil || !p.same(buckets) {
 			p = s.track(sh, h, buckets, now)
@@ -269,7 +292,9 @@ func (s *Store) DecideInto(ctx context.Context, buckets []store.Bucket, buf []ra
 			p.limits = limitsOf(buckets, p.limits[:0])
 			p.want = 0
 		}
-		p.seen++
+		if attempt == 0 {
+			p.seen++
+		}
 		p.used = now
 		if p.strict {
 			sh.mu.Unlock()
@@ -300,12 +325,22 @@ func (s *Store) DecideInto(ctx context.Context, buckets []store.Bucket, buf []ra
 			sh.mu.Unlock()
 			return s.strict(ctx, buckets)
 		}
+		if !s.life.TryRLock() { // closing
+			sh.mu.Unlock()
+			return s.strict(ctx, buckets)
+		}
+		if s.closed {
+			s.life.RUnlock()
+			sh.mu.Unlock()
+			return s.strict(ctx, buckets)
+		}
 		release := s.releaseOf(p)
 		p.lease = nil
 		done := make(chan struct{})
 		p.renewing = done
 		gen := s.gen.Load()
 		sh.mu.Unlock()
+		defer s.life.RUnlock()
 		return s.grant(ctx, sh, p, buckets, want, release, gen, done)
 	}
 }
@@ -320,22 +355,20 @@ func (s *Store) grant(ctx context.Context, sh *pathShard, p *path, buckets []sto
 		Hold: s.opts.TTL, Release: release,
 	})
 	sh.mu.Lock()
-	defer func() {
-		p.renewing = nil
-		close(done)
-		sh.mu.Unlock()
-	}()
+	p.renewing = nil
+	close(done)
 	if errors.Is(err, store.ErrNotLeasable) {
+		// Refused before any call: the path is decided in the store from
+		// now on, and the old lease is given back on its own.
 		p.strict = true
-		if len(release) > 0 { // not sent: the grant was refused before any call
+		if len(release) > 0 {
 			s.stats.released.Add(1)
 			s.queue(release)
 		}
 		sh.mu.Unlock()
-		d, err := s.strict(ctx, buckets)
-		sh.mu.Lock()
-		return d, err
+		return s.strict(ctx, buckets)
 	}
+	defer sh.mu.Unlock()
 	if err != nil {
 		// The releases may or may not have been applied (a reply lost
 		// after the script ran): they are not sent again, since giving
@@ -349,35 +382,54 @@ func (s *Store) grant(ctx context.Context, sh *pathShard, p *path, buckets []sto
 	p.want = want
 	if l.Extra == 0 {
 		p.until = sent + s.ttl
+		return l.Decision, nil
 	}
-	if l.Extra > 0 {
-		s.stats.leased.Add(1)
-		if s.gen.Load() != gen {
-			// A reset ran while the grant was in flight: its charge may
-			// have been wiped, and the capacity it leased with it.
-			return l.Decision, nil
+	s.stats.leased.Add(1)
+	h := &held{
+		limits: limitsOf(buckets, nil),
+		ats:    make([]int64, len(buckets)), sent: sent, expires: sent + s.ttl,
+		units: make([]float64, len(buckets)), used: make([]float64, len(buckets)),
+		levels: l.Levels, stops: make([]int64, len(buckets)),
+	}
+	for i, b := range buckets {
+		h.ats[i] = l.ChargedAt(i)
+		h.units[i] = float64(l.Extra * b.Cost)
+		if l.Units != nil {
+			h.units[i] = float64(l.Units[i])
 		}
-		h := &held{
-			ats: make([]int64, len(buckets)), sent: sent, expires: sent + s.ttl,
-			units: make([]float64, len(buckets)), used: make([]float64, len(buckets)),
-			levels: l.Levels, stops: make([]int64, len(buckets)),
+		if b.Limit.Algorithm == rate.Calendar {
+			_, h.stops[i] = b.Limit.Window(h.ats[i])
 		}
-		for i, b := range buckets {
-			h.ats[i] = l.ChargedAt(i)
-			h.units[i] = float64(l.Extra * b.Cost)
-			if l.Units != nil {
-				h.units[i] = float64(l.Units[i])
-			}
-			if b.Limit.Algorithm == rate.Calendar {
-				_, h.stops[i] = b.Limit.Window(h.ats[i])
-			}
+		if h.ats[i] != h.ats[0] {
+			h.times = true
 		}
+	}
+	switch {
+	case s.gen.Load() != gen || s.resetting.Load() != 0:
+		// A reset ran while the grant was in flight: its charge may have
+		// been wiped, and the capacity it leased with it, or not. It is
+		// neither spent nor given back (giving back what a reset wiped
+		// would over-admit); what it holds stays charged until it drains.
+	case !p.sameLimits(buckets) || p.lease != nil || p.strict:
+		// The path's limits changed while the grant was in flight (an
+		// override, the adaptive factor): the lease is on the old ones,
+		// and goes back at once.
+		s.stats.released.Add(1)
+		s.queue(h.release(p.keys))
+	default:
 		// The decision's results are handed to the caller: the lease keeps
 		// its own copy.
 		h.results = append([]rate.Result(nil), l.Results...)
 		p.lease = h
 	}
 	return l.Decision, nil
+}
+
+// DecideUnleased decides buckets in the store, without a lease: for a
+// request whose charge may be refunded (a reconciled cost), since a refund
+// cannot reach beneath a lease taken after its charge (see rate's Leases).
+func (s *Store) DecideUnleased(ctx context.Context, buckets []store.Bucket) (store.Decision, error) {
+	return s.strict(ctx, buckets)
 }
 
 // strict decides buckets in the store, without a lease.
@@ -415,7 +467,14 @@ func (s *Store) spend(p *path, buckets []store.Bucket, now int64, buf []rate.Res
 			Reset:     max(0, g.Reset-elapsed),
 		}
 	}
-	return store.Decision{Allowed: true, Results: results, At: l.ats[len(l.ats)-1] + elapsed}, true
+	d := store.Decision{Allowed: true, Results: results, At: l.ats[len(l.ats)-1] + elapsed}
+	if l.times {
+		d.Times = make([]int64, len(l.ats))
+		for i, at := range l.ats {
+			d.Times[i] = at + elapsed
+		}
+	}
+	return d, true
 }
 
 // avail is what the lease has left on bucket i at the store's time at: the
@@ -430,15 +489,20 @@ func (l *held) avail(i int, limit rate.Limit, at int64) float64 {
 // releaseOf returns what p's lease gives back when it ends (nil: nothing).
 // The caller holds the path's shard lock.
 func (s *Store) releaseOf(p *path) []store.Release {
-	l := p.lease
-	if l == nil {
+	if p.lease == nil {
 		return nil
 	}
+	return p.lease.release(p.keys)
+}
+
+// release returns what the lease on keys gives back when it ends, on the
+// limits it was charged on (nil: nothing).
+func (l *held) release(keys []string) []store.Release {
 	var out []store.Release
-	for i, limit := range p.limits {
+	for i, limit := range l.limits {
 		if left := l.units[i] - l.used[i]; left >= 1 {
 			out = append(out, store.Release{
-				Bucket: store.Bucket{Key: p.keys[i], Limit: limit, Charged: l.ats[i]},
+				Bucket: store.Bucket{Key: keys[i], Limit: limit, Charged: l.ats[i]},
 				Offset: l.levels[i] + l.used[i], Units: left,
 			})
 		}
@@ -568,22 +632,27 @@ func (s *Store) Sweep(ctx context.Context) {
 	s.flush(ctx)
 }
 
-// flush sends the queued releases to the store in one call (one per
-// Cluster slot).
+// flushChunk bounds the releases of one call: a Redis script runs alone,
+// so one giving back thousands of buckets would hold up every decision.
+const flushChunk = 256
+
+// flush sends the queued releases to the store, flushChunk buckets per
+// call (one call per Cluster slot).
 func (s *Store) flush(ctx context.Context) {
 	s.pendingMu.Lock()
 	r := s.pending
 	s.pending = nil
 	s.pendingMu.Unlock()
-	if len(r) == 0 {
-		return
-	}
-	s.stats.releases.Add(1)
-	if err := s.inner.Release(ctx, r); err != nil {
-		// Not sent again: it may have been applied. What it held stays
-		// charged until it drains (under-admission, never over).
-		s.opts.Logger.Warn("giving back unused lease capacity failed; it stays charged until it drains",
-			zap.Int("buckets", len(r)), zap.Error(err))
+	for len(r) > 0 {
+		chunk := r[:min(len(r), flushChunk)]
+		r = r[len(chunk):]
+		s.stats.releases.Add(1)
+		if err := s.inner.Release(ctx, chunk); err != nil {
+			// Not sent again: it may have been applied. What it held stays
+			// charged until it drains (under-admission, never over).
+			s.opts.Logger.Warn("giving back unused lease capacity failed; it stays charged until it drains",
+				zap.Int("buckets", len(chunk)), zap.Error(err))
+		}
 	}
 }
 
@@ -601,10 +670,20 @@ func (s *Store) sweepEvery(interval time.Duration) {
 	}
 }
 
-// Revoke ends every lease on a path holding one of keys (nil: every
-// lease) without giving anything back: the buckets were reset.
+// revoke ends every lease on a path holding a selected key without giving
+// anything back, and drops what is queued for those keys: the buckets are
+// being reset, and a give-back would land in the fresh bucket.
 func (s *Store) revoke(selected func(key string) bool) {
-	s.gen.Add(1)
+	s.pendingMu.Lock()
+	kept := s.pending[:0]
+	for _, r := range s.pending {
+		if !selected(r.Key) {
+			kept = append(kept, r)
+		}
+	}
+	clear(s.pending[len(kept):])
+	s.pending = kept
+	s.pendingMu.Unlock()
 	for i := range s.paths {
 		sh := &s.paths[i]
 		sh.mu.Lock()
@@ -639,8 +718,23 @@ func (s *Store) Reset(ctx context.Context, keys []string) (int, error) {
 	for _, k := range keys {
 		set[k] = true
 	}
-	s.revoke(func(k string) bool { return set[k] })
-	return rs.Reset(ctx, keys)
+	return s.reset(func(k string) bool { return set[k] }, func() (int, error) { return rs.Reset(ctx, keys) })
+}
+
+// reset revokes this instance's leases on the selected keys around the
+// store's reset: before it, so no lease is spent on a reset bucket, and
+// after it, in case a grant in flight was installed meanwhile; and no
+// grant in flight during it is installed (see grant).
+func (s *Store) reset(selected func(key string) bool, inner func() (int, error)) (int, error) {
+	s.resetting.Add(1)
+	s.gen.Add(1)
+	defer func() {
+		s.gen.Add(1)
+		s.revoke(selected)
+		s.resetting.Add(-1)
+	}()
+	s.revoke(selected)
+	return inner()
 }
 
 // ResetMatching implements store.Resetter.
@@ -649,14 +743,17 @@ func (s *Store) ResetMatching(ctx context.Context, m store.KeyMatch) (int, error
 	if !ok {
 		return 0, errors.New("lease: the store cannot reset buckets")
 	}
-	s.revoke(m.Match)
-	return rs.ResetMatching(ctx, m)
+	return s.reset(m.Match, func() (int, error) { return rs.ResetMatching(ctx, m) })
 }
 
-// Close gives back every lease (waiting at most the inner store's timeout)
-// and closes the inner store.
+// Close waits for the grants in flight, gives back every lease (waiting at
+// most the inner store's timeout) and closes the inner store. Requests
+// decided after Close go to the store.
 func (s *Store) Close() error {
 	s.once.Do(func() {
+		s.life.Lock()
+		s.closed = true
+		s.life.Unlock()
 		close(s.stop)
 		<-s.done
 		for i := range s.paths {
@@ -668,8 +765,9 @@ func (s *Store) Close() error {
 			sh.mu.Unlock()
 		}
 		s.flush(context.Background())
+		s.closeErr = s.inner.Close()
 	})
-	return s.inner.Close()
+	return s.closeErr
 }
 
 var (

@@ -103,7 +103,11 @@ for d = 2, #ARGV do
           -- ttl: the level of the new state at now is nxt itself (pos(nxt - 0))
           tl = nxt * period / count
           if tl <= 0 then tl = 0 else tl = ceil(tl) end
-          a, b, t = nxt, 0, now
+          if b > 0 then -- the lease top, kept (rate's Leases)
+            b = b - elapsed * count / period
+            if not (b > 0) then b = 0 end
+          end
+          a, b, t = nxt, b, now
         else
           ok = 0
           local retry = (nxt - cap) * perUnit

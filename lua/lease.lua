@@ -37,7 +37,16 @@ while i0 <= #grant do
   specs[nb] = {alg, count, period, cap, n, w0, w1, w2, w3}
 end
 
--- releases: rate.Limit.LeaseRefund, then Limit.Adjust
+-- drain is rate.Limit.drain: x written at t0, drained until now
+local function drain(x, t0, count, period)
+  local elapsed = now - t0
+  if elapsed < 0 then elapsed = 0 end
+  x = x - elapsed * count / period
+  if x > 0 then return x end
+  return 0
+end
+
+-- releases: rate.Limit.LeaseGiveBack
 local k = nb
 local j = 1
 while j <= #rel do
@@ -59,13 +68,30 @@ while j <= #rel do
     refund = units - drained
   end
   if refund <= 0 then refund = 0 else refund = floor(refund) end
-  if refund > 0 then
+  if refund > 0 or alg ~= CALENDAR then
     local v = values[k]
     if written[key] ~= nil then v = written[key] end
     local a, b, t, e = decode(v)
     local start, stop
-    if alg == CALENDAR then start, stop = window(now, w0, w1, w2, w3) end
-    a, b, t = adjust(alg, count, period, -refund, a, b, t, now, start, charged)
+    if alg == CALENDAR then
+      start, stop = window(now, w0, w1, w2, w3)
+      a, b, t = adjust(alg, count, period, -refund, a, b, t, now, start, charged)
+    else
+      -- the lease top: lowered only by the topmost lease
+      local u = drain(a, t, count, period)
+      local top = drain(b, t, count, period)
+      if not (top < u) then top = u end
+      local most = top + 0.5 -- rate.Limit.LeaseGiveBack: never more than the top
+      if most <= 0 then most = 0 else most = floor(most) end
+      if refund > most then refund = most end
+      if top <= drain(off + units, t0, count, period) + 0.5 then
+        local under = drain(off, t0, count, period)
+        if not (top < under) then top = under end
+      end
+      a = u - refund
+      if not (a > top) then a = top end
+      b, t = top, now
+    end
     local _
     _, _, written[key] = put(key, a, b, t, e, now, ttl(alg, count, period, a, t, now, stop), '')
   end
@@ -119,6 +145,7 @@ if admit then
       levels[i] = c[1] + pads[i]
       local ok, _, remaining, _, _, reset, a, b, t = apply(s[1], s[2], s[3], s[4], pads[i] + extra * s[5], c[1], c[2], c[3], now, c[5], c[6])
       if ok == 0 then extra = 0 break end
+      if s[1] ~= CALENDAR and s[5] > 0 then b = a end -- rate.Limit.LeaseGranted
       leased[i] = {a, b, t}
       after[i] = {remaining, reset}
     end

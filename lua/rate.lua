@@ -340,7 +340,9 @@ local function algorithms(log)
     end
     local nxt = u + n
     if nxt <= cap then
-      return 1, 0, floornn(cap - nxt), floornn(cap - u), 0, ceilnn(nxt * perUnit), nxt, 0, now
+      local top = 0 -- the lease top, kept
+      if b > 0 then top = level(b, t, now, count, period) end
+      return 1, 0, floornn(cap - nxt), floornn(cap - u), 0, ceilnn(nxt * perUnit), nxt, top, now
     end
     return 0, 0, floornn(cap - u), floornn(cap - u), ceilnn((nxt - cap) * perUnit) + 1, ceilnn(u * perUnit), a, b, t
   end
@@ -363,7 +365,13 @@ local function algorithms(log)
       if not refund or charged == start then a = pos(a + delta) end
       return a, b, t
     end
-    return pos(level(a, t, now, count, period) + delta), b, now
+    -- never beneath the lease top (rate's Leases)
+    local u = level(a, t, now, count, period)
+    local top = level(b, t, now, count, period)
+    if not (top < u) then top = u end
+    a = u + delta
+    if not (a > top) then a = top end
+    return a, top, now
   end
 
   -- ttl is Limit.TTL of a state about to be stored at now.

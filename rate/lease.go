@@ -28,6 +28,18 @@ import "math"
 // correction gives back less, never more). The padding is not given back:
 // the units spent above it must stay where they were charged.
 //
+// That reckoning assumes the level under a lease's units only drains: a
+// refund that took units from beneath them (another lease given back, a
+// reconciled estimate) would let them drain early, and a lease would spend
+// units its bucket no longer counts. So a GCRA bucket keeps its lease top
+// (State.B, drained like the level): the level at which the newest lease's
+// units end, beneath which every lease's units lie. A refund never lowers
+// the level below it (Adjust withholds the rest: under-admission, never
+// over), and a lease given back lowers it only when the lease is the
+// topmost, to the level under its unspent units (LeaseGiveBack); a lease
+// given back beneath a later one gives back only what was charged above
+// the top since.
+//
 // A calendar charge belongs to its window: leased units are spent only
 // within the window they were charged in, and given back only while it is
 // still the current window. Sliding windows are never leased: a unit
@@ -100,4 +112,46 @@ func (l Limit) LeaseExtra(remaining, pad, n int64, want int64, share, minRemaini
 	}
 	extra := int64(math.Floor((share*float64(remaining) - float64(pad)) / float64(n)))
 	return max(0, min(extra, want))
+}
+
+// LeaseGranted returns the state of a GCRA bucket just charged a lease's
+// units (on top of everything): its lease top is its level. Other
+// algorithms keep no lease top.
+func (l Limit) LeaseGranted(s State) State {
+	if l.Algorithm != Calendar {
+		s.B = s.A
+	}
+	return s
+}
+
+// LeaseGiveBack returns state s after a lease charged at t0 (µs) ends at
+// now with units unspent, sitting on a level of off (see LeaseRefund): the
+// undrained units are refunded (into the window they were charged in, for
+// a calendar limit) and, on a GCRA bucket, no deeper than the lease top,
+// which drops to the level under the unspent units when this lease's are
+// the topmost (within half a unit: a later lease ends at least a unit
+// higher). It never refunds more than the lease top: every lease's units
+// lie beneath it, so a bucket with a lower top (reset since the lease was
+// charged, or expired) no longer holds them. See Leases. The Redis script
+// computes the same.
+func (l Limit) LeaseGiveBack(s State, now, t0 int64, off, units float64) State {
+	refund := l.LeaseRefund(t0, off, units, now)
+	if l.Algorithm == Calendar {
+		if refund <= 0 {
+			return s
+		}
+		return l.Adjust(s, now, -refund, l.ChargeWindow(t0))
+	}
+	u := l.level(s, now)
+	top := math.Min(l.leaseTop(s, now), u)
+	// A lease's undrained units lie beneath the top: a bucket whose top is
+	// lower than what is given back (reset since, or forgotten) holds less.
+	refund = min(refund, floorNonNeg(top+0.5))
+	if top <= l.drain(off+units, t0, now)+0.5 {
+		top = math.Min(top, l.drain(off, t0, now))
+	}
+	s.A = math.Max(top, u-float64(refund))
+	s.B = top
+	s.T = now
+	return s
 }

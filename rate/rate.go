@@ -254,7 +254,8 @@ func dayStart(y int, m time.Month, d int, loc *time.Location) time.Time {
 // State is what a store keeps for one bucket. Its meaning depends on the
 // algorithm:
 //
-//	GCRA:          A = level u (units owed),  T = when A was written
+//	GCRA:          A = level u (units owed),  B = the lease top (see Leases),
+//	               T = when A and B were written (both drain at Count per Period)
 //	Sliding:       A = the cost of every charge logged, B = the cost of the newest,
 //	               T = the newest's time, Log = the older charges (nil: none)
 //	SlidingApprox: A = previous window's count, B = current window's count, T = current window's start
@@ -348,7 +349,13 @@ func (l Limit) Adjust(s State, now, delta, charged int64) State {
 			s.A = math.Max(0, s.A+float64(delta))
 		}
 	default:
-		s.A = math.Max(0, l.level(s, now)+float64(delta))
+		// A refund never lowers the level beneath the lease top: the
+		// leased units below it must drain no sooner than their leases
+		// reckon (see Leases). What it cannot give back is withheld.
+		u := l.level(s, now)
+		top := math.Min(l.leaseTop(s, now), u)
+		s.A = math.Max(top, u+float64(delta))
+		s.B = top
 		s.T = now
 	}
 	return s
@@ -397,11 +404,21 @@ func (l Limit) TTL(s State, now int64) int64 {
 
 // level is the GCRA level at time now: the stored level drained at Count per Period.
 func (l Limit) level(s State, now int64) float64 {
-	elapsed := now - s.T
+	return l.drain(s.A, s.T, now)
+}
+
+// leaseTop is the GCRA lease top at time now, drained like the level.
+func (l Limit) leaseTop(s State, now int64) float64 {
+	return l.drain(s.B, s.T, now)
+}
+
+// drain is x written at t, drained at Count per Period until now.
+func (l Limit) drain(x float64, t, now int64) float64 {
+	elapsed := now - t
 	if elapsed < 0 {
 		elapsed = 0
 	}
-	return math.Max(0, s.A-float64(elapsed)*float64(l.Count)/float64(l.Period.Microseconds()))
+	return math.Max(0, x-float64(elapsed)*float64(l.Count)/float64(l.Period.Microseconds()))
 }
 
 func (l Limit) gcra(s State, now, n int64) (State, Result) {
@@ -413,7 +430,11 @@ func (l Limit) gcra(s State, now, n int64) (State, Result) {
 	}
 	next := u + float64(n)
 	if next <= b {
-		return State{A: next, T: now}, Result{Allowed: true, Remaining: floorNonNeg(b - next), Before: floorNonNeg(b - u), Reset: ceilMicros(next * perUnit)}
+		var top float64 // the lease top, kept (most buckets have none)
+		if s.B > 0 {
+			top = l.leaseTop(s, now)
+		}
+		return State{A: next, B: top, T: now}, Result{Allowed: true, Remaining: floorNonNeg(b - next), Before: floorNonNeg(b - u), Reset: ceilMicros(next * perUnit)}
 	}
 	return s, Result{
 		Remaining:  floorNonNeg(b - u),

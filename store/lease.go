@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/maphash"
+	"math"
 	"time"
 
 	"github.com/caddy-cascade/cascade/rate"
@@ -123,6 +124,9 @@ func (m *Memory) Lease(_ context.Context, g Grant) (Leased, error) {
 			for i, b := range g.Buckets {
 				out.Levels[i] = next[i].A + float64(pads[i])
 				leased[i], after[i] = b.Limit.Apply(next[i], now, pads[i]+extra*b.Cost)
+				if b.Cost > 0 {
+					leased[i] = b.Limit.LeaseGranted(leased[i])
+				}
 				if !after[i].Allowed { // cannot happen: LeaseExtra fits what remains
 					extra = 0
 					break
@@ -153,6 +157,9 @@ func (m *Memory) Lease(_ context.Context, g Grant) (Leased, error) {
 
 // Release implements Leaser.
 func (m *Memory) Release(_ context.Context, r []Release) error {
+	if err := checkReleases(r); err != nil {
+		return err
+	}
 	hashes := make([]uint64, len(r))
 	for i := range r {
 		hashes[i] = maphash.String(m.seed, r[i].Key)
@@ -167,12 +174,8 @@ func (m *Memory) Release(_ context.Context, r []Release) error {
 // undrained. The caller holds the keys' shard locks.
 func (m *Memory) releaseLocked(r []Release, hashes []uint64, now int64) {
 	for i, rel := range r {
-		refund := rel.Limit.LeaseRefund(rel.Charged, rel.Offset, rel.Units, now)
-		if refund <= 0 {
-			continue
-		}
-		s := rel.Limit.Adjust(m.stateOf(hashes[i], rel.Key, now), now, -refund, rel.Limit.ChargeWindow(rel.Charged))
-		m.store(hashes[i], rel.Bucket, s, now)
+		s := m.stateOf(hashes[i], rel.Key, now)
+		m.store(hashes[i], rel.Bucket, rel.Limit.LeaseGiveBack(s, now, rel.Charged, rel.Offset, rel.Units), now)
 	}
 }
 
@@ -183,6 +186,9 @@ func checkGrant(g Grant) error {
 	}
 	if g.Want < 1 {
 		return fmt.Errorf("lease: want %d requests, at least 1", g.Want)
+	}
+	if err := checkReleases(g.Release); err != nil {
+		return err
 	}
 	for i, b := range g.Buckets {
 		if !b.Limit.Leasable() {
@@ -198,3 +204,16 @@ func checkGrant(g Grant) error {
 }
 
 var _ Leaser = (*Memory)(nil)
+
+// checkReleases refuses to give back a lease no store could have granted.
+func checkReleases(r []Release) error {
+	for _, rel := range r {
+		if !rel.Limit.Leasable() {
+			return fmt.Errorf("lease: giving back a %s limit of %q: %w", rel.Limit.Algorithm, rel.Key, ErrNotLeasable)
+		}
+		if !(rel.Units >= 0) || math.IsInf(rel.Units, 0) || math.IsNaN(rel.Offset) || math.IsInf(rel.Offset, 0) {
+			return fmt.Errorf("lease: giving back %v units over %v on %q: not a lease", rel.Units, rel.Offset, rel.Key)
+		}
+	}
+	return nil
+}

@@ -188,25 +188,41 @@ func (r *Redis) leaseSlots(ctx context.Context, g Grant, groups [][]int, now, wa
 	}
 	if parts[leaf].Allowed && !allowed {
 		// A ceiling refused (or failed): give back what the slots that
-		// admitted charged, request and lease, before answering.
+		// admitted charged, request and lease, before answering. A slot
+		// that leased gives it back as a lease (the topmost: its lease top
+		// drops back under the request, see rate's Leases); one that did
+		// not refunds the request, charged above every lease top.
 		var refunds []Bucket
+		var rel []Release
 		for gi, idx := range groups {
 			if errs[gi] != nil || !parts[gi].Allowed {
 				continue
 			}
 			for k, j := range idx {
 				b := g.Buckets[j]
-				b.Cost = -(b.Cost + parts[gi].Pads[k] + parts[gi].Extra*b.Cost)
-				b.Charged = parts[gi].At
+				p := parts[gi]
+				if p.Extra > 0 && b.Cost > 0 {
+					units := b.Cost + p.Pads[k] + p.Extra*b.Cost
+					rel = append(rel, Release{Bucket: Bucket{Key: b.Key, Limit: b.Limit, Charged: p.At},
+						Offset: p.Levels[k] - float64(p.Pads[k]+b.Cost), Units: float64(units)})
+					continue
+				}
+				b.Cost = -b.Cost
+				b.Charged = p.At
 				refunds = append(refunds, b)
 			}
 		}
+		var err error
+		if len(rel) > 0 {
+			err = r.Release(ctx, rel)
+		}
 		if len(refunds) > 0 {
 			bySlot := groupBySlot(len(refunds), func(i int) int { return RedisKeySlot(r.prefix + refunds[i].Key) })
-			if err := r.adjustSlots(ctx, refunds, bySlot, now, wall); err != nil && r.logger != nil {
-				r.logger.Warn("giving back a lease refused by another slot failed; it stays charged until it drains",
-					zap.Error(err))
-			}
+			err = errors.Join(err, r.adjustSlots(ctx, refunds, bySlot, now, wall))
+		}
+		if err != nil && r.logger != nil {
+			r.logger.Warn("giving back a lease refused by another slot failed; it stays charged until it drains",
+				zap.Error(err))
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -249,6 +265,9 @@ func (r *Redis) leaseSlots(ctx context.Context, g Grant, groups [][]int, now, wa
 func (r *Redis) Release(ctx context.Context, rels []Release) error {
 	if len(rels) == 0 {
 		return nil
+	}
+	if err := checkReleases(rels); err != nil {
+		return err
 	}
 	if err := r.breaker.allow(); err != nil {
 		return err

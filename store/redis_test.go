@@ -166,6 +166,16 @@ func (s *slotPerBucket) Release(ctx context.Context, r []store.Release) error {
 	return s.Redis.Release(ctx, retagReleases(r))
 }
 
+func (s *slotPerBucket) Reset(ctx context.Context, keys []string) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	tagged := make([]string, len(keys))
+	for i, k := range keys {
+		tagged[i] = retag([]store.Bucket{{Key: k}})[0].Key
+	}
+	return s.Redis.Reset(ctx, tagged)
+}
+
 func retagReleases(r []store.Release) []store.Release {
 	out := make([]store.Release, len(r))
 	for i, rel := range r {

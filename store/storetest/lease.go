@@ -2,6 +2,7 @@ package storetest
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -151,6 +152,83 @@ func RunLeases(t *testing.T, open LeaserOpener) {
 			expectDecide(t, s, []store.Bucket{b("lb", "k", perHour, 100)}, true)
 			expectDecide(t, s, []store.Bucket{b("lb", "k", perHour, 1)}, false)
 		}},
+		{"a lease given back beneath a later one gives back nothing", func(t *testing.T, s store.Leaser, c *Clock) {
+			// The later lease's units sit on the earlier one's: taking
+			// those from under them would let them drain early.
+			g := grant([]store.Bucket{b("lg", "k", slow, 1)}, 40)
+			g.MaxShare = 0.5
+			l1 := mustLease(t, s, g)
+			expectLease(t, l1, true, 39, []int64{60})
+			g.Want = 5
+			l2 := mustLease(t, s, g)
+			expectLease(t, l2, true, 4, []int64{55})
+			release(t, s, store.Release{Bucket: store.Bucket{Key: key("lg", "k"), Limit: slow, Charged: l1.At}, Offset: l1.Levels[0], Units: 39})
+			expectDecide(t, s, []store.Bucket{b("lg", "k", slow, 56)}, false)
+			// The topmost gives back its own, and the top drops under it.
+			release(t, s, store.Release{Bucket: store.Bucket{Key: key("lg", "k"), Limit: slow, Charged: l2.At}, Offset: l2.Levels[0], Units: 4})
+			expectDecide(t, s, []store.Bucket{b("lg", "k", slow, 60)}, false)
+			expectDecide(t, s, []store.Bucket{b("lg", "k", slow, 59)}, true)
+		}},
+		{"a refund beneath a lease is withheld", func(t *testing.T, s store.Leaser, c *Clock) {
+			first := b("lh", "k", slow, 10)
+			d, err := s.Decide(ctx, []store.Bucket{first})
+			if err != nil || !d.Allowed {
+				t.Fatalf("Decide: %v %+v", err, d)
+			}
+			expectLease(t, mustLease(t, s, grant([]store.Bucket{b("lh", "k", slow, 1)}, 5)), true, 4, []int64{85})
+			expectDecide(t, s, []store.Bucket{b("lh", "k", slow, 5)}, true)
+			// Refunding the first 10: only the 5 charged above the lease go back.
+			first.Cost, first.Charged = -10, d.At
+			if err := s.Adjust(ctx, []store.Bucket{first}); err != nil {
+				t.Fatal(err)
+			}
+			expectDecide(t, s, []store.Bucket{b("lh", "k", slow, 86)}, false)
+			expectDecide(t, s, []store.Bucket{b("lh", "k", slow, 85)}, true)
+		}},
+		{"a release after a reset gives back nothing", func(t *testing.T, s store.Leaser, c *Clock) {
+			rs, ok := s.(store.Resetter)
+			if !ok {
+				t.Skip("the store cannot reset")
+			}
+			l := mustLease(t, s, grant([]store.Bucket{b("li", "k", slow, 1)}, 20))
+			expectLease(t, l, true, 9, []int64{90})
+			if _, err := rs.Reset(ctx, []string{key("li", "k")}); err != nil {
+				t.Fatal(err)
+			}
+			expectDecide(t, s, []store.Bucket{b("li", "k", slow, 50)}, true)
+			release(t, s, store.Release{Bucket: store.Bucket{Key: key("li", "k"), Limit: slow, Charged: l.At}, Offset: l.Levels[0], Units: 9})
+			expectDecide(t, s, []store.Bucket{b("li", "k", slow, 51)}, false)
+			expectDecide(t, s, []store.Bucket{b("li", "k", slow, 50)}, true)
+		}},
+		{"a lease given back twice gives back once", func(t *testing.T, s store.Leaser, c *Clock) {
+			l := mustLease(t, s, grant([]store.Bucket{b("lj", "k", slow, 1)}, 20))
+			rel := store.Release{Bucket: store.Bucket{Key: key("lj", "k"), Limit: slow, Charged: l.At}, Offset: l.Levels[0], Units: 9}
+			release(t, s, rel, rel)
+			expectDecide(t, s, []store.Bucket{b("lj", "k", slow, 100)}, false)
+			expectDecide(t, s, []store.Bucket{b("lj", "k", slow, 99)}, true)
+		}},
+		{"fractional units given back whole", func(t *testing.T, s store.Leaser, c *Clock) {
+			l := mustLease(t, s, grant([]store.Bucket{b("lk", "k", slow, 1)}, 20))
+			// 2.5 units spent of 9: 6 whole units of the 6.5 left go back,
+			// and the level stays above what was spent.
+			release(t, s, store.Release{Bucket: store.Bucket{Key: key("lk", "k"), Limit: slow, Charged: l.At}, Offset: l.Levels[0] + 2.5, Units: 6.5})
+			expectDecide(t, s, []store.Bucket{b("lk", "k", slow, 97)}, false)
+			expectDecide(t, s, []store.Bucket{b("lk", "k", slow, 96)}, true)
+		}},
+		{"a bucket the request does not charge is not leased", func(t *testing.T, s store.Leaser, c *Clock) {
+			l := mustLease(t, s, grant([]store.Bucket{b("lm", "org", slow, 0), b("lm", "user", slow, 1)}, 20))
+			expectLease(t, l, true, 9, []int64{100, 90})
+			expectDecide(t, s, []store.Bucket{b("lm", "org", slow, 100)}, true)
+		}},
+		{"a release goes through with a refused grant", func(t *testing.T, s store.Leaser, c *Clock) {
+			l := mustLease(t, s, grant([]store.Bucket{b("ln", "k", slow, 1)}, 20))
+			expectDecide(t, s, []store.Bucket{b("ln", "k", slow, 90)}, true)
+			rel := store.Release{Bucket: store.Bucket{Key: key("ln", "k"), Limit: slow, Charged: l.At}, Offset: l.Levels[0], Units: 9}
+			// 9 given back under the 90 charged since; 10 do not fit in 9.
+			expectLease(t, mustLease(t, s, grant([]store.Bucket{b("ln", "k", slow, 10)}, 20, rel)), false, 0, []int64{9})
+			expectDecide(t, s, []store.Bucket{b("ln", "k", slow, 9)}, true)
+			expectDecide(t, s, []store.Bucket{b("ln", "k", slow, 1)}, false)
+		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := NewClock(start)
@@ -159,11 +237,26 @@ func RunLeases(t *testing.T, open LeaserOpener) {
 	}
 	t.Run("a sliding window is not leased", func(t *testing.T) {
 		c := NewClock(start)
-		_, err := open(t, c.Now).Lease(ctx, grant([]store.Bucket{b("lc", "k", sliding(10, time.Second), 1)}, 5))
-		if err == nil {
-			t.Fatal("a sliding window was leased")
+		s := open(t, c.Now)
+		win := sliding(10, time.Second)
+		if _, err := s.Lease(ctx, grant([]store.Bucket{b("lc", "k", win, 1)}, 5)); !errors.Is(err, store.ErrNotLeasable) {
+			t.Fatalf("leasing a sliding window: %v, want ErrNotLeasable", err)
+		}
+		rel := store.Release{Bucket: store.Bucket{Key: key("lc", "k"), Limit: win}, Units: 1}
+		if err := s.Release(ctx, []store.Release{rel}); !errors.Is(err, store.ErrNotLeasable) {
+			t.Fatalf("giving back a sliding window: %v, want ErrNotLeasable", err)
+		}
+		if _, err := s.Lease(ctx, grant([]store.Bucket{b("lc", "j", slow, 1)}, 5, rel)); !errors.Is(err, store.ErrNotLeasable) {
+			t.Fatalf("giving back a sliding window with a grant: %v, want ErrNotLeasable", err)
 		}
 	})
+}
+
+func release(t *testing.T, s store.Leaser, r ...store.Release) {
+	t.Helper()
+	if err := s.Release(context.Background(), r); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
 }
 
 func mustLease(t *testing.T, s store.Leaser, g store.Grant) store.Leased {
