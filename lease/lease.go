@@ -120,10 +120,11 @@ type Store struct {
 	paths [shards]pathShard
 	count atomic.Int64 // paths tracked
 
-	// gen is bumped when a reset starts and when it ends, and resetting
-	// counts the resets under way: a grant is installed only if neither
-	// moved while it was in flight (its charge may have been wiped).
-	gen, resetting atomic.Int64
+	// gen is bumped when a reset starts and when it ends: a grant is
+	// installed only if it did not move while the grant was in flight (its
+	// charge may have been wiped). A grant begun and installed within a
+	// reset is revoked when the reset ends.
+	gen atomic.Int64
 
 	pendingMu sync.Mutex
 	pending   []store.Release // ended leases to give back
@@ -405,7 +406,7 @@ func (s *Store) grant(ctx context.Context, sh *pathShard, p *path, buckets []sto
 		}
 	}
 	switch {
-	case s.gen.Load() != gen || s.resetting.Load() != 0:
+	case s.gen.Load() != gen:
 		// A reset ran while the grant was in flight: its charge may have
 		// been wiped, and the capacity it leased with it, or not. It is
 		// neither spent nor given back (giving back what a reset wiped
@@ -447,7 +448,9 @@ func (s *Store) spend(p *path, buckets []store.Bucket, now int64, buf []rate.Res
 	}
 	elapsed := now - l.sent // since the grant, never underestimated
 	for i, b := range buckets {
-		if float64(b.Cost) > l.avail(i, b.Limit, l.ats[i]+elapsed) {
+		// A bucket the request does not charge needs nothing of the
+		// lease (it may hold none there).
+		if b.Cost > 0 && float64(b.Cost) > l.avail(i, b.Limit, l.ats[i]+elapsed) {
 			return store.Decision{}, false
 		}
 	}
@@ -457,8 +460,12 @@ func (s *Store) spend(p *path, buckets []store.Bucket, now int64, buf []rate.Res
 	}
 	results = results[:len(buckets)]
 	for i, b := range buckets {
-		l.used[i] = l.units[i] - l.avail(i, b.Limit, l.ats[i]+elapsed) + float64(b.Cost)
-		left := int64(l.units[i] - l.used[i])
+		avail := l.avail(i, b.Limit, l.ats[i]+elapsed)
+		if b.Cost > 0 {
+			l.used[i] = l.units[i] - avail + float64(b.Cost)
+			avail -= float64(b.Cost)
+		}
+		left := max(0, int64(avail))
 		g := l.results[i]
 		results[i] = rate.Result{
 			Allowed:   true,
@@ -726,12 +733,10 @@ func (s *Store) Reset(ctx context.Context, keys []string) (int, error) {
 // after it, in case a grant in flight was installed meanwhile; and no
 // grant in flight during it is installed (see grant).
 func (s *Store) reset(selected func(key string) bool, inner func() (int, error)) (int, error) {
-	s.resetting.Add(1)
 	s.gen.Add(1)
 	defer func() {
 		s.gen.Add(1)
 		s.revoke(selected)
-		s.resetting.Add(-1)
 	}()
 	s.revoke(selected)
 	return inner()

@@ -193,10 +193,11 @@ func TestLeaseIdealGCRA(t *testing.T) {
 }
 
 // gatedLeaser runs hook in the middle of a grant: after the store has
-// decided it, before the lease store sees the answer.
+// decided it, before the lease store sees the answer; and resetHook just
+// before the store resets buckets.
 type gatedLeaser struct {
 	store.Leaser
-	hook func()
+	hook, resetHook func()
 }
 
 func (g *gatedLeaser) Close() error { return nil }
@@ -211,6 +212,10 @@ func (g *gatedLeaser) Lease(ctx context.Context, gr store.Grant) (store.Leased, 
 }
 
 func (g *gatedLeaser) Reset(ctx context.Context, keys []string) (int, error) {
+	if h := g.resetHook; h != nil {
+		g.resetHook = nil
+		h()
+	}
 	return g.Leaser.(store.Resetter).Reset(ctx, keys)
 }
 
@@ -255,6 +260,39 @@ func TestLeaseResetDuringGrant(t *testing.T) {
 	})
 }
 
+// TestLeaseGrantInsideReset: a grant that starts while a reset is under way
+// (after this instance's leases were revoked) and is charged before the
+// store's reset wipes it is not installed either.
+func TestLeaseGrantInsideReset(t *testing.T) {
+	eachStore(t, func(t *testing.T, kind string) {
+		ctx := context.Background()
+		c := storetest.NewClock(start)
+		in := inner(t, kind, c.Now)
+		g := &gatedLeaser{Leaser: in}
+		s := newLease(t, g, c.Now, lease.Options{TTL: time.Minute, MaxShare: 1})
+		bs := []store.Bucket{{Key: "{g}|k", Limit: gcra(100, 24*time.Hour), Cost: 1}}
+		decide(t, s, bs)
+		c.Advance(time.Millisecond)
+		g.resetHook = func() { decide(t, s, bs) } // the grant, between the revocation and the store's reset
+		if _, err := s.Reset(ctx, []string{bs[0].Key}); err != nil {
+			t.Fatal(err)
+		}
+		if g.resetHook != nil || s.Stats().Leased != 1 {
+			t.Fatalf("no lease was granted during the reset: %+v", s.Stats())
+		}
+		admitted := 0
+		for range 200 {
+			c.Advance(time.Millisecond)
+			if decide(t, s, bs).Allowed {
+				admitted++
+			}
+		}
+		if admitted != 100 {
+			t.Fatalf("admitted %d after the reset, want the fresh bucket's 100 (stats %+v)", admitted, s.Stats())
+		}
+	})
+}
+
 // TestLeaseResetDropsQueuedRelease: a lease given back (queued) before a
 // reset of its bucket is not given back into the fresh bucket.
 func TestLeaseResetDropsQueuedRelease(t *testing.T) {
@@ -277,9 +315,12 @@ func TestLeaseResetDropsQueuedRelease(t *testing.T) {
 		if _, err := s.Reset(ctx, []string{"{q}|k"}); err != nil {
 			t.Fatal(err)
 		}
+		charged := bs(bigger)
+		charged[0].Cost = 150
+		decide(t, in, charged)
 		s.Sweep(ctx)
-		if r := peekRemaining(t, in, bs(bigger)); r[0] != 200 {
-			t.Fatalf("remaining after the reset %d, want 200", r[0])
+		if r := peekRemaining(t, in, bs(bigger)); r[0] != 50 {
+			t.Fatalf("remaining %d of the fresh 200 after charging 150, want 50", r[0])
 		}
 	})
 }
@@ -338,8 +379,13 @@ func TestLeaseCloseWaitsForGrant(t *testing.T) {
 		bs := []store.Bucket{{Key: "{w}|k", Limit: daily, Cost: 1}}
 		decide(t, s, bs)
 		c.Advance(time.Millisecond)
-		closed := make(chan error)
-		g.hook = func() { go func() { closed <- s.Close() }() }
+		closed := make(chan error, 1)
+		g.hook = func() {
+			go func() { closed <- s.Close() }()
+			// Give Close the time to overtake the grant (without the
+			// wait it would give back before the lease is installed).
+			time.Sleep(100 * time.Millisecond)
+		}
 		decide(t, s, bs)
 		if err := <-closed; err != nil {
 			t.Fatal(err)
@@ -349,6 +395,28 @@ func TestLeaseCloseWaitsForGrant(t *testing.T) {
 		}
 		if r := peekRemaining(t, in, bs); r[0] != 98 {
 			t.Fatalf("remaining %d after Close, want 98: the lease granted during Close was kept", r[0])
+		}
+	})
+}
+
+// TestLeaseCostZeroBucket: a bucket the path's requests do not charge (a
+// token budget beside a request count) does not keep the path off its
+// lease.
+func TestLeaseCostZeroBucket(t *testing.T) {
+	eachStore(t, func(t *testing.T, kind string) {
+		c := storetest.NewClock(start)
+		in := inner(t, kind, c.Now)
+		s := newLease(t, in, c.Now, lease.Options{TTL: time.Second, MaxShare: 0.5})
+		l := gcra(1000, time.Minute)
+		bs := []store.Bucket{{Key: "{z}|tokens", Limit: l, Cost: 0}, {Key: "{z}|req", Limit: l, Cost: 1}}
+		for range 200 {
+			if d := decide(t, s, bs); !d.Allowed || d.Results[0].Remaining != 1000 {
+				t.Fatalf("allowed %v, %d tokens remaining, want 1000: %+v", d.Allowed, d.Results[0].Remaining, d.Results)
+			}
+			c.Advance(time.Millisecond)
+		}
+		if st := s.Stats(); st.Local < 150 {
+			t.Fatalf("%d of 200 decided on a lease (stats %+v)", st.Local, st)
 		}
 	})
 }

@@ -132,8 +132,10 @@ func (l Limit) LeaseGranted(s State) State {
 // the topmost (within half a unit: a later lease ends at least a unit
 // higher). It never refunds more than the lease top: every lease's units
 // lie beneath it, so a bucket with a lower top (reset since the lease was
-// charged, or expired) no longer holds them. See Leases. The Redis script
-// computes the same.
+// charged, or expired) no longer holds them. (A bucket reset and leased
+// again has a top of its own: a lease charged before the reset may then
+// take back up to its units from the fresh bucket, as it could have spent
+// them. See Leases.) The Redis script computes the same.
 func (l Limit) LeaseGiveBack(s State, now, t0 int64, off, units float64) State {
 	refund := l.LeaseRefund(t0, off, units, now)
 	if l.Algorithm == Calendar {

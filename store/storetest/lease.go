@@ -185,7 +185,7 @@ func RunLeases(t *testing.T, open LeaserOpener) {
 			expectDecide(t, s, []store.Bucket{b("lh", "k", slow, 86)}, false)
 			expectDecide(t, s, []store.Bucket{b("lh", "k", slow, 85)}, true)
 		}},
-		{"a release after a reset gives back nothing", func(t *testing.T, s store.Leaser, c *Clock) {
+		{"a release after a reset, with no lease since, gives back nothing", func(t *testing.T, s store.Leaser, c *Clock) {
 			rs, ok := s.(store.Resetter)
 			if !ok {
 				t.Skip("the store cannot reset")
@@ -200,7 +200,7 @@ func RunLeases(t *testing.T, open LeaserOpener) {
 			expectDecide(t, s, []store.Bucket{b("li", "k", slow, 51)}, false)
 			expectDecide(t, s, []store.Bucket{b("li", "k", slow, 50)}, true)
 		}},
-		{"a lease given back twice gives back once", func(t *testing.T, s store.Leaser, c *Clock) {
+		{"a lease given back twice in one call gives back once", func(t *testing.T, s store.Leaser, c *Clock) {
 			l := mustLease(t, s, grant([]store.Bucket{b("lj", "k", slow, 1)}, 20))
 			rel := store.Release{Bucket: store.Bucket{Key: key("lj", "k"), Limit: slow, Charged: l.At}, Offset: l.Levels[0], Units: 9}
 			release(t, s, rel, rel)
