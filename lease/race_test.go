@@ -223,74 +223,52 @@ func (g *gatedLeaser) ResetMatching(ctx context.Context, m store.KeyMatch) (int,
 	return g.Leaser.(store.Resetter).ResetMatching(ctx, m)
 }
 
-// TestLeaseResetDuringGrant: a reset that lands while a grant is in flight
-// (after the store charged it) keeps its lease from being installed: the
-// fresh bucket admits its capacity and no more.
-func TestLeaseResetDuringGrant(t *testing.T) {
-	eachStore(t, func(t *testing.T, kind string) {
-		ctx := context.Background()
-		c := storetest.NewClock(start)
-		in := inner(t, kind, c.Now)
-		g := &gatedLeaser{Leaser: in}
-		s := newLease(t, g, c.Now, lease.Options{TTL: time.Minute, MaxShare: 1})
-		daily := gcra(100, 24*time.Hour)
-		bs := []store.Bucket{{Key: "{r}|k", Limit: daily, Cost: 1}}
-		decide(t, in, []store.Bucket{{Key: bs[0].Key, Limit: daily, Cost: 50}})
-		decide(t, s, bs) // first sight: in the store
-		c.Advance(time.Millisecond)
-		g.hook = func() {
-			if _, err := s.Reset(ctx, []string{bs[0].Key}); err != nil {
-				t.Error(err)
-			}
-		}
-		decide(t, s, bs) // the grant, with the reset in its middle
-		if g.hook != nil {
-			t.Fatal("no grant was asked for")
-		}
-		admitted := 0
-		for range 200 {
-			c.Advance(time.Millisecond)
-			if decide(t, s, bs).Allowed {
-				admitted++
-			}
-		}
-		if admitted != 100 {
-			t.Fatalf("admitted %d after the reset, want the fresh bucket's 100 (stats %+v)", admitted, s.Stats())
-		}
-	})
-}
-
-// TestLeaseGrantInsideReset: a grant that starts while a reset is under way
-// (after this instance's leases were revoked) and is charged before the
-// store's reset wipes it is not installed either.
-func TestLeaseGrantInsideReset(t *testing.T) {
-	eachStore(t, func(t *testing.T, kind string) {
-		ctx := context.Background()
-		c := storetest.NewClock(start)
-		in := inner(t, kind, c.Now)
-		g := &gatedLeaser{Leaser: in}
-		s := newLease(t, g, c.Now, lease.Options{TTL: time.Minute, MaxShare: 1})
-		bs := []store.Bucket{{Key: "{g}|k", Limit: gcra(100, 24*time.Hour), Cost: 1}}
-		decide(t, s, bs)
-		c.Advance(time.Millisecond)
-		g.resetHook = func() { decide(t, s, bs) } // the grant, between the revocation and the store's reset
-		if _, err := s.Reset(ctx, []string{bs[0].Key}); err != nil {
-			t.Fatal(err)
-		}
-		if g.resetHook != nil || s.Stats().Leased != 1 {
-			t.Fatalf("no lease was granted during the reset: %+v", s.Stats())
-		}
-		admitted := 0
-		for range 200 {
-			c.Advance(time.Millisecond)
-			if decide(t, s, bs).Allowed {
-				admitted++
-			}
-		}
-		if admitted != 100 {
-			t.Fatalf("admitted %d after the reset, want the fresh bucket's 100 (stats %+v)", admitted, s.Stats())
-		}
-	})
+// TestLeaseResetRacingGrant: a grant whose charge a reset may wipe is not
+// installed, whether the reset lands in the middle of the grant (after the
+// store charged it) or the grant in the middle of the reset (after this
+// instance's leases were revoked, before the store's reset): the fresh
+// bucket admits its capacity and no more.
+func TestLeaseResetRacingGrant(t *testing.T) {
+	for _, inside := range []string{"reset inside the grant", "grant inside the reset"} {
+		t.Run(inside, func(t *testing.T) {
+			eachStore(t, func(t *testing.T, kind string) {
+				ctx := context.Background()
+				c := storetest.NewClock(start)
+				in := inner(t, kind, c.Now)
+				g := &gatedLeaser{Leaser: in}
+				s := newLease(t, g, c.Now, lease.Options{TTL: time.Minute, MaxShare: 1})
+				bs := []store.Bucket{{Key: "{r}|k", Limit: gcra(100, 24*time.Hour), Cost: 1}}
+				decide(t, in, []store.Bucket{{Key: bs[0].Key, Limit: bs[0].Limit, Cost: 50}})
+				decide(t, s, bs) // first sight: in the store
+				c.Advance(time.Millisecond)
+				reset := func() {
+					if _, err := s.Reset(ctx, []string{bs[0].Key}); err != nil {
+						t.Error(err)
+					}
+				}
+				if inside == "reset inside the grant" {
+					g.hook = reset
+					decide(t, s, bs)
+				} else {
+					g.resetHook = func() { decide(t, s, bs) }
+					reset()
+				}
+				if g.hook != nil || g.resetHook != nil || s.Stats().Leased != 1 {
+					t.Fatalf("no lease was granted: %+v", s.Stats())
+				}
+				admitted := 0
+				for range 200 {
+					c.Advance(time.Millisecond)
+					if decide(t, s, bs).Allowed {
+						admitted++
+					}
+				}
+				if admitted != 100 {
+					t.Fatalf("admitted %d after the reset, want the fresh bucket's 100 (stats %+v)", admitted, s.Stats())
+				}
+			})
+		})
+	}
 }
 
 // TestLeaseResetDropsQueuedRelease: a lease given back (queued) before a
