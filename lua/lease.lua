@@ -81,10 +81,13 @@ while j <= #rel do
       local u = drain(a, t, count, period)
       local top = drain(b, t, count, period)
       if not (top < u) then top = u end
-      local most = top + 0.5 -- rate.Limit.LeaseGiveBack: never more than the top
-      if most <= 0 then most = 0 else most = floor(most) end
-      if refund > most then refund = most end
-      if top <= drain(off + units, t0, count, period) + 0.5 then
+      local band = drain(off + units, t0, count, period) -- this lease's top
+      local slack = band -- rate.topSlack * math.Max(1, band)
+      if not (slack > 1) then slack = 1 end
+      slack = 1e-9 * slack
+      if top + slack < band then
+        refund = 0 -- reset since: the bucket does not hold these units
+      elseif top <= band + slack then -- the topmost
         local under = drain(off, t0, count, period)
         if not (top < under) then top = under end
       end

@@ -124,18 +124,26 @@ func (l Limit) LeaseGranted(s State) State {
 	return s
 }
 
+// topSlack is the relative rounding LeaseGiveBack allows between a
+// bucket's lease top and the top of the lease given back, both drained
+// since their own times: rounding on the order of 1e-16 per write, so a
+// lease is recognised as the topmost however many writes drained the top
+// since, while another lease's top is only taken for it by a coincidence
+// within a billionth (a later lease ends at least a unit higher).
+const topSlack = 1e-9
+
 // LeaseGiveBack returns state s after a lease charged at t0 (µs) ends at
 // now with units unspent, sitting on a level of off (see LeaseRefund): the
 // undrained units are refunded (into the window they were charged in, for
 // a calendar limit) and, on a GCRA bucket, no deeper than the lease top,
 // which drops to the level under the unspent units when this lease's are
-// the topmost (within half a unit: a later lease ends at least a unit
-// higher). It never refunds more than the lease top: every lease's units
-// lie beneath it, so a bucket with a lower top (reset since the lease was
-// charged, or expired) no longer holds them. (A bucket reset and leased
-// again has a top of its own: a lease charged before the reset may then
-// take back up to its units from the fresh bucket, as it could have spent
-// them. See Leases.) The Redis script computes the same.
+// the topmost (see topSlack). Every lease's units lie beneath the top, so
+// nothing is given back to a bucket whose top lies below where this
+// lease's units end: it no longer holds them (it was reset since, or
+// drained). A bucket reset, then charged and leased above where the old
+// lease ended, cannot tell: a lease charged before the reset may then take
+// back up to its units from the fresh bucket, as it could have spent them.
+// See Leases. The Redis script computes the same.
 func (l Limit) LeaseGiveBack(s State, now, t0 int64, off, units float64) State {
 	refund := l.LeaseRefund(t0, off, units, now)
 	if l.Algorithm == Calendar {
@@ -146,10 +154,14 @@ func (l Limit) LeaseGiveBack(s State, now, t0 int64, off, units float64) State {
 	}
 	u := l.level(s, now)
 	top := math.Min(l.leaseTop(s, now), u)
-	// A lease's undrained units lie beneath the top: a bucket whose top is
-	// lower than what is given back (reset since, or forgotten) holds less.
-	refund = min(refund, floorNonNeg(top+0.5))
-	if top <= l.drain(off+units, t0, now)+0.5 {
+	band := l.drain(off+units, t0, now) // this lease's top
+	slack := topSlack * math.Max(1, band)
+	switch {
+	case top+slack < band:
+		// Every lease's units lie beneath the top: this bucket does not
+		// hold these (it was reset since they were charged).
+		refund = 0
+	case top <= band+slack: // the topmost
 		top = math.Min(top, l.drain(off, t0, now))
 	}
 	s.A = math.Max(top, u-float64(refund))

@@ -200,6 +200,26 @@ func RunLeases(t *testing.T, open LeaserOpener) {
 			expectDecide(t, s, []store.Bucket{b("li", "k", slow, 51)}, false)
 			expectDecide(t, s, []store.Bucket{b("li", "k", slow, 50)}, true)
 		}},
+		{"a lease charged before a reset gives nothing back to the bucket leased since", func(t *testing.T, s store.Leaser, c *Clock) {
+			rs, ok := s.(store.Resetter)
+			if !ok {
+				t.Skip("the store cannot reset")
+			}
+			expectDecide(t, s, []store.Bucket{b("lo", "k", slow, 50)}, true)
+			g := grant([]store.Bucket{b("lo", "k", slow, 1)}, 20)
+			g.MaxShare = 0.5
+			old := mustLease(t, s, g)
+			expectLease(t, old, true, 19, []int64{30})
+			if _, err := rs.Reset(ctx, []string{key("lo", "k")}); err != nil {
+				t.Fatal(err)
+			}
+			expectLease(t, mustLease(t, s, g), true, 19, []int64{80})
+			expectDecide(t, s, []store.Bucket{b("lo", "k", slow, 30)}, true)
+			// Its units end above the fresh bucket's lease top: not there.
+			release(t, s, store.Release{Bucket: store.Bucket{Key: key("lo", "k"), Limit: slow, Charged: old.At}, Offset: old.Levels[0], Units: 19})
+			expectDecide(t, s, []store.Bucket{b("lo", "k", slow, 51)}, false)
+			expectDecide(t, s, []store.Bucket{b("lo", "k", slow, 50)}, true)
+		}},
 		{"a lease given back twice in one call gives back once", func(t *testing.T, s store.Leaser, c *Clock) {
 			l := mustLease(t, s, grant([]store.Bucket{b("lj", "k", slow, 1)}, 20))
 			rel := store.Release{Bucket: store.Bucket{Key: key("lj", "k"), Limit: slow, Charged: l.At}, Offset: l.Levels[0], Units: 9}
