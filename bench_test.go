@@ -19,6 +19,12 @@ import (
 // benchHandler provisions a handler with one tree of the given number of
 // tiers, each keyed by a header X-T<i> and limited far above the load.
 func benchHandler(b *testing.B, tiers int) (*Handler, func()) {
+	return benchHandlerOf(b, tiers, nil)
+}
+
+// benchHandlerOf is benchHandler with each tier's JSON changed by tier
+// (nil: as is).
+func benchHandlerOf(b *testing.B, tiers int, tier func(map[string]any)) (*Handler, func()) {
 	tree := map[string]any{"name": "bench"}
 	var ts []map[string]any
 	for i := 0; i < tiers; i++ {
@@ -26,6 +32,9 @@ func benchHandler(b *testing.B, tiers int) (*Handler, func()) {
 			"name": fmt.Sprintf("t%d", i), "key": fmt.Sprintf("{http.request.header.X-T%d}", i),
 			"limits": []map[string]any{{"count": int64(1) << 40, "per": "h"}},
 		})
+		if tier != nil {
+			tier(ts[i])
+		}
 	}
 	tree["tiers"] = ts
 	raw, _ := json.Marshal(map[string]any{"trees": []any{tree}, "store": map[string]any{"memory": map[string]any{"name": b.Name()}}})
@@ -119,6 +128,16 @@ func BenchmarkHandlerChargeOn(b *testing.B) {
 			}))
 		})
 	}
+}
+
+// BenchmarkHandlerPenalty is BenchmarkHandler at 4 tiers with a penalty
+// box on every tier: one more bucket per tier, charged nothing.
+func BenchmarkHandlerPenalty(b *testing.B) {
+	h, done := benchHandlerOf(b, 4, func(tier map[string]any) {
+		tier["penalty"] = map[string]any{"for": "10m", "after": 5}
+	})
+	defer done()
+	runHandler(b, h, 4, caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error { return nil }))
 }
 
 // BenchmarkServeHTTP is the handler's whole cost per admitted request on

@@ -50,6 +50,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	            }
 //	            value   <value...> unlimited
 //	            adaptive
+//	            penalty <for> after <n> [within <d>]  # refused n times within d (default: for): refused outright for <for>
 //	        }
 //	    }
 //	    zone <name> {                               # mholt/caddy-ratelimit zone: a sliding window
@@ -528,8 +529,14 @@ func (h *Handler) parseTier(d *caddyfile.Dispenser, tree string, before []*hiera
 			}
 		case "adaptive":
 			tier.Adaptive = true
+		case "penalty":
+			p, err := parsePenalty(d, tier.Name)
+			if err != nil {
+				return nil, err
+			}
+			tier.Penalty = p
 		default:
-			return nil, d.Errf("tier %s: unknown option %q: expected key, missing, limit, value or adaptive", tier.Name, d.Val())
+			return nil, d.Errf("tier %s: unknown option %q: expected key, missing, limit, value, adaptive or penalty", tier.Name, d.Val())
 		}
 	}
 	if tier.Key == "" {
@@ -539,6 +546,39 @@ func (h *Handler) parseTier(d *caddyfile.Dispenser, tree string, before []*hiera
 		return nil, start.errorf("tier %s has no limits: add one in its block, e.g. limit 1000/h", tier.Name)
 	}
 	return tier, nil
+}
+
+// parsePenalty parses `penalty <for> after <n> [within <duration>]`.
+func parsePenalty(d *caddyfile.Dispenser, tier string) (*hierarchy.Penalty, error) {
+	usage := func() error {
+		return d.Errf("tier %s: usage: penalty <for> after <refusals> [within <duration>], e.g. penalty 10m after 5 within 1m", tier)
+	}
+	p := &hierarchy.Penalty{}
+	if !d.NextArg() {
+		return nil, usage()
+	}
+	p.For = d.Val()
+	if !d.NextArg() || d.Val() != "after" || !d.NextArg() {
+		return nil, usage()
+	}
+	n, err := strconv.ParseInt(d.Val(), 10, 64)
+	if err != nil {
+		return nil, d.Errf("tier %s: penalty after %q: give a whole number of refusals", tier, d.Val())
+	}
+	p.After = n
+	if d.NextArg() {
+		if d.Val() != "within" || !d.NextArg() {
+			return nil, usage()
+		}
+		p.Within = d.Val()
+	}
+	if d.NextArg() {
+		return nil, usage()
+	}
+	if err := p.Validate(); err != nil {
+		return nil, d.Errf("tier %s: %v", tier, err)
+	}
+	return p, nil
 }
 
 // parseValue parses `value <v...> { limit ... }` or `value <v...> unlimited`.

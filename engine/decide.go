@@ -20,6 +20,7 @@ const (
 	ReasonOK         = "ok"
 	ReasonLimited    = "limited"    // some limit has not enough left now
 	ReasonImpossible = "impossible" // the cost exceeds some limit's capacity: waiting will not help
+	ReasonPenalty    = "penalty"    // a tier's value is in its penalty box (hierarchy.Penalty)
 	ReasonMissingKey = "missing_key"
 	ReasonStoreError = "store_error"
 )
@@ -187,6 +188,9 @@ func (e *Engine) DecideCosts(ctx context.Context, d *Decision) error {
 	sb := sized(d.scratch.limits[:], len(d.Buckets))
 	for i, b := range d.Buckets {
 		l, scaled := e.effective(b)
+		if b.Limit.Penalty() != nil {
+			d.Costs[i] = 0 // a penalty box is only looked at
+		}
 		sb[i] = store.Bucket{Key: b.Key, Limit: l, Cost: d.Costs[i]}
 		d.Scaled = d.Scaled || scaled
 	}
@@ -207,6 +211,9 @@ func (e *Engine) DecideCosts(ctx context.Context, d *Decision) error {
 		// sees (a shadow tree's denial shows nothing, even beside a tree
 		// in warn).
 		d.Mode = e.Mode(e.treeOf(d.Buckets[d.Closest].Tree))
+	}
+	if !d.Allowed && d.Reason == ReasonLimited && d.Mode == Enforce && !d.Local {
+		e.strike(ctx, d) // an enforced refusal by the limits: a strike
 	}
 	return nil
 }
@@ -246,14 +253,23 @@ func (e *Engine) settle(ctx context.Context, d *Decision, sc *scratch) error {
 		d.Reason = ReasonLimited
 	}
 	if !d.Allowed {
+		// The first bucket that refused, unless a penalty box did: then
+		// the request is refused for the box, whatever its limits say.
+		d.Closest = -1
 		for i, rr := range d.Results {
-			if !rr.Allowed {
-				b := d.Buckets[i]
-				d.Blocked = b.Tree.Name + "/" + b.Tier.Name
+			if rr.Allowed {
+				continue
+			}
+			if d.Closest < 0 || d.Buckets[i].Limit.Penalty() != nil {
 				d.Closest = i
+			}
+			if d.Buckets[i].Limit.Penalty() != nil {
+				d.Reason = ReasonPenalty
 				break
 			}
 		}
+		b := d.Buckets[d.Closest]
+		d.Blocked = b.Tree.Name + "/" + b.Tier.Name
 		d.Retry = d.RetryAfter
 		if e.cfg.Jitter > 0 && d.Retry > 0 {
 			d.Retry += time.Duration(rand.Float64() * e.cfg.Jitter * float64(d.Retry))
@@ -354,11 +370,56 @@ func (e *Engine) reducedNotImpossible(d *Decision) {
 	d.Impossible, d.RetryAfter = false, time.Duration(retry)*time.Microsecond
 }
 
+// strike counts a refusal by a tier's limits against the value's penalty
+// box, if its tier has one (hierarchy.Penalty), and boxes the value on the
+// refusal that fills its strikes. A store error is logged: the refusal
+// stands, uncounted.
+func (e *Engine) strike(ctx context.Context, d *Decision) {
+	blocked := d.Buckets[d.Closest]
+	if blocked.Tier.Penalty == nil || e.Mode(e.treeOf(blocked.Tree)) != Enforce {
+		return
+	}
+	box := -1
+	for i, b := range d.Buckets {
+		if b.Limit.Penalty() != nil && b.Tier == blocked.Tier && b.Tree == blocked.Tree {
+			box = i
+			break
+		}
+	}
+	if box < 0 {
+		return
+	}
+	key, strikes := d.Buckets[box].Strikes()
+	count := []store.Bucket{{Key: key, Limit: strikes.Rate(), Cost: 1}}
+	var res store.Decision
+	var err error
+	if e.unleased != nil {
+		res, err = e.unleased.DecideUnleased(ctx, count) // a count no lease may hold
+	} else {
+		res, err = e.cfg.Store.Decide(ctx, count)
+	}
+	if err == nil && res.Allowed && res.Results[0].Remaining == 0 {
+		err = e.cfg.Store.Adjust(ctx, []store.Bucket{{Key: d.Buckets[box].Key, Limit: d.Limits[box].Limit, Cost: hierarchy.BoxDebt}})
+		if err == nil {
+			e.cfg.Logger.Info("rate limit penalty: a value is refused outright for a while",
+				zap.String("blocked_by", d.Blocked), zap.String("value", blocked.Value),
+				zap.String("for", blocked.Tier.Penalty.For))
+		}
+	}
+	if err != nil {
+		e.cfg.Logger.Warn("rate limit penalty: counting a refusal failed", zap.String("blocked_by", d.Blocked), zap.Error(err))
+	}
+}
+
 // closest picks the bucket nearest to exhaustion: the lowest fraction of
-// its capacity remaining, the longest reset on a tie.
+// its capacity remaining, the longest reset on a tie, never a penalty box
+// (its one unit says nothing of the limits).
 func closest(d *Decision) int {
 	best, bestFrac := -1, 2.0
 	for i, r := range d.Results {
+		if d.Buckets[i].Limit.Penalty() != nil {
+			continue
+		}
 		frac := float64(r.Remaining) / float64(d.Limits[i].Limit.Capacity())
 		if frac < bestFrac || (frac == bestFrac && r.Reset > d.Results[best].Reset) {
 			best, bestFrac = i, frac

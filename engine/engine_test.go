@@ -297,3 +297,84 @@ func TestRefundableNotLeased(t *testing.T) {
 		t.Fatalf("refundable charges: stats %+v after %+v, want three more decided in the store", after, before)
 	}
 }
+
+// TestPenalty: a value its tier's limits refuse three times within a minute
+// is refused outright for ten minutes, with that Retry-After, however much
+// its limits refill; then it is admitted again. The box is no policy of the
+// headers. A tree in shadow mode counts no strikes.
+func TestPenalty(t *testing.T) {
+	for _, mode := range []string{Enforce, Shadow} {
+		t.Run(mode, func(t *testing.T) {
+			tree := &hierarchy.Tree{Name: "api", Tiers: []*hierarchy.Tier{
+				{Name: "user", Key: "{user}", Limits: []*hierarchy.Limit{{Count: 2, Per: "min"}},
+					Penalty: &hierarchy.Penalty{For: "10m", After: 3, Within: "1m"}},
+			}}
+			if err := tree.Compile(); err != nil {
+				t.Fatal(err)
+			}
+			c := &clock{now: time.Date(2026, 11, 25, 0, 0, 0, 0, time.UTC).UnixMicro()}
+			mem := store.NewMemory(store.MemoryOptions{Clock: c.read, SweepInterval: -1})
+			e := New(Config{Trees: []*Tree{{Tree: tree}}, Store: mem, StoreName: "memory", Mode: mode,
+				Headers: Headers{IETF: true, RetryAfter: true}, DenialLog: "off"})
+			t.Cleanup(func() { e.Close(); _ = mem.Close() })
+			decideOne := func() Decision {
+				t.Helper()
+				var d Decision
+				e.Begin(&d)
+				if err := e.Add(&d, e.Tree("api"), []string{"bob"}); err != nil {
+					t.Fatal(err)
+				}
+				if err := e.Decide(context.Background(), &d, nil); err != nil {
+					t.Fatal(err)
+				}
+				return d
+			}
+			for i := range 2 {
+				d := decideOne()
+				if !d.Allowed {
+					t.Fatalf("request %d refused", i)
+				}
+				hdr := http.Header{}
+				e.WriteHeaders(hdr, &d)
+				if p := hdr.Get("RateLimit-Policy"); p != `"user";q=2;w=60` {
+					t.Fatalf("RateLimit-Policy %q, want the user limit alone", p)
+				}
+			}
+			for i := range 3 {
+				if d := decideOne(); d.Allowed || d.Reason != ReasonLimited {
+					t.Fatalf("refusal %d: allowed %v reason %s, want limited", i, d.Allowed, d.Reason)
+				}
+			}
+			c.now += time.Minute.Microseconds() // the limit has refilled
+			d := decideOne()
+			if mode == Shadow {
+				if d.Reason != ReasonOK {
+					t.Fatalf("shadow: reason %s, want ok: a tree in shadow mode boxed a value", d.Reason)
+				}
+				return
+			}
+			if d.Allowed || d.Reason != ReasonPenalty || d.Blocked != "api/user" {
+				t.Fatalf("allowed %v reason %s blocked %s, want refused by the penalty", d.Allowed, d.Reason, d.Blocked)
+			}
+			if d.Retry < 9*time.Minute-time.Second || d.Retry > 9*time.Minute+time.Second {
+				t.Fatalf("retry %v, want the 9 minutes left of the penalty", d.Retry)
+			}
+			hdr := http.Header{}
+			e.WriteHeaders(hdr, &d)
+			if hdr.Get("Retry-After") != "541" || hdr.Get("RateLimit") != "" { // 540 s and a µs, rounded up
+				t.Fatalf("headers %v, want Retry-After 541 and no RateLimit", hdr)
+			}
+			if !strings.Contains(d.Detail(), "refused outright") {
+				t.Fatalf("detail %q", d.Detail())
+			}
+			c.now += (9*time.Minute - time.Second).Microseconds()
+			if d := decideOne(); d.Allowed {
+				t.Fatal("admitted a second before the penalty ends")
+			}
+			c.now += time.Second.Microseconds()
+			if d := decideOne(); !d.Allowed {
+				t.Fatalf("refused (%s) once the penalty ended", d.Reason)
+			}
+		})
+	}
+}

@@ -43,6 +43,11 @@ func (e *Engine) WriteHeaders(hdr http.Header, d *Decision) {
 	if !d.Allowed {
 		t = CeilSeconds(d.Retry)
 	}
+	if c.Limit.Penalty() != nil {
+		// Refused by a penalty box, which is no policy of the
+		// RateLimit headers: only the wait is said.
+		ietf, xrl = false, false
+	}
 	// What does not change from one request to the next on this path
 	// (RateLimit-Policy, each limit's name and capacity) is formatted once
 	// per path, unless the adaptive factor scaled a limit.
@@ -121,7 +126,10 @@ func (e *Engine) policyOf(d *Decision) string {
 	var b strings.Builder
 	b.Grow(64 * len(d.Buckets))
 	for i, bk := range d.Buckets {
-		if i > 0 {
+		if bk.Limit.Penalty() != nil {
+			continue // a penalty box is no policy
+		}
+		if b.Len() > 0 {
 			b.WriteString(", ")
 		}
 		if item, ok := e.policies[bk.Limit]; ok && d.Limits[i].Limit == bk.Limit.Rate() {
@@ -181,13 +189,15 @@ func (c *headerCache) format(buckets []hierarchy.Bucket) *pathHeaders {
 	var b strings.Builder
 	for i, bk := range buckets {
 		ph.limits[i] = bk.Limit
-		if i > 0 {
-			b.WriteString(", ")
-		}
-		if item, ok := c.policies[bk.Limit]; ok {
-			b.WriteString(item)
-		} else {
-			writePolicy(&b, bk.Limit, bk.Limit.Rate())
+		if bk.Limit.Penalty() == nil { // a penalty box is no policy
+			if b.Len() > 0 {
+				b.WriteString(", ")
+			}
+			if item, ok := c.policies[bk.Limit]; ok {
+				b.WriteString(item)
+			} else {
+				writePolicy(&b, bk.Limit, bk.Limit.Rate())
+			}
 		}
 		ph.items[i] = `"` + bk.Limit.Policy() + `";r=`
 		ph.capacity[i] = strconv.FormatInt(bk.Limit.Rate().Capacity(), 10)
@@ -300,6 +310,9 @@ func (p *Problem) Write(w http.ResponseWriter) error {
 func (d *Decision) Detail() string {
 	if d.Reason == ReasonImpossible {
 		return "this request costs more than the " + d.Blocked + " limit can ever admit"
+	}
+	if d.Reason == ReasonPenalty {
+		return "refused too often by the " + d.Blocked + " limit: refused outright; retry in " + strconv.FormatInt(CeilSeconds(d.Retry), 10) + " s"
 	}
 	return "the " + d.Blocked + " limit is exhausted; retry in " + strconv.FormatInt(CeilSeconds(d.Retry), 10) + " s"
 }

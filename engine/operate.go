@@ -139,6 +139,10 @@ func (e *Engine) Reset(ctx context.Context, t *Tree, values []string, below bool
 		for _, b := range plan.Buckets {
 			if b.Tier == last {
 				keys = append(keys, b.Key)
+				if b.Limit.Penalty() != nil { // out of its box, strikes forgotten
+					strikes, _ := b.Strikes()
+					keys = append(keys, strikes)
+				}
 			}
 		}
 		n, err = rs.Reset(ctx, keys)

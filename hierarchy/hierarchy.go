@@ -115,6 +115,9 @@ type Tier struct {
 	Values map[string]*Override `json:"values,omitempty"`
 	// Adaptive lets the adaptive controller scale this tier's limits.
 	Adaptive bool `json:"adaptive,omitempty"`
+	// Penalty, when set, refuses a value outright for a while once the
+	// tier's limits have refused it often (see Penalty).
+	Penalty *Penalty `json:"penalty,omitempty"`
 
 	dynamic bool // the key has a placeholder
 	// runtime holds the overrides set while the tree is in use (an
@@ -181,9 +184,10 @@ type Limit struct {
 	Timezone string `json:"timezone,omitempty"`
 
 	compiled rate.Limit
-	id       string // the limit's part of a storage key
-	name     string // the limit's name within its tree
-	policy   string // the limit's name in RateLimit-Policy: name, or tree/name
+	id       string   // the limit's part of a storage key
+	name     string   // the limit's name within its tree
+	policy   string   // the limit's name in RateLimit-Policy: name, or tree/name
+	penalty  *Penalty // set on a penalty box (not a configured limit)
 }
 
 // Rate returns the compiled limit. Valid after Tree.Compile.
@@ -325,6 +329,11 @@ func (tier *Tier) compile() error {
 	if err := compileLimits(tier.Name, tier.Limits); err != nil {
 		return err
 	}
+	if tier.Penalty != nil {
+		if err := tier.Penalty.compile(tier.Name); err != nil {
+			return err
+		}
+	}
 	for v, o := range tier.Values {
 		if o == nil {
 			return fmt.Errorf("value %q: empty override", v)
@@ -349,6 +358,9 @@ func compileLimits(tier string, limits []*Limit) error {
 	perDim := map[string]int{}
 	ids := map[string]bool{}
 	for _, l := range limits {
+		if l.Dimension == penaltyBox || l.Dimension == penaltyStrikes {
+			return fmt.Errorf("limit %s: the dimension %q is the penalty box's: name yours otherwise", l.String(), l.Dimension)
+		}
 		if err := l.compile(); err != nil {
 			return fmt.Errorf("limit %s: %w", l.String(), err)
 		}

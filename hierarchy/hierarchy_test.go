@@ -339,3 +339,39 @@ func TestBarePlaceholders(t *testing.T) {
 		}
 	}
 }
+
+// TestPenaltyBox: a tier with a penalty puts its value's box on the path,
+// after its limits and keyed beside them, with the strikes keyed beside
+// the box; the penalty's dimensions are not a limit's to take.
+func TestPenaltyBox(t *testing.T) {
+	tree := &Tree{Name: "api", Tiers: []*Tier{
+		{Name: "org", Key: "{org}", Limits: []*Limit{{Count: 100, Per: "min"}}},
+		{Name: "user", Key: "{user}", Limits: []*Limit{{Count: 10, Per: "min"}},
+			Penalty: &Penalty{For: "10m", After: 5}},
+	}}
+	if err := tree.Compile(); err != nil {
+		t.Fatal(err)
+	}
+	var plan Plan
+	tree.Resolve([]string{"acme", "bob"}, &plan)
+	if len(plan.Buckets) != 3 {
+		t.Fatalf("%d buckets, want org's, user's and the user's box", len(plan.Buckets))
+	}
+	box := plan.Buckets[2]
+	if box.Limit.Penalty() == nil || box.Limit.Name() != "user.penalty" || box.Key != "{api|org=acme}org=acme/user=bob#penalty.gcra.600000000" {
+		t.Fatalf("box %+v (key %s)", box.Limit, box.Key)
+	}
+	if r := box.Limit.Rate(); r.Count != 1 || r.Period != 10*time.Minute {
+		t.Fatalf("box limit %+v, want 1 per 10m", r)
+	}
+	key, strikes := box.Strikes()
+	if key != "{api|org=acme}org=acme/user=bob#strikes.gcra.600000000" || strikes.Rate().Count != 5 {
+		t.Fatalf("strikes %s %+v, want 5 per 10m beside the box", key, strikes.Rate())
+	}
+	for _, dim := range []string{"penalty", "strikes"} {
+		bad := &Tree{Name: "x", Tiers: []*Tier{{Name: "k", Key: "k", Limits: []*Limit{{Count: 1, Per: "s", Dimension: dim}}}}}
+		if err := bad.Compile(); err == nil || !strings.Contains(err.Error(), "penalty box's") {
+			t.Fatalf("a limit in dimension %s: %v", dim, err)
+		}
+	}
+}

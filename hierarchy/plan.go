@@ -87,6 +87,11 @@ func (t *Tree) Resolve(values []string, plan *Plan) {
 			spans = append(spans, span{tagStart, tagEnd, len(path)})
 			plan.Buckets = append(plan.Buckets, Bucket{Tree: t, Tier: tier, Value: v, Limit: l})
 		}
+		if p := tier.Penalty; p != nil { // the value's penalty box, after its limits
+			size += len(t.Name) + tagEnd - tagStart + len(path) + len(p.box.id) + 4
+			spans = append(spans, span{tagStart, tagEnd, len(path)})
+			plan.Buckets = append(plan.Buckets, Bucket{Tree: t, Tier: tier, Value: v, Limit: p.box})
+		}
 	}
 	buf := make([]byte, 0, size)
 	for k, sp := range spans {
