@@ -59,6 +59,9 @@ func (c *Cost) provision() error {
 	if c.Dimension == "" || c.Dimension == hierarchy.Requests {
 		return fmt.Errorf("cost needs a dimension other than %q", hierarchy.Requests)
 	}
+	if hierarchy.Reserved(c.Dimension) {
+		return fmt.Errorf("cost %s: the dimension %q is the penalty box's: name yours otherwise", c.Dimension, c.Dimension)
+	}
 	set := 0
 	for _, b := range []bool{c.Value != "", c.LLM != nil, c.GraphQL != nil, c.BodySize} {
 		if b {

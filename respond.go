@@ -44,7 +44,7 @@ func (h *Handler) setPlaceholders(r *http.Request, repl *caddy.Replacer, d *deci
 		c, res := &d.Buckets[d.Closest], &d.Results[d.Closest]
 		p.limit, p.tier = c.Limit, c.Tier
 		p.capacity, p.remaining, p.reset = d.Limits[d.Closest].Limit.Capacity(), res.Remaining, res.Reset
-		if d.Reason == engine.ReasonLimited || d.Reason == engine.ReasonImpossible {
+		if d.Reason == engine.ReasonLimited || d.Reason == engine.ReasonImpossible || d.Reason == engine.ReasonPenalty {
 			p.exceeded = c.Tree.Name
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
+	"slices"
 	"sync"
 	"time"
 
@@ -218,6 +219,20 @@ func (e *Engine) DecideCosts(ctx context.Context, d *Decision) error {
 	return nil
 }
 
+// rank orders the buckets that refused, for the one a denial names: a
+// penalty box of an enforcing tree, then any bucket of one, then a box,
+// then the others.
+func (e *Engine) rank(b hierarchy.Bucket) int {
+	r := 0
+	if e.Mode(e.treeOf(b.Tree)) == Enforce {
+		r = 2
+	}
+	if b.Limit.Penalty() != nil {
+		r++
+	}
+	return r
+}
+
 // settle decides d's buckets (Limits) in the store and reads the verdict:
 // the reason, the bucket that denied or is closest to exhaustion, the
 // retry.
@@ -253,22 +268,19 @@ func (e *Engine) settle(ctx context.Context, d *Decision, sc *scratch) error {
 		d.Reason = ReasonLimited
 	}
 	if !d.Allowed {
-		// The first bucket that refused, unless a penalty box did: then
-		// the request is refused for the box, whatever its limits say.
-		d.Closest = -1
+		// The first bucket that refused, of an enforcing tree if one did;
+		// a penalty box first: the request is refused for the box,
+		// whatever its limits say.
+		best := -1
 		for i, rr := range d.Results {
-			if rr.Allowed {
-				continue
-			}
-			if d.Closest < 0 || d.Buckets[i].Limit.Penalty() != nil {
-				d.Closest = i
-			}
-			if d.Buckets[i].Limit.Penalty() != nil {
-				d.Reason = ReasonPenalty
-				break
+			if r := e.rank(d.Buckets[i]); !rr.Allowed && r > best {
+				best, d.Closest = r, i
 			}
 		}
 		b := d.Buckets[d.Closest]
+		if b.Limit.Penalty() != nil && d.Reason == ReasonLimited {
+			d.Reason = ReasonPenalty
+		}
 		d.Blocked = b.Tree.Name + "/" + b.Tier.Name
 		d.Retry = d.RetryAfter
 		if e.cfg.Jitter > 0 && d.Retry > 0 {
@@ -370,25 +382,41 @@ func (e *Engine) reducedNotImpossible(d *Decision) {
 	d.Impossible, d.RetryAfter = false, time.Duration(retry)*time.Microsecond
 }
 
-// strike counts a refusal by a tier's limits against the value's penalty
-// box, if its tier has one (hierarchy.Penalty), and boxes the value on the
-// refusal that fills its strikes. A store error is logged: the refusal
-// stands, uncounted.
+// strike counts a refusal against the penalty box of each value whose
+// tier's limits refused it (enforcing trees only, limits not reduced by
+// the adaptive controller), once per box, and boxes a value on the refusal
+// that fills its strikes: the request is then refused for the box. It
+// runs on a context of its own, so a client that hangs up is counted
+// too. A store error is logged: the refusal stands, uncounted.
 func (e *Engine) strike(ctx context.Context, d *Decision) {
-	blocked := d.Buckets[d.Closest]
-	if blocked.Tier.Penalty == nil || e.Mode(e.treeOf(blocked.Tree)) != Enforce {
-		return
-	}
-	box := -1
-	for i, b := range d.Buckets {
-		if b.Limit.Penalty() != nil && b.Tier == blocked.Tier && b.Tree == blocked.Tree {
-			box = i
-			break
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	var struck [4]int
+	boxes := struck[:0]
+	for i, rr := range d.Results {
+		b := d.Buckets[i]
+		if rr.Allowed || b.Tier.Penalty == nil || b.Limit.Penalty() != nil ||
+			d.Limits[i].Limit != b.Limit.Rate() || e.Mode(e.treeOf(b.Tree)) != Enforce {
+			continue
+		}
+		box := slices.IndexFunc(d.Buckets, func(o hierarchy.Bucket) bool { return o.Limit.Penalty() != nil && o.SameValue(b) })
+		if box < 0 || slices.Contains(boxes, box) {
+			continue
+		}
+		boxes = append(boxes, box)
+		if e.countStrike(ctx, d, box) {
+			p := d.Buckets[box].Limit.Penalty()
+			d.Closest, d.Reason, d.Retry = box, ReasonPenalty, p.Duration()
+			d.Blocked = b.Tree.Name + "/" + b.Tier.Name
+			e.cfg.Logger.Info("rate limit penalty: a value is refused outright for a while",
+				zap.String("blocked_by", d.Blocked), zap.String("value", b.Value), zap.Duration("for", p.Duration()))
 		}
 	}
-	if box < 0 {
-		return
-	}
+}
+
+// countStrike counts one strike against the box of d's buckets at index
+// box, and reports whether it boxed the value.
+func (e *Engine) countStrike(ctx context.Context, d *Decision, box int) bool {
 	key, strikes := d.Buckets[box].Strikes()
 	count := []store.Bucket{{Key: key, Limit: strikes.Rate(), Cost: 1}}
 	var res store.Decision
@@ -398,17 +426,16 @@ func (e *Engine) strike(ctx context.Context, d *Decision) {
 	} else {
 		res, err = e.cfg.Store.Decide(ctx, count)
 	}
-	if err == nil && res.Allowed && res.Results[0].Remaining == 0 {
-		err = e.cfg.Store.Adjust(ctx, []store.Bucket{{Key: d.Buckets[box].Key, Limit: d.Limits[box].Limit, Cost: hierarchy.BoxDebt}})
-		if err == nil {
-			e.cfg.Logger.Info("rate limit penalty: a value is refused outright for a while",
-				zap.String("blocked_by", d.Blocked), zap.String("value", blocked.Value),
-				zap.String("for", blocked.Tier.Penalty.For))
-		}
+	boxed := err == nil && res.Allowed && res.Results[0].Remaining == 0
+	if boxed {
+		debt := d.Buckets[box].Limit.Penalty().Debt(d.Results[box].Remaining)
+		err = e.cfg.Store.Adjust(ctx, []store.Bucket{{Key: d.Buckets[box].Key, Limit: d.Limits[box].Limit, Cost: debt}})
 	}
 	if err != nil {
-		e.cfg.Logger.Warn("rate limit penalty: counting a refusal failed", zap.String("blocked_by", d.Blocked), zap.Error(err))
+		e.cfg.Logger.Warn("rate limit penalty: counting a refusal failed", zap.String("key", key), zap.Error(err))
+		return false
 	}
+	return boxed
 }
 
 // closest picks the bucket nearest to exhaustion: the lowest fraction of

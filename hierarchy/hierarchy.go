@@ -358,7 +358,7 @@ func compileLimits(tier string, limits []*Limit) error {
 	perDim := map[string]int{}
 	ids := map[string]bool{}
 	for _, l := range limits {
-		if l.Dimension == penaltyBox || l.Dimension == penaltyStrikes {
+		if Reserved(l.Dimension) {
 			return fmt.Errorf("limit %s: the dimension %q is the penalty box's: name yours otherwise", l.String(), l.Dimension)
 		}
 		if err := l.compile(); err != nil {

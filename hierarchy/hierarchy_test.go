@@ -361,17 +361,34 @@ func TestPenaltyBox(t *testing.T) {
 	if box.Limit.Penalty() == nil || box.Limit.Name() != "user.penalty" || box.Key != "{api|org=acme}org=acme/user=bob#penalty.gcra.600000000" {
 		t.Fatalf("box %+v (key %s)", box.Limit, box.Key)
 	}
-	if r := box.Limit.Rate(); r.Count != 1 || r.Period != 10*time.Minute {
-		t.Fatalf("box limit %+v, want 1 per 10m", r)
+	if r := box.Limit.Rate(); r.Count != 1<<20 || r.Period != 10*time.Minute {
+		t.Fatalf("box limit %+v, want 2^20 per 10m", r)
 	}
 	key, strikes := box.Strikes()
-	if key != "{api|org=acme}org=acme/user=bob#strikes.gcra.600000000" || strikes.Rate().Count != 5 {
-		t.Fatalf("strikes %s %+v, want 5 per 10m beside the box", key, strikes.Rate())
+	if r := strikes.Rate(); key != "{api|org=acme}org=acme/user=bob#strikes.sliding-log.600000000" || r.Count != 5 || r.Algorithm != rate.Sliding {
+		t.Fatalf("strikes %s %+v, want 5 per 10m beside the box, an exact sliding window", key, r)
+	}
+	if !box.SameValue(plan.Buckets[1]) || box.SameValue(plan.Buckets[0]) {
+		t.Fatal("SameValue: the box is the user's, not the org's")
+	}
+	var other Plan
+	tree.Resolve([]string{"acme", "ann"}, &other)
+	if box.SameValue(other.Buckets[1]) {
+		t.Fatal("SameValue: bob's box is not ann's")
 	}
 	for _, dim := range []string{"penalty", "strikes"} {
 		bad := &Tree{Name: "x", Tiers: []*Tier{{Name: "k", Key: "k", Limits: []*Limit{{Count: 1, Per: "s", Dimension: dim}}}}}
 		if err := bad.Compile(); err == nil || !strings.Contains(err.Error(), "penalty box's") {
 			t.Fatalf("a limit in dimension %s: %v", dim, err)
+		}
+	}
+	day := Penalty{For: "1d", After: 1}
+	if err := day.compile("k"); err != nil || day.Duration() != 24*time.Hour {
+		t.Fatalf("penalty 1d: %v, %v", err, day.Duration())
+	}
+	for _, bad := range []Penalty{{For: "month", After: 1}, {For: "500ms", After: 1}, {For: "1m", After: 1, Within: "0s"}} {
+		if err := bad.Validate(); err == nil {
+			t.Fatalf("penalty %+v accepted", bad)
 		}
 	}
 }
