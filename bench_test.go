@@ -19,12 +19,12 @@ import (
 // benchHandler provisions a handler with one tree of the given number of
 // tiers, each keyed by a header X-T<i> and limited far above the load.
 func benchHandler(b *testing.B, tiers int) (*Handler, func()) {
-	return benchHandlerOf(b, tiers, nil)
+	return benchHandlerOf(b, tiers, nil, nil)
 }
 
 // benchHandlerOf is benchHandler with each tier's JSON changed by tier
-// (nil: as is).
-func benchHandlerOf(b *testing.B, tiers int, tier func(map[string]any)) (*Handler, func()) {
+// (nil: as is) and the handler's JSON given more fields.
+func benchHandlerOf(b *testing.B, tiers int, tier func(map[string]any), more map[string]any) (*Handler, func()) {
 	tree := map[string]any{"name": "bench"}
 	var ts []map[string]any
 	for i := 0; i < tiers; i++ {
@@ -37,7 +37,11 @@ func benchHandlerOf(b *testing.B, tiers int, tier func(map[string]any)) (*Handle
 		}
 	}
 	tree["tiers"] = ts
-	raw, _ := json.Marshal(map[string]any{"trees": []any{tree}, "store": map[string]any{"memory": map[string]any{"name": b.Name()}}})
+	cfg := map[string]any{"trees": []any{tree}, "store": map[string]any{"memory": map[string]any{"name": b.Name()}}}
+	for k, v := range more {
+		cfg[k] = v
+	}
+	raw, _ := json.Marshal(cfg)
 	h := new(Handler)
 	if err := json.Unmarshal(raw, h); err != nil {
 		b.Fatal(err)
@@ -135,7 +139,15 @@ func BenchmarkHandlerChargeOn(b *testing.B) {
 func BenchmarkHandlerPenalty(b *testing.B) {
 	h, done := benchHandlerOf(b, 4, func(tier map[string]any) {
 		tier["penalty"] = map[string]any{"for": "10m", "after": 5}
-	})
+	}, nil)
+	defer done()
+	runHandler(b, h, 4, caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error { return nil }))
+}
+
+// BenchmarkHandlerMaxWait is BenchmarkHandler at 4 tiers with max_wait
+// on, every request admitted without waiting.
+func BenchmarkHandlerMaxWait(b *testing.B) {
+	h, done := benchHandlerOf(b, 4, nil, map[string]any{"max_wait": "2s"})
 	defer done()
 	runHandler(b, h, 4, caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error { return nil }))
 }

@@ -115,6 +115,8 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	        }]
 //	    }
 //	    charge_on      status <code...>|{ status <code...>; header <field> [<value>] } # charge only matching responses
+//	    max_wait       <duration>                    # hold a request that fits its GCRA limits within it, instead of refusing
+//	    max_queued     <n>                           # requests held at once (default 1000)
 //	    on_store_error deny|allow|local [<instances>]  # local: default instances counted from heartbeats
 //	    mode           enforce|warn|shadow
 //	    headers        <family...>|none             # ietf x_ratelimit retry_after openai (default: ietf retry_after)
@@ -205,6 +207,24 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			h.DisableMetrics = true
 		case "denial_log":
 			h.DenialLog, err = oneOf(d, "values", "no_values", "off")
+		case "max_wait":
+			if !d.NextArg() {
+				return d.Err("usage: max_wait <duration>, e.g. max_wait 2s")
+			}
+			dur, err := caddy.ParseDuration(d.Val())
+			if err != nil || dur <= 0 {
+				return d.Errf("max_wait %q: give how long a request may be held for its turn, e.g. max_wait 2s", d.Val())
+			}
+			h.MaxWait = caddy.Duration(dur)
+		case "max_queued":
+			if !d.NextArg() {
+				return d.Err("usage: max_queued <n>")
+			}
+			n, err := strconv.Atoi(d.Val())
+			if err != nil || n < 1 {
+				return d.Errf("max_queued %q: give how many requests may be held at once, at least 1", d.Val())
+			}
+			h.MaxQueued = n
 		case "jitter":
 			if !d.NextArg() {
 				return d.ArgErr()

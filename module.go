@@ -11,6 +11,7 @@
 package cascade
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -149,6 +150,18 @@ type Handler struct {
 	// given back everything it was charged, before the response leaves.
 	ChargeOn *caddyhttp.ResponseMatcher `json:"charge_on,omitempty"`
 
+	// MaxWait, when positive, holds a request that does not fit its GCRA
+	// limits now but will within MaxWait instead of refusing it: its
+	// charge is reserved in the decision (GCRA's reservation) and the
+	// request is forwarded when its time comes, in order; one that would
+	// wait longer is refused at once, with the Retry-After after which it
+	// would be held no longer than MaxWait. A client that goes away while
+	// held gives its reservation back.
+	MaxWait caddy.Duration `json:"max_wait,omitempty"`
+	// MaxQueued bounds the requests this handler holds at once (default
+	// 1000 with MaxWait); beyond it a request that would wait is refused.
+	MaxQueued int `json:"max_queued,omitempty"`
+
 	// Distributed and StorageRaw are mholt/caddy-ratelimit's file-synced
 	// distribution. They are accepted so its configs load, and ignored
 	// with a warning: the Redis store shares exact limits instead.
@@ -171,6 +184,7 @@ type Handler struct {
 	// (costs reconciled, reported to a decision endpoint, charge_on), so
 	// it is never decided on a lease (see Decision.Refundable).
 	refundable bool
+	queued     *atomic.Int64 // requests held (MaxWait)
 
 	storeErrors      *atomic.Int64 // failures not yet logged
 	storeErrorLogged *atomic.Int64 // when the last one was (unix ns)
@@ -245,8 +259,13 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 // opens (or reuses, across config reloads) the store.
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
-	h.refundable = h.ChargeOn != nil || h.Forwarded != nil && h.Forwarded.Report != "" ||
+	// A held request that goes away gives its reservation back: refundable.
+	h.refundable = h.ChargeOn != nil || h.Forwarded != nil && h.Forwarded.Report != "" || h.MaxWait > 0 ||
 		slices.ContainsFunc(h.Costs, func(c *Cost) bool { return c.Reconcile != nil })
+	h.queued = new(atomic.Int64)
+	if h.MaxWait > 0 && h.MaxQueued == 0 {
+		h.MaxQueued = 1000
+	}
 	if len(h.Distributed) > 0 || len(h.StorageRaw) > 0 {
 		h.logger.Warn("rate_limit: 'distributed' and 'storage' (mholt/caddy-ratelimit) are ignored; " +
 			"to share exact limits across instances, use 'store redis { address ... }'")
@@ -395,7 +414,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		Controller: h.controller, Priority: h.priority,
 		Mode:    h.Mode,
 		Headers: engine.Headers{IETF: on(hc.IETF), XRateLimit: set(hc.XRateLimit), RetryAfter: on(hc.RetryAfter), OpenAI: hc.OpenAI},
-		Jitter:  h.Jitter, DenialLog: h.DenialLog, LogKey: h.LogKey,
+		Jitter:  h.Jitter, DenialLog: h.DenialLog, LogKey: h.LogKey, MaxWait: time.Duration(h.MaxWait),
 		Logger: h.logger, Reconciled: h.metrics.reconcile,
 	})
 	h.unregister = running.Register(h.engine, ctx.Done())
@@ -502,6 +521,12 @@ func (h *Handler) Validate() error {
 	}
 	if h.StatusCode != 0 && (h.StatusCode < 400 || h.StatusCode > 599) {
 		return fmt.Errorf("rate_limit: status_code %d: use a 4xx or 5xx code", h.StatusCode)
+	}
+	if h.MaxWait < 0 || h.MaxQueued < 0 {
+		return fmt.Errorf("rate_limit: max_wait %v, max_queued %d: neither may be negative", time.Duration(h.MaxWait), h.MaxQueued)
+	}
+	if h.MaxWait > 0 && h.Forwarded != nil {
+		return errors.New("rate_limit: max_wait holds the request in front of the upstream, which a decision endpoint (forwarded) is not: rate limit in front of the upstream instead")
 	}
 	if h.ChargeOn != nil {
 		if h.Forwarded != nil {
@@ -631,6 +656,16 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 
 	mode := d.Mode
+	if d.Allowed && d.Wait > 0 && mode == engine.Enforce {
+		if !h.holdUntil(r, d) {
+			if r.Context().Err() != nil {
+				return nil // the client went away while held: nothing to answer
+			}
+			w.Header().Set("Retry-After", strconv.FormatInt(engine.CeilSeconds(d.Wait), 10))
+			return h.problem(w, http.StatusTooManyRequests, "queue_full", "Too Many Requests",
+				"too many requests are waiting for their turn; retry in "+strconv.FormatInt(engine.CeilSeconds(d.Wait), 10)+" s", d)
+		}
+	}
 	if mode != engine.Shadow {
 		h.engine.WriteHeaders(w.Header(), &d.Decision)
 	}
@@ -677,6 +712,37 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return caddyhttp.Error(code, errors.New(detail))
 	}
 	return h.problem(w, code, d.Reason, "Too Many Requests", detail, d)
+}
+
+// holdUntil keeps an admitted request until its reserved time (d.Wait), and
+// reports whether it may go on. It may not when MaxQueued requests are
+// already held, or when its client goes away first: either way its
+// reservation is given back.
+func (h *Handler) holdUntil(r *http.Request, d *decision) bool {
+	if h.queued.Add(1) > int64(h.MaxQueued) {
+		h.queued.Add(-1)
+		h.giveBack(r, d)
+		return false
+	}
+	defer h.queued.Add(-1)
+	t := time.NewTimer(d.Wait)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-r.Context().Done():
+		h.giveBack(r, d)
+		return false
+	}
+}
+
+// giveBack refunds a reservation that will not be used.
+func (h *Handler) giveBack(r *http.Request, d *decision) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 5*time.Second)
+	defer cancel()
+	if err := h.engine.Refund(ctx, &d.Decision); err != nil {
+		h.logger.Warn("rate limit: giving back a reservation failed; it stays charged", zap.Error(err))
+	}
 }
 
 // logStoreError logs store failures at ERROR, at most once a second with

@@ -62,13 +62,20 @@ type Decision struct {
 	Closest int
 	// Retry is when to retry a denial, jitter included.
 	Retry time.Duration
+	// Wait, with Config.MaxWait, is how long an admitted request must be
+	// held before it goes: its charge was reserved at the time it will
+	// go, as if it had arrived then (GCRA's reservation, as
+	// golang.org/x/time/rate's Reserve). Holding it is the caller's; one
+	// that does not wait must give its charge back (Refund).
+	Wait time.Duration
 	// Local is true when the store could not decide and Config.Local did,
 	// on each limit's local share.
 	Local bool
 
-	lenient string   // the mode of the trees that apply and do not enforce (warn over shadow)
-	scratch *scratch // nil until Begin takes one
-	used    int      // buckets of scratch written to
+	lenient    string   // the mode of the trees that apply and do not enforce (warn over shadow)
+	localShare float64  // with Local, the share of each limit decided on
+	scratch    *scratch // nil until Begin takes one
+	used       int      // buckets of scratch written to
 }
 
 // scratch is the memory of one decision's slices, reused across requests
@@ -196,9 +203,15 @@ func (e *Engine) DecideCosts(ctx context.Context, d *Decision) error {
 		d.Scaled = d.Scaled || scaled
 	}
 	d.Limits = sb
+	if e.cfg.MaxWait > 0 {
+		e.reserve(d)
+	}
 	if err := e.settle(ctx, d, d.scratch); err != nil {
 		d.Reason = ReasonStoreError
 		return err
+	}
+	if e.cfg.MaxWait > 0 {
+		e.reserved(d)
 	}
 	switch {
 	case d.Allowed:
@@ -217,6 +230,51 @@ func (e *Engine) DecideCosts(ctx context.Context, d *Decision) error {
 		e.strike(ctx, d) // an enforced refusal by the limits: a strike
 	}
 	return nil
+}
+
+// reserve widens each GCRA limit of d (not a penalty box) by what it
+// refills in MaxWait: the store then admits a cost that fits within
+// MaxWait, charging it now. One store call, as any decision.
+func (e *Engine) reserve(d *Decision) {
+	for i := range d.Limits {
+		l := &d.Limits[i].Limit
+		if (l.Algorithm != rate.GCRA && l.Algorithm != "") || d.Buckets[i].Limit.Penalty() != nil {
+			continue
+		}
+		l.Burst = l.Capacity() + int64(float64(e.cfg.MaxWait.Microseconds())*float64(l.Count)/float64(l.Period.Microseconds()))
+	}
+}
+
+// reserved reads what reserve did: the wait of each GCRA bucket the
+// request overdrew (the time until its level is back within capacity,
+// from its Reset, never early), the longest of which is d.Wait, and puts
+// back the limits and their Remaining as they are.
+func (e *Engine) reserved(d *Decision) {
+	for i := range d.Limits {
+		l := &d.Limits[i].Limit
+		if (l.Algorithm != rate.GCRA && l.Algorithm != "") || d.Buckets[i].Limit.Penalty() != nil {
+			continue
+		}
+		wide := l.Capacity()
+		real, _ := e.effective(d.Buckets[i])
+		if d.Local {
+			real = scale(real, d.localShare)
+		}
+		*l = real
+		extra := wide - real.Capacity()
+		r := &d.Results[i]
+		// What remains of the widened capacity is at least extra when the
+		// cost fits the real one now: no wait.
+		fits := r.Remaining >= extra
+		r.Remaining, r.Before = max(0, r.Remaining-extra), max(0, r.Before-extra)
+		if !d.Allowed || fits {
+			continue
+		}
+		full := int64(float64(real.Capacity()) * float64(real.Period.Microseconds()) / float64(real.Count)) // µs to drain a full bucket
+		if wait := time.Duration(r.Reset-full) * time.Microsecond; wait > d.Wait {
+			d.Wait = wait
+		}
+	}
 }
 
 // rank orders the buckets that refused, for the one a denial names: a
@@ -313,7 +371,7 @@ func (e *Engine) decideLocally(ctx context.Context, d *Decision, cause error) (s
 				zap.Float64("share", share), zap.Error(cause))
 		}
 	}
-	d.Limits, d.Local, d.Scaled = local, true, true
+	d.Limits, d.Local, d.Scaled, d.localShare = local, true, true, share
 	return res, nil
 }
 
@@ -348,7 +406,16 @@ func (e *Engine) enforceOnly(ctx context.Context, d *Decision) error {
 		d.Allowed, d.Reason, d.Closest = true, ReasonOK, -1
 		return nil
 	}
-	return e.settle(ctx, d, nil)
+	if e.cfg.MaxWait > 0 {
+		e.reserve(d)
+	}
+	if err := e.settle(ctx, d, nil); err != nil {
+		return err
+	}
+	if e.cfg.MaxWait > 0 {
+		e.reserved(d)
+	}
+	return nil
 }
 
 // reducedNotImpossible turns an "impossible" decision back into a plain

@@ -76,6 +76,11 @@ type Config struct {
 	Headers Headers
 	// Jitter adds up to this fraction of random time to a denial's retry.
 	Jitter float64
+	// MaxWait, when positive, admits a request that does not fit its GCRA
+	// limits now but will within MaxWait: its charge is reserved now (the
+	// limits' capacity counts it at once) and Decision.Wait says how long
+	// to hold it before it may go (see Decision.Wait).
+	MaxWait time.Duration
 	// DenialLog is "values" (default), "no_values" or "off"; LogKey adds the
 	// refusing bucket's key to the line.
 	DenialLog string

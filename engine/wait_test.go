@@ -1,0 +1,74 @@
+package engine
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/caddy-cascade/cascade/hierarchy"
+	"github.com/caddy-cascade/cascade/store"
+)
+
+// TestMaxWait: with max_wait 2s on a limit of 2/s (a burst of 2), requests
+// arriving at once are admitted at GCRA's times — the first two at once,
+// then one each half second — as long as the wait is within 2s; the next
+// is refused at once with a Retry-After after which it fits with a wait.
+// A request that gives its reservation back (Refund) frees its slot.
+func TestMaxWait(t *testing.T) {
+	tree := &hierarchy.Tree{Name: "api", Tiers: []*hierarchy.Tier{
+		{Name: "user", Key: "{user}", Limits: []*hierarchy.Limit{{Count: 2, Per: "s"}}},
+	}}
+	if err := tree.Compile(); err != nil {
+		t.Fatal(err)
+	}
+	c := &clock{now: time.Date(2026, 11, 25, 0, 0, 0, 0, time.UTC).UnixMicro()}
+	mem := store.NewMemory(store.MemoryOptions{Clock: c.read, SweepInterval: -1})
+	e := New(Config{Trees: []*Tree{{Tree: tree}}, Store: mem, StoreName: "memory", DenialLog: "off",
+		MaxWait: 2 * time.Second, Headers: Headers{IETF: true, RetryAfter: true}})
+	t.Cleanup(func() { e.Close(); _ = mem.Close() })
+	decideOne := func() Decision {
+		t.Helper()
+		var d Decision
+		e.Begin(&d)
+		if err := e.Add(&d, e.Tree("api"), []string{"bob"}); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.Decide(context.Background(), &d, nil); err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	for i, want := range []time.Duration{0, 0, 500 * time.Millisecond, time.Second, 1500 * time.Millisecond, 2 * time.Second} {
+		d := decideOne()
+		if !d.Allowed || d.Wait < want || d.Wait > want+time.Millisecond {
+			t.Fatalf("request %d: allowed %v wait %v, want admitted after %v", i, d.Allowed, d.Wait, want)
+		}
+		if d.Results[0].Remaining != 0 && i >= 1 {
+			t.Fatalf("request %d: remaining %d, want 0 (the reservations are not capacity)", i, d.Results[0].Remaining)
+		}
+		if d.Limits[0].Limit.Capacity() != 2 {
+			t.Fatalf("request %d: the decision shows a capacity of %d, want the limit's 2", i, d.Limits[0].Limit.Capacity())
+		}
+	}
+	d := decideOne()
+	if d.Allowed || d.Retry < 500*time.Millisecond || d.Retry > 501*time.Millisecond {
+		t.Fatalf("the seventh: allowed %v retry %v, want refused, retry in 0.5s (then it fits, waiting 2s)", d.Allowed, d.Retry)
+	}
+	// The sixth gives its reservation back (its client went away): the
+	// next takes its place.
+	sixth := decideOne() // refused: nothing to give back
+	if sixth.Allowed {
+		t.Fatal("admitted beyond max_wait")
+	}
+	c.now += (500 * time.Millisecond).Microseconds()
+	d = decideOne() // fits now, waiting 2s: the place of a request at 2.5s
+	if !d.Allowed || d.Wait < 2*time.Second-time.Millisecond {
+		t.Fatalf("after 0.5s: allowed %v wait %v, want admitted after 2s", d.Allowed, d.Wait)
+	}
+	if err := e.Refund(context.Background(), &d); err != nil {
+		t.Fatal(err)
+	}
+	if d := decideOne(); !d.Allowed || d.Wait < 2*time.Second-time.Millisecond || d.Wait > 2*time.Second+time.Millisecond {
+		t.Fatalf("after a refund: allowed %v wait %v, want the refunded place (2s)", d.Allowed, d.Wait)
+	}
+}
