@@ -72,3 +72,45 @@ func TestMaxWait(t *testing.T) {
 		t.Fatalf("after a refund: allowed %v wait %v, want the refunded place (2s)", d.Allowed, d.Wait)
 	}
 }
+
+// TestMaxWaitCountsWhenItGoes: a request held by one bucket (the
+// organisation's 2/s) is counted by the others (its user's 10/s) from
+// when it goes, not from when it was decided: when the sixth goes, 2 s on,
+// its user's bucket still holds it, though it drains 20 units in 2 s.
+func TestMaxWaitCountsWhenItGoes(t *testing.T) {
+	tree := &hierarchy.Tree{Name: "api", Tiers: []*hierarchy.Tier{
+		{Name: "org", Key: "{org}", Limits: []*hierarchy.Limit{{Count: 2, Per: "s"}}},
+		{Name: "user", Key: "{user}", Limits: []*hierarchy.Limit{{Count: 10, Per: "s"}}},
+	}}
+	if err := tree.Compile(); err != nil {
+		t.Fatal(err)
+	}
+	c := &clock{now: time.Date(2026, 11, 25, 0, 0, 0, 0, time.UTC).UnixMicro()}
+	mem := store.NewMemory(store.MemoryOptions{Clock: c.read, SweepInterval: -1})
+	e := New(Config{Trees: []*Tree{{Tree: tree}}, Store: mem, StoreName: "memory", DenialLog: "off", MaxWait: 2 * time.Second})
+	t.Cleanup(func() { e.Close(); _ = mem.Close() })
+	var last Decision
+	for range 6 {
+		last = Decision{}
+		e.Begin(&last)
+		if err := e.Add(&last, e.Tree("api"), []string{"acme", "bob"}); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.Decide(context.Background(), &last, nil); err != nil || !last.Allowed {
+			t.Fatalf("%v %v", err, last.Allowed)
+		}
+	}
+	if last.Wait < 2*time.Second-time.Millisecond {
+		t.Fatalf("the sixth waits %v, want 2s", last.Wait)
+	}
+	user := last.Limits[1]
+	user.Cost = 0
+	c.now += last.Wait.Microseconds() // the sixth goes
+	d, err := store.Peek(context.Background(), mem, []store.Bucket{user})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := d.Results[0].Remaining; r > 9 {
+		t.Fatalf("when the sixth goes its user's bucket has %d left: it no longer counts it", r)
+	}
+}
