@@ -3,7 +3,6 @@ package engine
 import (
 	"context"
 	"fmt"
-	"math"
 	"math/rand/v2"
 	"net/netip"
 	"slices"
@@ -213,7 +212,6 @@ func (e *Engine) DecideCosts(ctx context.Context, d *Decision) error {
 	}
 	if e.cfg.MaxWait > 0 {
 		e.reserved(d)
-		e.padWaited(ctx, d)
 	}
 	switch {
 	case d.Allowed:
@@ -276,57 +274,6 @@ func (e *Engine) reserved(d *Decision) {
 		if wait := time.Duration(r.Reset-full) * time.Microsecond; wait > d.Wait {
 			d.Wait = wait
 		}
-	}
-}
-
-// padWaited makes every GCRA bucket of a held request count it from when
-// it goes (d.Wait from now), not from now: a bucket that would have let it
-// go sooner may drain below its cost by then, and would admit that much
-// more when it goes. Such a bucket is charged what it would drain below
-// the cost in d.Wait (as a lease is padded), in one more store call, for
-// held requests only; the charge is given back with the request's
-// (Refund).
-func (e *Engine) padWaited(ctx context.Context, d *Decision) {
-	if !d.Allowed || d.Wait <= 0 {
-		return
-	}
-	var pads []store.Bucket
-	var at []int
-	w := float64(d.Wait.Microseconds())
-	for i, b := range d.Limits {
-		l := b.Limit
-		if (l.Algorithm != rate.GCRA && l.Algorithm != "") || d.Buckets[i].Limit.Penalty() != nil || b.Cost <= 0 {
-			continue
-		}
-		perUnit := float64(l.Period.Microseconds()) / float64(l.Count)
-		full := int64(float64(l.Capacity()) * perUnit)
-		if d.Results[i].Reset-full >= d.Wait.Microseconds() {
-			continue // the bucket that makes it wait: its charge is where it goes
-		}
-		// Its level before the charge is u = Reset/perUnit − cost (to the
-		// µs); when the request goes it must still hold the cost, so it
-		// is charged what it drains beyond u in d.Wait: W/perUnit − u.
-		pad := math.Ceil((w-float64(d.Results[i].Reset))/perUnit + float64(b.Cost) - 1e-9)
-		if pad <= 0 {
-			continue
-		}
-		b.Cost = int64(pad)
-		pads = append(pads, b)
-		at = append(at, i)
-	}
-	if len(pads) == 0 {
-		return
-	}
-	st := e.cfg.Store
-	if d.Local {
-		st = e.cfg.Local
-	}
-	if err := st.Adjust(ctx, pads); err != nil {
-		e.cfg.Logger.Warn("rate limit: padding a held request's buckets failed", zap.Error(err))
-		return
-	}
-	for k, i := range at {
-		d.Limits[i].Cost += pads[k].Cost
 	}
 }
 
