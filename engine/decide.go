@@ -72,10 +72,11 @@ type Decision struct {
 	// on each limit's local share.
 	Local bool
 
-	lenient    string   // the mode of the trees that apply and do not enforce (warn over shadow)
-	localShare float64  // with Local, the share of each limit decided on
-	scratch    *scratch // nil until Begin takes one
-	used       int      // buckets of scratch written to
+	lenient    string       // the mode of the trees that apply and do not enforce (warn over shadow)
+	localShare float64      // with Local, the share of each limit decided on
+	unwidened  []rate.Limit // with Config.MaxWait, the limits before reserve widened them
+	scratch    *scratch     // nil until Begin takes one
+	used       int          // buckets of scratch written to
 }
 
 // scratch is the memory of one decision's slices, reused across requests
@@ -232,36 +233,60 @@ func (e *Engine) DecideCosts(ctx context.Context, d *Decision) error {
 	return nil
 }
 
-// reserve widens each GCRA limit of d (not a penalty box) by what it
-// refills in MaxWait: the store then admits a cost that fits within
-// MaxWait, charging it now. One store call, as any decision.
+// reserve widens the GCRA limits of d's enforcing trees (not penalty
+// boxes) by what they refill in MaxWait: the store then admits a cost that
+// fits within MaxWait, charging it now. One store call, as any decision.
+// A cost above a limit's real capacity is not widened (it is impossible,
+// waiting or not), nor is a path with a sliding window or calendar quota
+// (they would count the request when decided, not when it goes: it must
+// fit on arrival). The limits as decided without waiting are kept for
+// reserved.
 func (e *Engine) reserve(d *Decision) {
-	for i := range d.Limits {
-		l := &d.Limits[i].Limit
-		if (l.Algorithm != rate.GCRA && l.Algorithm != "") || d.Buckets[i].Limit.Penalty() != nil {
-			continue
+	for i, b := range d.Limits {
+		if b.Cost > 0 && !waits(b.Limit) && d.Buckets[i].Limit.Penalty() == nil {
+			return
 		}
-		l.Burst = l.Capacity() + int64(float64(e.cfg.MaxWait.Microseconds())*float64(l.Count)/float64(l.Period.Microseconds()))
+	}
+	d.unwidened = make([]rate.Limit, len(d.Limits))
+	for i := range d.Limits {
+		d.unwidened[i] = d.Limits[i].Limit
+		if b := d.Limits[i]; waits(b.Limit) && d.Buckets[i].Limit.Penalty() == nil && b.Cost <= b.Limit.Capacity() &&
+			e.Mode(e.treeOf(d.Buckets[i].Tree)) == Enforce {
+			d.Limits[i].Limit = e.widen(b.Limit)
+		}
 	}
 }
 
-// reserved reads what reserve did: the wait of each GCRA bucket the
-// request overdrew (the time until its level is back within capacity,
-// from its Reset, never early), the longest of which is d.Wait, and puts
-// back the limits and their Remaining as they are.
+// waits reports whether a limit can reserve a request's place ahead.
+func waits(l rate.Limit) bool { return l.Algorithm == rate.GCRA || l.Algorithm == "" }
+
+// widen is l with room for what it refills in MaxWait.
+func (e *Engine) widen(l rate.Limit) rate.Limit {
+	l.Burst = l.Capacity() + int64(float64(e.cfg.MaxWait.Microseconds())*float64(l.Count)/float64(l.Period.Microseconds()))
+	return l
+}
+
+// reserved reads what reserve did: the wait of each bucket the request
+// overdrew (the time until its level is back within capacity, from its
+// Reset, never early), the longest of which is d.Wait; and puts back the
+// limits as they are, their Remaining, and the bucket closest to
+// exhaustion.
 func (e *Engine) reserved(d *Decision) {
+	if d.unwidened == nil {
+		return
+	}
 	for i := range d.Limits {
 		l := &d.Limits[i].Limit
-		if (l.Algorithm != rate.GCRA && l.Algorithm != "") || d.Buckets[i].Limit.Penalty() != nil {
-			continue
-		}
-		wide := l.Capacity()
-		real, _ := e.effective(d.Buckets[i])
+		real := d.unwidened[i]
 		if d.Local {
 			real = scale(real, d.localShare)
 		}
+		wide := l.Capacity()
 		*l = real
 		extra := wide - real.Capacity()
+		if extra <= 0 {
+			continue
+		}
 		r := &d.Results[i]
 		// What remains of the widened capacity is at least extra when the
 		// cost fits the real one now: no wait.
@@ -274,6 +299,9 @@ func (e *Engine) reserved(d *Decision) {
 		if wait := time.Duration(r.Reset-full) * time.Microsecond; wait > d.Wait {
 			d.Wait = wait
 		}
+	}
+	if d.Allowed {
+		d.Closest = closest(d)
 	}
 }
 
@@ -359,6 +387,11 @@ func (e *Engine) decideLocally(ctx context.Context, d *Decision, cause error) (s
 	local := make([]store.Bucket, len(d.Limits))
 	for i, b := range d.Limits {
 		local[i] = b
+		if d.unwidened != nil && d.unwidened[i] != b.Limit {
+			// Waiting: the local share widened for MaxWait at its own rate.
+			local[i].Limit = e.widen(scale(d.unwidened[i], share))
+			continue
+		}
 		local[i].Limit = scale(b.Limit, share)
 	}
 	res, err := e.cfg.Local.Decide(ctx, local)

@@ -72,3 +72,65 @@ func TestMaxWait(t *testing.T) {
 		t.Fatalf("after a refund: allowed %v wait %v, want the refunded place (2s)", d.Allowed, d.Wait)
 	}
 }
+
+// TestMaxWaitOnly: only what can wait waits — a cost above a limit's
+// capacity is impossible, a path with a sliding window must fit on
+// arrival, and a tree in shadow mode makes nobody wait.
+func TestMaxWaitOnly(t *testing.T) {
+	newEngine := func(limit *hierarchy.Limit, shadow *hierarchy.Limit, more ...*hierarchy.Limit) (*Engine, []string) {
+		trees := []*Tree{{Tree: &hierarchy.Tree{Name: "api", Tiers: []*hierarchy.Tier{{Name: "user", Key: "{user}", Limits: append([]*hierarchy.Limit{limit}, more...)}}}}}
+		names := []string{"api"}
+		if shadow != nil {
+			s := &Tree{Tree: &hierarchy.Tree{Name: "trial", Tiers: []*hierarchy.Tier{{Name: "user", Key: "{user}", Limits: []*hierarchy.Limit{shadow}}}}}
+			mode := Shadow
+			s.mode.Store(&mode)
+			trees = append(trees, s)
+			names = append(names, "trial")
+		}
+		var hs []*hierarchy.Tree
+		for _, tt := range trees {
+			if err := tt.Compile(); err != nil {
+				t.Fatal(err)
+			}
+			hs = append(hs, tt.Tree)
+		}
+		hierarchy.QualifyPolicies(hs)
+		c := &clock{now: time.Date(2026, 11, 25, 0, 0, 0, 0, time.UTC).UnixMicro()}
+		mem := store.NewMemory(store.MemoryOptions{Clock: c.read, SweepInterval: -1})
+		e := New(Config{Trees: trees, Store: mem, StoreName: "memory", DenialLog: "off", MaxWait: 30 * time.Second,
+			Dimensions: []string{"tokens"}})
+		t.Cleanup(func() { e.Close(); _ = mem.Close() })
+		return e, names
+	}
+	decide := func(e *Engine, trees []string, tokens int64) Decision {
+		t.Helper()
+		var d Decision
+		e.Begin(&d)
+		for _, tr := range trees {
+			if err := e.Add(&d, e.Tree(tr), []string{"bob"}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := e.Decide(context.Background(), &d, []int64{tokens}); err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	e, trees := newEngine(&hierarchy.Limit{Count: 1000, Per: "min", Dimension: "tokens"}, nil)
+	if d := decide(e, trees, 1400); d.Allowed || d.Reason != ReasonImpossible {
+		t.Fatalf("1400 tokens on 1000/min: allowed %v reason %s, want impossible", d.Allowed, d.Reason)
+	}
+	// 1/s makes the second wait a second, which 10/min (sliding) would
+	// allow now: but it would count it now, not when it goes.
+	e, trees = newEngine(&hierarchy.Limit{Count: 1, Per: "s"}, nil, &hierarchy.Limit{Count: 10, Per: "min", Algorithm: "sliding"})
+	decide(e, trees, 1)
+	if d := decide(e, trees, 1); d.Allowed {
+		t.Fatalf("a path with a sliding window admitted a request with a wait of %v", d.Wait)
+	}
+	e, trees = newEngine(&hierarchy.Limit{Count: 100, Per: "s"}, &hierarchy.Limit{Count: 1, Per: "s"})
+	for i := range 3 {
+		if d := decide(e, trees, 1); !d.Allowed || d.Wait != 0 {
+			t.Fatalf("request %d: allowed %v wait %v: a shadow tree made it wait", i, d.Allowed, d.Wait)
+		}
+	}
+}
