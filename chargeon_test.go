@@ -86,11 +86,7 @@ func TestChargeOnErrors(t *testing.T) {
 		{"with forwarded", "charge_on status 401\n forwarded", "charge_on needs the response"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg, err := adapt(t, fmt.Sprintf(globalOptions, "")+"http://127.0.0.1:1 {\n rate_limit {\n tree t {\n tier k fixed {\n limit 1/s\n }\n }\n "+tc.body+"\n }\n}")
-			if err == nil {
-				err = caddy.Validate(mustConfig(t, cfg))
-			}
-			if err == nil || !strings.Contains(err.Error(), tc.want) {
+			if err := configError(t, "", tc.body); err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("error %v, want %q", err, tc.want)
 			}
 		})
@@ -115,4 +111,17 @@ func TestChargeOnCaddyfile(t *testing.T) {
 			t.Fatalf("%q: %v", body, err)
 		}
 	}
+}
+
+// configError adapts and validates a site whose rate_limit has one tree
+// (tier k fixed: limit 1/s, then tier's lines) and the handler's lines,
+// and returns the error (nil: the config is good). The tier's lines are on
+// line 13 of the Caddyfile, after the global options.
+func configError(t *testing.T, tier, handler string) error {
+	t.Helper()
+	cfg, err := adapt(t, fmt.Sprintf(globalOptions, "")+"http://127.0.0.1:1 {\n rate_limit {\n tree t {\n tier k fixed {\n limit 1/s\n "+tier+"\n }\n }\n "+handler+"\n }\n}")
+	if err == nil {
+		err = caddy.Validate(mustConfig(t, cfg))
+	}
+	return err
 }

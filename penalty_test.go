@@ -76,10 +76,7 @@ func TestPenaltyErrors(t *testing.T) {
 		{"extra", "penalty 10m after 3 within 1m please", "usage: penalty"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg, err := adapt(t, fmt.Sprintf(globalOptions, "")+"http://127.0.0.1:1 {\n rate_limit {\n tree t {\n tier k fixed {\n limit 1/s\n "+tc.body+"\n }\n }\n }\n}")
-			if err == nil {
-				err = caddy.Validate(mustConfig(t, cfg))
-			}
+			err := configError(t, tc.body, "")
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("error %v, want %q", err, tc.want)
 			}

@@ -2,15 +2,12 @@ package cascade
 
 import (
 	"context"
-	"fmt"
 	"net/http"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/caddyserver/caddy/v2"
 )
 
 // TestMaxWait: with max_wait 2s and a limit of 2/s, six requests at once
@@ -91,11 +88,7 @@ func TestMaxWaitErrors(t *testing.T) {
 		{"with forwarded", "max_wait 1s\n forwarded", "max_wait holds the request in front of the upstream"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg, err := adapt(t, fmt.Sprintf(globalOptions, "")+"http://127.0.0.1:1 {\n rate_limit {\n tree t {\n tier k fixed {\n limit 1/s\n }\n }\n "+tc.body+"\n }\n}")
-			if err == nil {
-				err = caddy.Validate(mustConfig(t, cfg))
-			}
-			if err == nil || !strings.Contains(err.Error(), tc.want) {
+			if err := configError(t, "", tc.body); err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("error %v, want %q", err, tc.want)
 			}
 		})
