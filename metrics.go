@@ -20,13 +20,14 @@ type metrics struct {
 	reconciled      prometheus.Counter
 	reconcileErrors prometheus.Counter
 	local           prometheus.Counter
+	held            *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "cascade", Name: "decisions_total",
-			Help: "Rate limit decisions by result: ok, limited, impossible, missing_key, bad_cost, store_error, reduced_capacity.",
+			Help: "Rate limit decisions by result: ok, limited, penalty, impossible, missing_key, bad_cost, store_error, reduced_capacity.",
 		}, []string{"result"}),
 		denied: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "cascade", Name: "denied_total",
@@ -45,6 +46,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Namespace: "cascade", Name: "reconcile_errors_total",
 			Help: "Corrections from reported usage that the store failed to apply.",
 		}),
+		held: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "cascade", Name: "held_requests_total",
+			Help: "Requests admitted to wait their turn (max_wait), by how the wait ended: released, queue_full (refused, max_queued held), gone (the client left).",
+		}, []string{"outcome"}),
 		local: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: "cascade", Name: "local_decisions_total",
 			Help: "Decisions made in memory on each limit's local share because Redis could not decide (on_store_error local).",
@@ -68,6 +73,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			return nil, err
 		}
 		if m.local, err = register(reg, m.local); err != nil {
+			return nil, err
+		}
+		if m.held, err = register(reg, m.held); err != nil {
 			return nil, err
 		}
 		if _, err = register(reg, newStateCollector()); err != nil {
@@ -112,6 +120,13 @@ func (m *metrics) observe(d *decision, took time.Duration) {
 	}
 	if d.Reason != engine.ReasonMissingKey && d.Reason != "bad_cost" {
 		m.duration.Observe(took.Seconds())
+	}
+}
+
+// heldEnded counts a held request's wait, ended by outcome.
+func (m *metrics) heldEnded(outcome string) {
+	if m != nil {
+		m.held.WithLabelValues(outcome).Inc()
 	}
 }
 

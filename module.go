@@ -659,12 +659,15 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if d.Allowed && d.Wait > 0 && mode == engine.Enforce {
 		if !h.holdUntil(r, d) {
 			if r.Context().Err() != nil {
+				h.metrics.heldEnded("gone")
 				return nil // the client went away while held: nothing to answer
 			}
+			h.metrics.heldEnded("queue_full")
 			w.Header().Set("Retry-After", strconv.FormatInt(engine.CeilSeconds(d.Wait), 10))
 			return h.problem(w, http.StatusTooManyRequests, "queue_full", "Too Many Requests",
 				"too many requests are waiting for their turn; retry in "+strconv.FormatInt(engine.CeilSeconds(d.Wait), 10)+" s", d)
 		}
+		h.metrics.heldEnded("released")
 	}
 	if mode != engine.Shadow {
 		h.engine.WriteHeaders(w.Header(), &d.Decision)

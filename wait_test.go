@@ -99,7 +99,7 @@ func TestMaxWaitErrors(t *testing.T) {
 // wait is refused (problem type queue-full), and its reservation given
 // back: the one after it is held in its place.
 func TestMaxQueued(t *testing.T) {
-	url := site(t, `
+	url, api := adminSite(t, `
 		tree api {
 			tier user {header.X-User} {
 				limit 1/s
@@ -126,5 +126,10 @@ func TestMaxQueued(t *testing.T) {
 	sent := time.Now()
 	if r := do(t, "GET", url, "X-User: ann"); r.status != 200 || time.Since(sent) > 1300*time.Millisecond {
 		t.Fatalf("after the queue emptied: %d after %v, want 200 within about a second", r.status, time.Since(sent))
+	}
+	m := scrape(t, api+"/metrics")
+	if m[`cascade_held_requests_total{outcome="queue_full"}`] < 1 || m[`cascade_held_requests_total{outcome="released"}`] < 2 {
+		t.Fatalf("held requests' metrics: queue_full %v released %v, want at least 1 and 2",
+			m[`cascade_held_requests_total{outcome="queue_full"}`], m[`cascade_held_requests_total{outcome="released"}`])
 	}
 }
