@@ -663,9 +663,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 				return nil // the client went away while held: nothing to answer
 			}
 			h.metrics.heldEnded("queue_full")
-			w.Header().Set("Retry-After", strconv.FormatInt(engine.CeilSeconds(d.Wait), 10))
+			retry := strconv.FormatInt(engine.CeilSeconds(d.Wait), 10)
+			w.Header().Set("Retry-After", retry)
 			return h.problem(w, http.StatusTooManyRequests, "queue_full", "Too Many Requests",
-				"too many requests are waiting for their turn; retry in "+strconv.FormatInt(engine.CeilSeconds(d.Wait), 10)+" s", d)
+				"too many requests are waiting for their turn; retry in "+retry+" s", d)
 		}
 		h.metrics.heldEnded("released")
 	}

@@ -31,14 +31,15 @@ func (e *Engine) Reconcile(d *Decision, usage ...Usage) []store.Bucket {
 	}
 	adjust := h.corrections(e.cfg.Dimensions, usage)
 	if len(adjust) > 0 {
-		e.adjustIn(e.storeOf(h), adjust)
+		e.adjustIn(e.storeFor(h.local), adjust)
 	}
 	return adjust
 }
 
-// storeOf is the store that charged a held decision.
-func (e *Engine) storeOf(h *Held) store.Store {
-	if h.local {
+// storeFor is the store that charged a decision: the local one when it
+// was decided there (Decision.Local).
+func (e *Engine) storeFor(local bool) store.Store {
+	if local {
 		return e.cfg.Local
 	}
 	return e.cfg.Store
@@ -78,7 +79,7 @@ func (e *Engine) ReconcileHeld(ctx context.Context, h *Held, usage ...Usage) ([]
 	if len(adjust) == 0 {
 		return nil, nil
 	}
-	err := e.storeOf(h).Adjust(ctx, adjust)
+	err := e.storeFor(h.local).Adjust(ctx, adjust)
 	if e.cfg.Reconciled != nil {
 		e.cfg.Reconciled(err)
 	}
@@ -151,11 +152,7 @@ func (e *Engine) Refund(ctx context.Context, d *Decision) error {
 	if len(adjust) == 0 {
 		return nil
 	}
-	st := e.cfg.Store
-	if d.Local {
-		st = e.cfg.Local
-	}
-	err := st.Adjust(ctx, adjust)
+	err := e.storeFor(d.Local).Adjust(ctx, adjust)
 	if e.cfg.Reconciled != nil {
 		e.cfg.Reconciled(err)
 	}

@@ -415,8 +415,7 @@ func (s *Store) grant(ctx context.Context, sh *pathShard, p *path, buckets []sto
 		// The path's limits changed while the grant was in flight (an
 		// override, the adaptive factor): the lease is on the old ones,
 		// and goes back at once.
-		s.stats.released.Add(1)
-		s.queue(h.release(p.keys))
+		s.giveBack(h, p.keys)
 	default:
 		// The decision's results are handed to the caller: the lease keeps
 		// its own copy.
@@ -520,11 +519,18 @@ func (l *held) release(keys []string) []store.Release {
 // retire ends p's lease, queueing what it gives back. The caller holds the
 // path's shard lock.
 func (s *Store) retire(p *path) {
-	if r := s.releaseOf(p); len(r) > 0 {
+	if p.lease != nil {
+		s.giveBack(p.lease, p.keys)
+	}
+	p.lease = nil
+}
+
+// giveBack queues what lease l on keys gives back, if anything.
+func (s *Store) giveBack(l *held, keys []string) {
+	if r := l.release(keys); len(r) > 0 {
 		s.stats.released.Add(1)
 		s.queue(r)
 	}
-	p.lease = nil
 }
 
 func (s *Store) queue(r []store.Release) {

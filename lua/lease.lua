@@ -19,7 +19,7 @@
 -- GCRA level under the leased units: after the request's charge and the
 -- padding, then the padding), then the extra requests leased
 -- and the time of the decision; for a release only, just the time.
-local apply, adjust, ttl, window, decode, spec, put = algorithms()
+local apply, adjust, ttl, window, decode, spec, put, level = algorithms()
 local unpk, pack, floor = struct.unpack, struct.pack, math.floor
 local grant, rel = ARGV[1], ARGV[2]
 local now, want, share, minrem, hold, i0 = unpk('<ddddd', grant)
@@ -35,15 +35,6 @@ while i0 <= #grant do
   i0, alg, count, period, cap, n, w0, w1, w2, w3 = spec(grant, i0)
   nb = nb + 1
   specs[nb] = {alg, count, period, cap, n, w0, w1, w2, w3}
-end
-
--- drain is rate.Limit.drain: x written at t0, drained until now
-local function drain(x, t0, count, period)
-  local elapsed = now - t0
-  if elapsed < 0 then elapsed = 0 end
-  x = x - elapsed * count / period
-  if x > 0 then return x end
-  return 0
 end
 
 -- releases: rate.Limit.LeaseGiveBack
@@ -78,17 +69,17 @@ while j <= #rel do
       a, b, t = adjust(alg, count, period, -refund, a, b, t, now, start, charged)
     else
       -- the lease top: lowered only by the topmost lease
-      local u = drain(a, t, count, period)
-      local top = drain(b, t, count, period)
+      local u = level(a, t, now, count, period)
+      local top = level(b, t, now, count, period)
       if not (top < u) then top = u end
-      local band = drain(off + units, t0, count, period) -- this lease's top
+      local band = level(off + units, t0, now, count, period) -- this lease's top
       local slack = band -- rate.topSlack * math.Max(1, band)
       if not (slack > 1) then slack = 1 end
       slack = 1e-9 * slack
       if top + slack < band then
         refund = 0 -- reset since: the bucket does not hold these units
       elseif top <= band + slack then -- the topmost
-        local under = drain(off, t0, count, period)
+        local under = level(off, t0, now, count, period)
         if not (top < under) then top = under end
       end
       a = u - refund

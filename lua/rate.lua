@@ -418,6 +418,6 @@ local function algorithms(log)
     return ms, e, v
   end
 
-  return apply, adjust, ttl, window, decode, spec, put
+  return apply, adjust, ttl, window, decode, spec, put, level
 end
 

@@ -186,10 +186,7 @@ func RunLeases(t *testing.T, open LeaserOpener) {
 			expectDecide(t, s, []store.Bucket{b("lh", "k", slow, 85)}, true)
 		}},
 		{"a release after a reset, with no lease since, gives back nothing", func(t *testing.T, s store.Leaser, c *Clock) {
-			rs, ok := s.(store.Resetter)
-			if !ok {
-				t.Skip("the store cannot reset")
-			}
+			rs := resetter(t, s)
 			l := mustLease(t, s, grant([]store.Bucket{b("li", "k", slow, 1)}, 20))
 			expectLease(t, l, true, 9, []int64{90})
 			if _, err := rs.Reset(ctx, []string{key("li", "k")}); err != nil {
@@ -201,10 +198,7 @@ func RunLeases(t *testing.T, open LeaserOpener) {
 			expectDecide(t, s, []store.Bucket{b("li", "k", slow, 50)}, true)
 		}},
 		{"a lease charged before a reset gives nothing back to the bucket leased since", func(t *testing.T, s store.Leaser, c *Clock) {
-			rs, ok := s.(store.Resetter)
-			if !ok {
-				t.Skip("the store cannot reset")
-			}
+			rs := resetter(t, s)
 			expectDecide(t, s, []store.Bucket{b("lo", "k", slow, 50)}, true)
 			g := grant([]store.Bucket{b("lo", "k", slow, 1)}, 20)
 			g.MaxShare = 0.5
@@ -270,6 +264,16 @@ func RunLeases(t *testing.T, open LeaserOpener) {
 			t.Fatalf("giving back a sliding window with a grant: %v, want ErrNotLeasable", err)
 		}
 	})
+}
+
+// resetter is s as a store.Resetter; the test is skipped if it cannot reset.
+func resetter(t *testing.T, s store.Leaser) store.Resetter {
+	t.Helper()
+	rs, ok := s.(store.Resetter)
+	if !ok {
+		t.Skip("the store cannot reset")
+	}
+	return rs
 }
 
 func release(t *testing.T, s store.Leaser, r ...store.Release) {
