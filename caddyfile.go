@@ -45,6 +45,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	            key     <template>                  # e.g. {header.X-Org}, {http.auth.user.id}, {client_ip}
 //	            missing deny|shared|skip            # empty key: refuse (default), one shared bucket, or skip the tier
 //	            limit   <count>[ <dimension>]/<per> [burst <n>] [gcra|sliding [approx]|calendar] [tz <zone>]
+//	            limit   <count> concurrent          # requests in flight at once
 //	            value   <value...> {                # per-value override: replaces the tier's limits
 //	                limit ...
 //	            }
@@ -108,6 +109,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	        key_prefix    <prefix>
 //	        timeout       <duration>
 //	        breaker       <failures> [<cooldown>]|off # 3 1s: fail at once after 3 failures in a row
+//	        slot_ttl      <duration>                # a concurrency slot of a vanished instance frees after it (30s)
 //	        lease [{                                # decide most requests in memory on capacity leased from Redis
 //	            max_share     <fraction>            # of what remains, per lease (0.1)
 //	            min_remaining <fraction>|<n>%       # below it no lease: per-request decisions (5%)
@@ -669,14 +671,27 @@ type countedAt struct {
 	pos  position
 }
 
-// parseLimit parses `limit <count>[ <dimension>]/<per> [burst <n>] [algorithm] [tz <zone>]`.
+// parseLimit parses `limit <count>[ <dimension>]/<per> [burst <n>] [algorithm] [tz <zone>]`
+// or `limit <count> concurrent`.
 func parseLimit(d *caddyfile.Dispenser) (*hierarchy.Limit, error) {
-	const usage = "usage: limit <count>/<per> or limit <count> <dimension>/<per>, then optionally burst <n>, gcra|sliding|sliding approx|calendar, tz <zone>; e.g. limit 1000/h or limit 100000 tokens/h burst 5000"
+	const usage = "usage: limit <count>/<per> or limit <count> <dimension>/<per>, then optionally burst <n>, gcra|sliding|sliding approx|calendar, tz <zone>; or limit <count> concurrent; e.g. limit 1000/h or limit 100000 tokens/h burst 5000 or limit 10 concurrent"
 	args := d.RemainingArgs()
 	if len(args) == 0 {
 		return nil, d.Errf("%s", usage)
 	}
 	l := &hierarchy.Limit{}
+	if len(args) >= 2 && args[1] == string(rate.Concurrent) {
+		// "<count> concurrent": requests in flight at once.
+		n, err := strconv.ParseInt(strings.ReplaceAll(args[0], "_", ""), 10, 64)
+		if err != nil || n <= 0 {
+			return nil, d.Errf("limit: count %q must be a positive whole number", args[0])
+		}
+		if len(args) > 2 {
+			return nil, d.Errf("limit %s concurrent: unexpected %q: a concurrency limit takes no period, burst or algorithm", args[0], args[2])
+		}
+		l.Count, l.Algorithm = n, string(rate.Concurrent)
+		return l, nil
+	}
 	rateArg := args[0]
 	rest := args[1:]
 	countStr, per, ok := strings.Cut(rateArg, "/")
@@ -878,7 +893,7 @@ func parseRedis(d *caddyfile.Dispenser, r *RedisStoreConfig) error {
 			r.PoolSize, err = intArg(d)
 		case "key_prefix":
 			err = strArg(d, &r.KeyPrefix)
-		case "dial_timeout", "read_timeout", "write_timeout", "timeout":
+		case "dial_timeout", "read_timeout", "write_timeout", "timeout", "slot_ttl":
 			if !d.NextArg() {
 				return d.ArgErr()
 			}
@@ -893,6 +908,8 @@ func parseRedis(d *caddyfile.Dispenser, r *RedisStoreConfig) error {
 				r.ReadTimeout = caddy.Duration(dur)
 			case "write_timeout":
 				r.WriteTimeout = caddy.Duration(dur)
+			case "slot_ttl":
+				r.SlotTTL = caddy.Duration(dur)
 			default:
 				r.Timeout = caddy.Duration(dur)
 			}

@@ -41,6 +41,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 				missing shared
 				limit 100/30m sliding
 				limit 100000/month tz Europe/Paris
+				limit 4 concurrent
 				adaptive
 			}
 		}
@@ -56,6 +57,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 			timeout 150ms
 			key_prefix rl:
 			breaker 5 2s
+			slot_ttl 10s
 			lease {
 				max_share 20%
 				min_remaining 0.01
@@ -76,10 +78,10 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 		`"name":"org","key":"{header.X-Org}","limits":[{"count":10000,"per":"h"},{"count":1000000,"per":"h","dimension":"tokens","burst":50000}]`,
 		`"acme-corp":{"limits":[{"count":20000,"per":"h"}]}`, `"bigco":{"limits":[{"count":20000,"per":"h"}]}`, `"internal":{"unlimited":true}`,
 		`"key":"{http.auth.user.id}","missing":"shared"`, `{"count":100,"per":"30m","algorithm":"sliding"}`,
-		`{"count":100000,"per":"month","timezone":"Europe/Paris"}`, `"adaptive":true`,
+		`{"count":100000,"per":"month","timezone":"Europe/Paris"}`, `{"count":4,"algorithm":"concurrent"}`, `"adaptive":true`,
 		`"costs":[{"dimension":"tokens","value":"{header.X-Tokens}"}]`,
 		`"addresses":["{$REDIS:localhost:6379}","10.0.0.2:6379"],"cluster":true`, `"db":2`,
-		`"tls":{"server_name":"redis.internal","insecure_skip_verify":true}`, `"timeout":150000000`, `"key_prefix":"rl:"`, `"breaker":{"failures":5,"cooldown":2000000000}`,
+		`"tls":{"server_name":"redis.internal","insecure_skip_verify":true}`, `"timeout":150000000`, `"key_prefix":"rl:"`, `"breaker":{"failures":5,"cooldown":2000000000}`, `"slot_ttl":10000000000`,
 		`"lease":{"max_share":0.2,"min_remaining":0.01,"ttl":500000000}`,
 		`"on_store_error":"allow"`, `"mode":"warn"`, `"headers":{"ietf":true,"x_ratelimit":false,"retry_after":false,"openai":true}`,
 		`"jitter":1.5`,
@@ -157,6 +159,8 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"unknown lease option", "rate_limit {\n store redis {\n  lease {\n   size 3\n  }\n }\n}", "lease: unknown option \"size\""},
 		{"bad breaker cooldown", "rate_limit {\n store redis {\n  breaker 3 soon\n }\n}", "breaker cooldown \"soon\""},
 		{"bad tz", "rate_limit {\n tree t {\n  tier a k {\n   limit 5/day calendar tz Mars/Base\n  }\n }\n}", "timezone \"Mars/Base\""},
+		{"concurrent with a period", "rate_limit {\n tree t {\n  tier a k {\n   limit 5 concurrent 1m\n  }\n }\n}", "a concurrency limit takes no period"},
+		{"bad slot_ttl", "rate_limit {\n store redis {\n  slot_ttl -1s\n }\n}", "slot_ttl \"-1s\""},
 		{"redis URL", "rate_limit {\n store redis {\n  address redis://127.0.0.1:6379\n }\n}", "is a URL: write host:port"},
 		{"redis address without port", "rate_limit {\n store redis {\n  address 127.0.0.1\n }\n}", "missing port in address"},
 		{"redis addresses joined", "rate_limit {\n store redis {\n  address a:1,b:2\n }\n}", "give several addresses as separate arguments"},

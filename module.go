@@ -525,6 +525,13 @@ func (h *Handler) Validate() error {
 	if h.MaxWait < 0 || h.MaxQueued < 0 {
 		return fmt.Errorf("rate_limit: max_wait %v, max_queued %d: neither may be negative", time.Duration(h.MaxWait), h.MaxQueued)
 	}
+	if h.Forwarded != nil {
+		for _, t := range h.trees {
+			if t.Concurrent() {
+				return fmt.Errorf("rate_limit: tree %s: a concurrency limit counts requests until their response ends, which a decision endpoint (forwarded) never sees: limit concurrency in a rate_limit in front of the upstream", t.Name)
+			}
+		}
+	}
 	if h.MaxWait > 0 && h.Forwarded != nil {
 		return errors.New("rate_limit: max_wait holds the request in front of the upstream, which a decision endpoint (forwarded) is not: rate limit in front of the upstream instead")
 	}
@@ -632,6 +639,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	d := &dv
 	defer d.Release()
 	status, err := h.decide(r, repl, d)
+	defer h.done(r, d) // concurrency slots, given back when the response has ended
 	h.metrics.observe(d, time.Since(start))
 	h.setPlaceholders(r, repl, d)
 
@@ -738,6 +746,17 @@ func (h *Handler) holdUntil(r *http.Request, d *decision) bool {
 		h.giveBack(r, d)
 		return false
 	}
+}
+
+// done gives back the concurrency slots d took, if any: the request's
+// response has ended, or its client has gone.
+func (h *Handler) done(r *http.Request, d *decision) {
+	if !d.HoldsSlots() {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 5*time.Second)
+	defer cancel()
+	h.engine.Done(ctx, &d.Decision)
 }
 
 // giveBack refunds a reservation that will not be used.

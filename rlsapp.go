@@ -125,6 +125,12 @@ func (c *RLSConfig) routes(engines []*engine.Engine, logger *zap.Logger) (map[st
 			if n > 1 {
 				logger.Warn("rls: several rate_limit handlers have this tree; Envoy's calls are decided by the first (on its store)", zap.String("tree", name))
 			}
+			if r.Tree.Concurrent() {
+				// Envoy never says when a request ends: its slots would
+				// never be given back.
+				logger.Warn("rls: a tree with a concurrency limit is not served to Envoy, which never says when a request ends", zap.String("tree", name))
+				continue
+			}
 			routes[name] = r
 		}
 		if len(routes) == 0 {
@@ -146,6 +152,9 @@ func (c *RLSConfig) routes(engines []*engine.Engine, logger *zap.Logger) (map[st
 		}
 		if dim := d.Dimension; dim != "" && dim != hierarchy.Requests && !slices.Contains(r.Tree.Dimensions(), dim) {
 			return nil, fmt.Errorf("cascade rls: domain %s: tree %s limits no %s (its dimensions: %s)", d.Domain, tree, dim, strings.Join(r.Tree.Dimensions(), ", "))
+		}
+		if r.Tree.Concurrent() {
+			return nil, fmt.Errorf("cascade rls: domain %s: tree %s has a concurrency limit, which Envoy cannot use: it never says when a request ends, so its slots would never be given back (limit concurrency in a rate_limit in front of the upstream)", d.Domain, tree)
 		}
 		r.Dimension = d.Dimension
 		routes[d.Domain] = r

@@ -77,6 +77,11 @@ type RedisStoreConfig struct {
 	// background, until it answers. Default 3 failures, 1s; failures 0
 	// turns it off.
 	Breaker *RedisBreaker `json:"breaker,omitempty"`
+	// SlotTTL is how long a concurrency slot (a `concurrent` limit) is
+	// kept without its holder renewing it: an instance renews the slots of
+	// its requests in flight every third of it, so the slots of an
+	// instance that crashed come back within SlotTTL. Default 30s.
+	SlotTTL caddy.Duration `json:"slot_ttl,omitempty"`
 	// Lease, when set, decides most requests in memory on capacity leased
 	// from Redis (package lease): never more admitted than the limits,
 	// bounded under-admission, strict decisions near exhaustion.
@@ -360,6 +365,7 @@ func (c *RedisStoreConfig) options(logger *zap.Logger) (store.RedisOptions, erro
 		PoolSize:     c.PoolSize,
 		KeyPrefix:    c.KeyPrefix,
 		Timeout:      time.Duration(c.Timeout),
+		SlotTTL:      time.Duration(c.SlotTTL),
 		Breaker:      store.BreakerOptions{Failures: 3, Cooldown: time.Second},
 	}
 	if b := c.Breaker; b != nil {

@@ -737,15 +737,23 @@ func renderTop(w io.Writer, t *Top) {
 
 // ParseLimit parses a limit as the Caddyfile writes it: "<count>/<per>" or
 // "<count> <dimension>/<per>", then optionally "burst <n>", an algorithm
-// (gcra, sliding, sliding approx, calendar) and "tz <zone>", in any order.
-// The limit is validated as a configuration's is.
+// (gcra, sliding, sliding approx, calendar) and "tz <zone>", in any order;
+// or "<count> concurrent". The limit is validated as a configuration's is.
 func ParseLimit(s string) (*hierarchy.Limit, error) {
-	const usage = `write e.g. "1000/h", "100000 tokens/h burst 5000" or "1000000 tokens/month tz Europe/Paris"`
+	const usage = `write e.g. "1000/h", "100000 tokens/h burst 5000", "1000000 tokens/month tz Europe/Paris" or "10 concurrent"`
 	f := strings.Fields(s)
 	if len(f) == 0 {
 		return nil, fmt.Errorf("limit %q: empty; %s", s, usage)
 	}
 	l := &hierarchy.Limit{}
+	if len(f) == 2 && f[1] == "concurrent" { // "<count> concurrent": requests in flight
+		n, err := strconv.ParseInt(strings.ReplaceAll(f[0], "_", ""), 10, 64)
+		if err != nil || n <= 0 {
+			return nil, fmt.Errorf("limit %q: count %q must be a positive whole number", s, f[0])
+		}
+		l.Count, l.Algorithm = n, "concurrent"
+		return l, l.Validate()
+	}
 	count, per, ok := strings.Cut(f[0], "/")
 	rest := f[1:]
 	if !ok {

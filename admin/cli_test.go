@@ -41,6 +41,7 @@ func TestParseLimit(t *testing.T) {
 		{"10 tokens/day calendar tz America/New_York", hierarchy.Limit{Count: 10, Per: "day", Dimension: "tokens", Algorithm: "calendar", Timezone: "America/New_York"}, "10 tokens/day calendar"},
 		{"10/h tz UTC calendar", hierarchy.Limit{Count: 10, Per: "h", Algorithm: "calendar", Timezone: "UTC"}, "10/h calendar"},
 		{"100/h burst 1_000 gcra", hierarchy.Limit{Count: 100, Per: "h", Burst: 1000, Algorithm: "gcra"}, "100/h burst 1000"},
+		{"10 concurrent", hierarchy.Limit{Count: 10, Algorithm: "concurrent"}, "10 concurrent"},
 	}
 	for _, tt := range good {
 		l, err := ParseLimit(tt.in)

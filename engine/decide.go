@@ -75,6 +75,7 @@ type Decision struct {
 	lenient    string       // the mode of the trees that apply and do not enforce (warn over shadow)
 	localShare float64      // with Local, the share of each limit decided on
 	unwidened  []rate.Limit // with Config.MaxWait, the limits before reserve widened them
+	slots      bool         // a concurrency slot may be held: Done gives it back
 	scratch    *scratch     // nil until Begin takes one
 	used       int          // buckets of scratch written to
 }
@@ -201,6 +202,11 @@ func (e *Engine) DecideCosts(ctx context.Context, d *Decision) error {
 			d.Costs[i] = 0 // a penalty box is only looked at
 		}
 		sb[i] = store.Bucket{Key: b.Key, Limit: l, Cost: d.Costs[i]}
+		if l.Algorithm == rate.Concurrent {
+			// One slot per request, whatever its cost, held by this
+			// request alone (see store.Bucket.Holder).
+			d.Costs[i], sb[i].Cost, sb[i].Holder = 1, 1, e.holders.Add(1)
+		}
 		d.Scaled = d.Scaled || scaled
 	}
 	d.Limits = sb
@@ -216,6 +222,7 @@ func (e *Engine) DecideCosts(ctx context.Context, d *Decision) error {
 	}
 	switch {
 	case d.Allowed:
+		d.slots = tookSlots(d.Limits)
 	case d.Mode == Enforce && d.lenient != "":
 		if err := e.enforceOnly(ctx, d); err != nil {
 			d.Reason = ReasonStoreError
@@ -231,6 +238,16 @@ func (e *Engine) DecideCosts(ctx context.Context, d *Decision) error {
 		e.strike(ctx, d) // an enforced refusal by the limits: a strike
 	}
 	return nil
+}
+
+// tookSlots reports whether an admitted path took a concurrency slot.
+func tookSlots(limits []store.Bucket) bool {
+	for _, b := range limits {
+		if holdsSlot(b) {
+			return true
+		}
+	}
+	return false
 }
 
 // reserve widens the GCRA limits of d's enforcing trees (not penalty

@@ -21,6 +21,7 @@ package engine
 
 import (
 	"context"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -122,6 +123,7 @@ type Engine struct {
 	applying    sync.Mutex     // orders applyRuntime's calls
 	unsubscribe func()
 	localLogged atomic.Int64 // when deciding locally was last logged (Unix ns)
+	holders     atomic.Int64 // the last concurrency slot holder given out
 }
 
 // decideInto is implemented by stores that can write a decision's results
@@ -147,6 +149,10 @@ func New(cfg Config) *Engine {
 		cfg.Logger = zap.NewNop()
 	}
 	e := &Engine{cfg: cfg}
+	// Holders count up from a random start below 2^52, so that engines
+	// (handlers, instances) sharing a store give out distinct ones: a
+	// holder names a slot in Redis, as an exact float64.
+	e.holders.Store(rand.Int64N(1 << 52))
 	e.into, _ = cfg.Store.(decideInto)
 	e.unleased, _ = cfg.Store.(unleased)
 	e.policies = policyItems(cfg.Trees)

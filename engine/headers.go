@@ -207,15 +207,18 @@ func (c *headerCache) format(buckets []hierarchy.Bucket) *pathHeaders {
 }
 
 // writePolicy writes one RateLimit-Policy item: the policy's name, its
-// effective quota q (scaled when adaptive), its window w in seconds and, for
+// effective quota q (scaled when adaptive), its window w in seconds (none
+// for a concurrency limit: q requests in flight at once) and, for
 // dimensions other than requests, its quota unit qu.
 func writePolicy(b *strings.Builder, hl *hierarchy.Limit, l rate.Limit) {
 	b.WriteString(`"`)
 	b.WriteString(hl.Policy())
 	b.WriteString(`";q=`)
 	b.WriteString(strconv.FormatInt(l.Capacity(), 10))
-	b.WriteString(";w=")
-	b.WriteString(strconv.FormatInt(l.WindowSeconds(), 10))
+	if l.Algorithm != rate.Concurrent { // requests in flight have no window
+		b.WriteString(";w=")
+		b.WriteString(strconv.FormatInt(l.WindowSeconds(), 10))
+	}
 	if hl.Dimension != hierarchy.Requests {
 		b.WriteString(`;qu="`)
 		b.WriteString(hl.Dimension)

@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddy-cascade/cascade/hierarchy"
+	"github.com/caddy-cascade/cascade/rate"
 	"github.com/caddy-cascade/cascade/store"
 )
 
@@ -107,7 +108,11 @@ func (e *Engine) Peek(ctx context.Context, t *Tree, values []string, costOf map[
 		out.Scaled[i] = scaled
 		out.Limits[i] = store.Bucket{Key: b.Key, Limit: l}
 		peek[i] = out.Limits[i]
-		peek[n+i] = store.Bucket{Key: b.Key, Limit: l, Cost: costOf[b.Limit.Dimension]}
+		cost := costOf[b.Limit.Dimension]
+		if l.Algorithm == rate.Concurrent {
+			cost = min(cost, 1) // a request takes one slot, whatever its cost
+		}
+		peek[n+i] = store.Bucket{Key: b.Key, Limit: l, Cost: cost}
 	}
 	d, err := store.Peek(ctx, e.cfg.Store, peek)
 	if err != nil {

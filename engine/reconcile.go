@@ -7,6 +7,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/caddy-cascade/cascade/rate"
 	"github.com/caddy-cascade/cascade/store"
 )
 
@@ -63,7 +64,7 @@ func (e *Engine) Hold(d *Decision) *Held {
 	}
 	h := &Held{estimates: slices.Clone(d.Estimates), local: d.Local}
 	for i, b := range d.Buckets {
-		if slices.Contains(e.cfg.Dimensions, b.Limit.Dimension) {
+		if slices.Contains(e.cfg.Dimensions, b.Limit.Dimension) && !holdsSlot(d.Limits[i]) {
 			h.buckets = append(h.buckets, store.Bucket{Key: b.Key, Limit: d.Limits[i].Limit, Charged: d.ChargedAt(i)})
 			h.dims = append(h.dims, b.Limit.Dimension)
 		}
@@ -143,7 +144,7 @@ func (e *Engine) Refund(ctx context.Context, d *Decision) error {
 	}
 	adjust := make([]store.Bucket, 0, len(d.Limits))
 	for i, b := range d.Limits {
-		if b.Cost == 0 {
+		if b.Cost == 0 || holdsSlot(b) { // a slot is given back by Done
 			continue
 		}
 		b.Cost, b.Charged = -b.Cost, d.ChargedAt(i)
@@ -159,6 +160,38 @@ func (e *Engine) Refund(ctx context.Context, d *Decision) error {
 	return err
 }
 
+// Done gives back the concurrency slots d took (limits of the concurrent
+// algorithm), to the store that charged them: call it once the request's
+// response has ended, or its client has gone. Calling it again, or for a
+// decision that took no slot, does nothing. A slot that cannot be given
+// back (the store is unreachable) stays taken until the store drops it: a
+// Redis store's after its slot TTL, when it is no longer renewed.
+func (e *Engine) Done(ctx context.Context, d *Decision) error {
+	if !d.slots {
+		return nil
+	}
+	d.slots = false
+	var give []store.Bucket
+	for _, b := range d.Limits {
+		if holdsSlot(b) {
+			b.Cost = -1
+			give = append(give, b)
+		}
+	}
+	err := e.storeFor(d.Local).Adjust(ctx, give)
+	if err != nil {
+		e.cfg.Logger.Warn("rate limit: giving back a concurrency slot failed; it stays taken until the store drops it", zap.Error(err))
+	}
+	return err
+}
+
+// HoldsSlots reports whether d took concurrency slots that Done has not
+// given back yet.
+func (d *Decision) HoldsSlots() bool { return d.slots }
+
+// holdsSlot reports whether a decided bucket took a concurrency slot.
+func holdsSlot(b store.Bucket) bool { return b.Limit.Algorithm == rate.Concurrent && b.Cost > 0 }
+
 // AdjustPath corrects each bucket of d's path (built with Add, not decided)
 // by costs[i] — negative gives back, positive adds debt — at once, in one
 // store call, without deciding anything: for a front end that returns what
@@ -168,7 +201,7 @@ func (e *Engine) Refund(ctx context.Context, d *Decision) error {
 func (e *Engine) AdjustPath(ctx context.Context, d *Decision, costs []int64) error {
 	adjust := make([]store.Bucket, 0, len(d.Buckets))
 	for i, b := range d.Buckets {
-		if costs[i] == 0 {
+		if costs[i] == 0 || b.Limit.Rate().Algorithm == rate.Concurrent {
 			continue
 		}
 		l, _ := e.effective(b)

@@ -170,7 +170,7 @@ type Limit struct {
 	Count int64 `json:"count"`
 	// Per is the period: "s", "min", "h", "day", "week", "month" or a
 	// duration such as "30m". "month" always means a calendar month.
-	Per string `json:"per"`
+	Per string `json:"per,omitempty"`
 	// Dimension is what is counted: "requests" (default), or a cost such
 	// as "tokens", "points", "bytes".
 	Dimension string `json:"dimension,omitempty"`
@@ -178,7 +178,9 @@ type Limit struct {
 	Burst int64 `json:"burst,omitempty"`
 	// Algorithm is "gcra" (default), "sliding" (exact: at most Count in
 	// any window of Per), "sliding_approx" (the two-counter estimate, in
-	// constant memory) or "calendar".
+	// constant memory), "calendar", or "concurrent": at most Count
+	// requests in flight at once (no Per; the dimension is requests, and
+	// each request takes one slot whatever its cost).
 	Algorithm string `json:"algorithm,omitempty"`
 	// Timezone aligns calendar windows; default UTC.
 	Timezone string `json:"timezone,omitempty"`
@@ -236,6 +238,9 @@ func QualifyPolicies(trees []*Tree) {
 
 // String renders the limit as configured, e.g. "100000 tokens/h burst 5000".
 func (l *Limit) String() string {
+	if l.Algorithm == string(rate.Concurrent) {
+		return strconv.FormatInt(l.Count, 10) + " concurrent"
+	}
 	var b strings.Builder
 	b.WriteString(strconv.FormatInt(l.Count, 10))
 	if l.Dimension != "" && l.Dimension != Requests {
@@ -374,6 +379,8 @@ func compileLimits(tier string, limits []*Limit) error {
 		switch {
 		case len(limits) == 1:
 			l.name = tier
+		case l.Algorithm == string(rate.Concurrent):
+			l.name = tier + ".concurrent"
 		case perDim[l.Dimension] == 1:
 			l.name = tier + "." + l.Dimension
 		default:
@@ -390,6 +397,9 @@ func (l *Limit) compile() error {
 	}
 	if !nameRE.MatchString(l.Dimension) {
 		return fmt.Errorf("dimension %q: use letters, digits, '-' or '_'", l.Dimension)
+	}
+	if l.Algorithm == string(rate.Concurrent) {
+		return l.compileConcurrent()
 	}
 	period, unit, err := rate.ParsePer(l.Per)
 	if err != nil {
@@ -443,6 +453,25 @@ func (l *Limit) compile() error {
 	return nil
 }
 
+// compileConcurrent compiles a concurrency limit: requests in flight.
+func (l *Limit) compileConcurrent() error {
+	switch {
+	case l.Dimension != Requests:
+		return fmt.Errorf("a concurrency limit counts requests in flight, not %s: drop the dimension", l.Dimension)
+	case l.Per != "":
+		return fmt.Errorf("a concurrency limit has no period: write limit %d concurrent", l.Count)
+	case l.Burst != 0 || l.Timezone != "":
+		return fmt.Errorf("burst and timezone do not apply to a concurrency limit")
+	}
+	r := rate.Limit{Algorithm: rate.Concurrent, Count: l.Count}
+	if err := r.Validate(); err != nil {
+		return err
+	}
+	l.compiled = r
+	l.id = l.Dimension + "." + r.Algorithm.StateName()
+	return nil
+}
+
 // Limits yields every limit of the tree with its tier: each tier's own
 // limits, then those of its value overrides.
 func (t *Tree) Limits() iter.Seq2[*Tier, *Limit] {
@@ -462,6 +491,17 @@ func (t *Tree) Limits() iter.Seq2[*Tier, *Limit] {
 			}
 		}
 	}
+}
+
+// Concurrent reports whether some limit of the tree is a concurrency limit
+// (rate.Concurrent): its slots must be given back when a request ends.
+func (t *Tree) Concurrent() bool {
+	for _, l := range t.Limits() {
+		if l.Algorithm == string(rate.Concurrent) {
+			return true
+		}
+	}
+	return false
 }
 
 // Dimensions lists every dimension the tree's limits count, once each.

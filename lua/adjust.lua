@@ -104,7 +104,12 @@ while i0 <= #argv do
   local v = values[k]
   if written[KEYS[k]] ~= nil then v = written[KEYS[k]] end
   local a, b, t, e = decode(v)
-  if alg == LOG then
+  if alg == SLOTS then
+    -- A concurrency slot given back: its holder's member goes (w0 is the
+    -- holder; see decide.lua). A debt means nothing to slots.
+    if delta < 0 then redis.call('ZREM', KEYS[k], struct.pack('<d', w0)) end
+    k = k + 1
+  elseif alg == LOG then
     if not ladjust then
       local _, reader, scan, tickOf
       _, _, reader, scan, tickOf, lcheck = algorithms('log')

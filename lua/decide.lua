@@ -53,6 +53,9 @@ local lapply, lsync, reader, lcheck -- from algorithms('log'), for the first exa
 -- entries, and the key's expiry action and E.
 local lpend, nl = nil, 0 -- made for the first exact sliding window
 local nowPacked -- Redis TIME, packed once for every decision's reply
+local used, spend -- concurrency limits' (SLOTS): made for the first
+-- SLOTRETRY is rate.ConcurrentRetry: a refused slot's retry (µs).
+local SLOTRETRY = 1000000
 for d = 2, #ARGV do
   local argv = ARGV[d]
   local now, i0 = unpk('<d', argv)
@@ -77,7 +80,7 @@ for d = 2, #ARGV do
     if v and #v >= 32 then a, b, t, e = unpk('<dddd', v) end
     local ok, tl, res
     local extra, drop, push, h, m -- an exact sliding window's (extra: H and M, packed)
-    if alg == 0 or alg > LOG then
+    if alg == 0 or alg > SLOTS then
       -- gcra: level, then Limit.gcra
       local perUnit = period / count
       local elapsed = now - t
@@ -136,6 +139,40 @@ for d = 2, #ARGV do
         if b > 0 then tl = t + period - now end
         extra = pack('<dd', h, m)
       end
+    elseif alg == SLOTS then
+      -- A concurrency limit: the key is a sorted set of the slots taken,
+      -- one member per request in flight (its holder, packed), scored
+      -- with the time its holder must renew it by (period is that TTL).
+      -- A slot not renewed in time belonged to an instance that is gone:
+      -- it is dropped here. used[k] is the key's count as this call's
+      -- decisions so far left it.
+      local holder
+      holder, i0 = unpk('<d', argv, i0)
+      if not used then used = {} end
+      local u = used[k]
+      if not u then
+        redis.call('ZREMRANGEBYSCORE', KEYS[k], '-inf', now)
+        u = redis.call('ZCARD', KEYS[k])
+        used[k] = u
+      end
+      local before = count - u
+      if before < 0 then before = 0 end
+      if n > count then
+        ok = 0
+        res = pack('<dddddd', 0, 1, before, before, 0, 0)
+      elseif u + n <= count then
+        ok = 1
+        res = pack('<dddddd', 1, 0, before - n, before, 0, 0)
+        if n > 0 then
+          if not spend then spend = {} end
+          spend[#spend + 1] = k
+          spend[#spend + 1] = holder
+          spend[#spend + 1] = period
+        end
+      else
+        ok = 0
+        res = pack('<dddddd', 0, 0, before, before, SLOTRETRY, 0)
+      end
     else
       if not apply then apply, _, ttl, window = algorithms() end
       local start, stop
@@ -154,7 +191,7 @@ for d = 2, #ARGV do
     reply[nr] = res
     if ok == 0 then
       admit = false
-    elseif admit then
+    elseif admit and tl then -- (a concurrency limit's writes are spend's)
       -- rate.lua's put, decided now and done at the end if the decision
       -- admits: the expiry action, and E, the time until which the key's
       -- expiry is then known to keep it.
@@ -207,6 +244,21 @@ for d = 2, #ARGV do
     end
   end
   nl = 0
+  if spend then
+    -- The slots of this decision, taken if it admits.
+    for j = 1, #spend, 3 do
+      if admit then
+        local k, ms = spend[j], math.ceil(spend[j + 2] / 1000) + 1000
+        redis.call('ZADD', KEYS[k], now + spend[j + 2], pack('<d', spend[j + 1]))
+        used[k] = used[k] + 1
+        -- The set outlives every slot in it, by a second: a key kept
+        -- longer by another instance's slot is not shortened.
+        if redis.call('PTTL', KEYS[k]) < ms then redis.call('PEXPIRE', KEYS[k], ms) end
+      end
+      spend[j] = nil
+    end
+    spend = nil
+  end
   if admit then
     for j = 1, np, 3 do
       local k, ms = pend[j], pend[j + 2]

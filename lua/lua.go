@@ -42,10 +42,11 @@
 //	float64        the test clock in µs, or 0 for Redis TIME
 //	then for each bucket, in order:
 //	byte           the algorithm: 0 gcra, 1 sliding_approx, 2 calendar,
-//	               3 sliding (exact; any other code is gcra, as in
-//	               rate.Limit.Apply)
+//	               3 sliding (exact), 4 concurrent (any other code is
+//	               gcra, as in rate.Limit.Apply)
 //	float64 × 4    count     Limit.Count
-//	               period    Limit.Period in µs (0 for calendar)
+//	               period    Limit.Period in µs (0 for calendar; for
+//	                         concurrent, how long a slot lasts unrenewed)
 //	               capacity  Limit.Capacity()
 //	               cost      Bucket.Cost (Adjust: the signed delta)
 //	float64 × 4    for calendar only: the bounds, in µs, of the previous,
@@ -53,6 +54,14 @@
 //	               (Limit.Window); the script uses the one holding its own
 //	               time, so clock skew at a boundary never matters
 //	float64        for an exact sliding window only: its tick (Limit.Tick)
+//	float64        for concurrent only: the slot's holder (Bucket.Holder)
+//
+// A concurrency limit's key is not a string but a sorted set: one member
+// per slot taken (its holder, packed as a float64), scored with the time
+// (µs, on the script's clock) by which its holder must renew it
+// (RenewSlots); a slot past its time is dropped by the next decision, so an
+// instance that died gives its slots back. Adjust gives a slot back (a
+// negative cost) by removing its member: twice is once.
 //
 // The script reads it with struct.unpack at a moving offset. One packed
 // argument, rather than decimal strings (tonumber) or one argument per
@@ -144,6 +153,14 @@ var Decide = redis.NewScript(rateSource + decideSource)
 // Adjust is the correction script: each key's delta is a refund (negative)
 // or a debt (positive), applied atomically as rate.Limit.Adjust does.
 var Adjust = redis.NewScript(rateSource + adjustSource)
+
+//go:embed renew.lua
+var renewSource string
+
+// Renew gives the concurrency slots an instance holds a new expiry (see
+// renew.lua): the slots of its requests in flight outlive their TTL, and
+// those of an instance that is gone do not.
+var Renew = redis.NewScript(rateSource + renewSource)
 
 //go:embed lease.lua
 var leaseSource string

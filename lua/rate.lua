@@ -18,8 +18,9 @@
 
 -- The algorithm codes of the packed arguments (see lua.go); any other code
 -- is gcra, like Limit.Apply's default. SLIDING is the two-counter estimate
--- (rate.SlidingApprox), LOG the exact sliding window (rate.Sliding).
-local SLIDING, CALENDAR, LOG = 1, 2, 3
+-- (rate.SlidingApprox), LOG the exact sliding window (rate.Sliding), SLOTS
+-- a concurrency limit (rate.Concurrent, see slots in decide.lua).
+local SLIDING, CALENDAR, LOG, SLOTS = 1, 2, 3, 4
 
 -- clock is the decision's time: Redis TIME, unless the caller injected a
 -- test clock (now, a non-zero µs timestamp; the Go store sends 0 in
@@ -251,8 +252,8 @@ local function algorithms(log)
       local w0, w1, w2, w3
       w0, w1, w2, w3, i = struct.unpack('<dddd', s, i)
       return i, alg, count, period, cap, n, w0, w1, w2, w3
-    elseif alg == LOG then
-      local g
+    elseif alg == LOG or alg == SLOTS then
+      local g -- a sliding window's tick, a slot's holder
       g, i = struct.unpack('<d', s, i)
       return i, alg, count, period, cap, n, g
     end

@@ -60,6 +60,17 @@
 // 2·Count. TestSlidingApproxError measures it against an exact log. Only
 // asked for by name: its memory is constant, whatever the Count.
 //
+// # Concurrency
+//
+// "At most Count requests in flight at once": not a rate but a count of
+// slots, taken when a request is admitted and given back (Adjust by −1)
+// when its response ends. The state is the number of slots taken. No clock
+// says when a request in flight will end, so a refusal's RetryAfter is a
+// fixed ConcurrentRetry, and a bucket is never full "again" on its own:
+// its state lasts while any slot is taken (a store shared by several
+// processes keeps each slot with a TTL that its holder renews, so that a
+// crashed process's slots come back; see store.Bucket.Holder).
+//
 // # Calendar quota
 //
 // A fixed window aligned to the calendar (hour, day, week starting Monday,
@@ -84,7 +95,13 @@ const (
 	Sliding       Algorithm = "sliding"        // exact: a log of the charges in the window
 	SlidingApprox Algorithm = "sliding_approx" // the two-counter estimate
 	Calendar      Algorithm = "calendar"
+	Concurrent    Algorithm = "concurrent" // requests in flight at once
 )
+
+// ConcurrentRetry is the RetryAfter of a refused Concurrent limit: how
+// soon a request in flight ends is unknown, so the client is asked to come
+// back in a second.
+const ConcurrentRetry = int64(time.Second / time.Microsecond)
 
 // StateName names the form of an algorithm's stored state. Storage keys
 // carry it rather than the algorithm's name, so that state written in one
@@ -159,8 +176,12 @@ func (l Limit) Validate() error {
 		if l.Burst != 0 {
 			return fmt.Errorf("burst applies only to the gcra algorithm")
 		}
+	case Concurrent:
+		if l.Burst != 0 || l.Period != 0 || l.Unit != "" {
+			return fmt.Errorf("a concurrency limit counts requests in flight: it has no period, unit or burst")
+		}
 	default:
-		return fmt.Errorf("unknown algorithm %q (want gcra, sliding, sliding_approx or calendar)", l.Algorithm)
+		return fmt.Errorf("unknown algorithm %q (want gcra, sliding, sliding_approx, calendar or concurrent)", l.Algorithm)
 	}
 	return nil
 }
@@ -180,8 +201,12 @@ func (l Limit) Capacity() int64 {
 // not its count, which advertises the time the bucket takes to refill
 // from empty (Burst · Period / Count), so that q/w is still the sustained
 // rate: `10/min burst 100` is q=100;w=600, not 100 per minute.
+//
+// A Concurrent limit has no window: 0.
 func (l Limit) WindowSeconds() int64 {
 	switch l.Algorithm {
+	case Concurrent:
+		return 0
 	case Calendar:
 		switch l.Unit {
 		case Hour:
@@ -260,6 +285,7 @@ func dayStart(y int, m time.Month, d int, loc *time.Location) time.Time {
 //	               T = the newest's time, Log = the older charges (nil: none)
 //	SlidingApprox: A = previous window's count, B = current window's count, T = current window's start
 //	Calendar:      A = count in the window,   T = the window's start
+//	Concurrent:    A = slots taken
 //
 // The zero State is a fresh, full bucket for every algorithm.
 type State struct {
@@ -308,6 +334,8 @@ func (l Limit) Apply(s State, now, n int64) (State, Result) {
 		return l.sliding(s, now, n)
 	case Calendar:
 		return l.calendar(s, now, n)
+	case Concurrent:
+		return l.concurrent(s, n)
 	default:
 		return l.gcra(s, now, n)
 	}
@@ -346,6 +374,11 @@ func (l Limit) Adjust(s State, now, delta, charged int64) State {
 			s = State{T: start}
 		}
 		if !refund || charged == start {
+			s.A = math.Max(0, s.A+float64(delta))
+		}
+	case Concurrent:
+		// A slot given back (−1); a debt has no meaning for slots.
+		if delta < 0 {
 			s.A = math.Max(0, s.A+float64(delta))
 		}
 	default:
@@ -397,6 +430,11 @@ func (l Limit) TTL(s State, now int64) int64 {
 	case Calendar:
 		_, end := l.Window(now)
 		return end - now
+	case Concurrent:
+		if s.A > 0 {
+			return concurrentTTL // until its slots are given back
+		}
+		return 0
 	default:
 		return ceilMicros(l.level(s, now) * float64(l.Period.Microseconds()) / float64(l.Count))
 	}
@@ -442,6 +480,23 @@ func (l Limit) gcra(s State, now, n int64) (State, Result) {
 		RetryAfter: ceilMicros((next-b)*perUnit) + 1,
 		Reset:      ceilMicros(u * perUnit),
 	}
+}
+
+// concurrentTTL is how long a Concurrent state with slots taken is kept:
+// for ever, as far as a process is concerned (a century).
+const concurrentTTL = int64(100 * 365 * 24 * time.Hour / time.Microsecond)
+
+// concurrent takes n slots if they are free.
+func (l Limit) concurrent(s State, n int64) (State, Result) {
+	max := float64(l.Count)
+	before := floorNonNeg(max - s.A)
+	if n > l.Count {
+		return s, Result{Impossible: true, Remaining: before, Before: before}
+	}
+	if s.A+float64(n) <= max {
+		return State{A: s.A + float64(n)}, Result{Allowed: true, Remaining: floorNonNeg(max - s.A - float64(n)), Before: before}
+	}
+	return s, Result{Remaining: before, Before: before, RetryAfter: ConcurrentRetry}
 }
 
 // slide moves a two-counter (SlidingApprox) state forward to the window

@@ -319,3 +319,65 @@ func TestWindowSeconds(t *testing.T) {
 		})
 	}
 }
+
+func TestConcurrent(t *testing.T) {
+	l := Limit{Algorithm: Concurrent, Count: 3}
+	if err := l.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	now := int64(1_700_000_000) * sec
+	var s State
+	steps := []struct {
+		name        string
+		cost, delta int64 // one of them: a request's slots, or a give-back
+		allowed     bool
+		remaining   int64
+	}{
+		{"first", 1, 0, true, 2},
+		{"second", 1, 0, true, 1},
+		{"third", 1, 0, true, 0},
+		{"fourth refused", 1, 0, false, 0},
+		{"one given back", 0, -1, false, 0},
+		{"fits again", 1, 0, true, 0},
+		{"a debt changes nothing", 0, 5, false, 0},
+		{"still full", 1, 0, false, 0},
+		{"all given back, and more", 0, -9, false, 0},
+		{"empty", 1, 0, true, 2},
+	}
+	for _, st := range steps {
+		if st.delta != 0 {
+			s = l.Adjust(s, now, st.delta, 0)
+			continue
+		}
+		next, r := l.Apply(s, now, st.cost)
+		if r.Allowed != st.allowed || r.Remaining != st.remaining {
+			t.Fatalf("%s: %+v, want allowed %v remaining %d", st.name, r, st.allowed, st.remaining)
+		}
+		if r.Allowed {
+			s = next
+		} else if r.RetryAfter != ConcurrentRetry || r.Reset != 0 {
+			t.Fatalf("%s: retry %d reset %d, want %d and 0", st.name, r.RetryAfter, r.Reset, ConcurrentRetry)
+		}
+		// Time does not free a slot.
+		if _, later := l.Apply(s, now+365*24*3600*sec, 0); later.Remaining != r.Remaining {
+			t.Fatalf("%s: a year later %d remain, want %d", st.name, later.Remaining, r.Remaining)
+		}
+	}
+	if ttl := l.TTL(State{A: 1}, now); ttl < 50*365*24*3600*sec {
+		t.Errorf("a slot taken lasts %d µs, want for ever", ttl)
+	}
+	if ttl := l.TTL(State{}, now); ttl != 0 {
+		t.Errorf("no slot taken lasts %d µs, want 0", ttl)
+	}
+	if _, r := l.Apply(State{}, now, 4); !r.Impossible {
+		t.Errorf("4 slots of 3: %+v, want impossible", r)
+	}
+	for _, bad := range []Limit{{Algorithm: Concurrent, Count: 0}, {Algorithm: Concurrent, Count: 3, Period: time.Second}, {Algorithm: Concurrent, Count: 3, Burst: 5}} {
+		if bad.Validate() == nil {
+			t.Errorf("%+v validated", bad)
+		}
+	}
+	if l.Leasable() || l.WindowSeconds() != 0 {
+		t.Error("a concurrency limit is leasable or has a window")
+	}
+}

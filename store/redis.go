@@ -90,6 +90,9 @@ type RedisOptions struct {
 	// Breaker stops waiting on a Redis that keeps failing (see
 	// BreakerOptions); its zero value has none.
 	Breaker BreakerOptions
+	// SlotTTL is how long a concurrency slot lasts without its holder
+	// renewing it (see slots); zero means DefaultSlotTTL.
+	SlotTTL time.Duration
 
 	// Clock, for tests only, replaces Redis TIME with an injected clock
 	// (see package lua). Production leaves it nil so that every Caddy
@@ -128,6 +131,7 @@ type Redis struct {
 	logger  *zap.Logger
 	batch   *batchers // send decisions, batched under load
 	breaker *breaker  // nil: none
+	slots   *slots    // the concurrency slots this instance holds
 
 	refunding sync.WaitGroup // refunds after a partial denial on a Cluster
 	closing   sync.Mutex     // orders starting a refund before Close's wait
@@ -183,6 +187,9 @@ func NewRedis(ctx context.Context, opts RedisOptions) (*Redis, error) {
 	}
 	if opts.Timeout == 0 {
 		opts.Timeout = DefaultRedisTimeout
+	}
+	if opts.SlotTTL < 0 {
+		return nil, fmt.Errorf("redis store: slot TTL must not be negative, got %v", opts.SlotTTL)
 	}
 	addrs := opts.Addrs
 	if len(addrs) == 0 {
@@ -264,6 +271,7 @@ func NewRedis(ctx context.Context, opts RedisOptions) (*Redis, error) {
 		logger:  opts.Logger,
 	}
 	r.cluster, _ = client.(*redis.ClusterClient)
+	r.slots = newSlots(r, opts.SlotTTL)
 	r.batch = newBatchers(client, lua.Decide, opts.Timeout)
 	r.breaker = newBreaker(opts.Breaker, r.Ping)
 	if !opts.LazyLoad {
@@ -281,7 +289,7 @@ func (r *Redis) load(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, max(r.timeout, redisStartTimeout))
 	defer cancel()
 	loadInto := func(ctx context.Context, c redis.Scripter) error {
-		for _, s := range []*redis.Script{lua.Decide, lua.Adjust, lua.Lease} {
+		for _, s := range []*redis.Script{lua.Decide, lua.Adjust, lua.Lease, lua.Renew} {
 			if err := s.Load(ctx, c).Err(); err != nil {
 				return err
 			}
@@ -330,6 +338,7 @@ func (r *Redis) Ping(ctx context.Context) error {
 
 // Close closes the client and its connections.
 func (r *Redis) Close() error {
+	r.slots.close()
 	r.breaker.close()
 	r.batch.close()
 	r.closing.Lock()
@@ -354,6 +363,9 @@ func (r *Redis) Decide(ctx context.Context, buckets []Bucket) (Decision, error) 
 			defer cancel()
 			d, err := r.decideSlots(ctx, buckets, groups, now, wall)
 			r.breaker.record(err)
+			if d.Allowed {
+				r.slots.took(buckets)
+			}
 			return d, err
 		}
 	}
@@ -368,6 +380,9 @@ func (r *Redis) Decide(ctx context.Context, buckets []Bucket) (Decision, error) 
 	}
 	d := Combine(results)
 	d.At = at
+	if d.Allowed {
+		r.slots.took(buckets)
+	}
 	return d, nil
 }
 
@@ -380,6 +395,7 @@ func (r *Redis) Adjust(ctx context.Context, buckets []Bucket) error {
 	if err := r.breaker.allow(); err != nil {
 		return err
 	}
+	r.slots.gone(buckets)
 	ctx, cancel := context.WithTimeout(ctx, r.timeout)
 	defer cancel()
 	now, wall := r.now()
@@ -467,6 +483,7 @@ const (
 	codeSlidingApprox = 1
 	codeCalendar      = 2
 	codeSliding       = 3
+	codeConcurrent    = 4
 )
 
 // encode lays out the keys and the packed numbers of one decision or, with
@@ -496,10 +513,16 @@ func (r *Redis) encode(buckets []Bucket, now, wall int64, adjust bool) (keys, lo
 			code = codeSlidingApprox
 		case rate.Calendar:
 			code = codeCalendar
+		case rate.Concurrent:
+			code = codeConcurrent
 		}
 		spec = append(spec, code)
 		spec = appendFloat(spec, l.Count)
-		spec = appendFloat(spec, l.Period.Microseconds())
+		if code == codeConcurrent {
+			spec = appendFloat(spec, r.slots.ttl.Microseconds())
+		} else {
+			spec = appendFloat(spec, l.Period.Microseconds())
+		}
 		spec = appendFloat(spec, capacity)
 		spec = appendFloat(spec, b.Cost)
 		if l.Algorithm == rate.Sliding {
@@ -508,6 +531,9 @@ func (r *Redis) encode(buckets []Bucket, now, wall int64, adjust bool) (keys, lo
 				logs = make([]string, len(buckets))
 			}
 			logs[i] = logKey(keys[i])
+		}
+		if code == codeConcurrent {
+			spec = appendFloat(spec, b.Holder)
 		}
 		if l.Algorithm == rate.Calendar {
 			// The previous, current and next windows around our clock: the

@@ -421,6 +421,7 @@ func TestRedisEveryKeyHasTTL(t *testing.T) {
 		{Key: "{ttl}|sliding", Limit: rate.Limit{Algorithm: rate.Sliding, Count: 100, Period: 30 * time.Minute}, Cost: 1},
 		{Key: "{ttl}|day", Limit: rate.Limit{Algorithm: rate.Calendar, Count: 1000, Unit: rate.Day}, Cost: 1},
 		{Key: "{ttl}|month", Limit: rate.Limit{Algorithm: rate.Calendar, Count: 100000, Unit: rate.Month, Location: paris}, Cost: 1},
+		{Key: "{ttl}|slots", Limit: rate.Limit{Algorithm: rate.Concurrent, Count: 5}, Cost: 1, Holder: 1},
 	}
 	for i := 0; i < 12; i++ { // past the 10/min limit: denials too
 		if _, err := s.Decide(ctx, path); err != nil {

@@ -33,6 +33,14 @@ type Bucket struct {
 	// was counted in, and nowhere once that window is over (see
 	// rate.Limit.Adjust).
 	Charged int64
+	// Holder names the request that takes a slot of a concurrency limit
+	// (rate.Concurrent), whose Cost is then 1 (0: only looked at); the
+	// slot is given back by Adjust with Cost −1 and the same Holder. A
+	// number below 2^53, distinct among the requests in flight on the key
+	// (package engine draws them). The memory store counts slots and
+	// ignores it; Redis keeps each slot as its holder's, renewed while the
+	// instance that took it lives.
+	Holder int64
 }
 
 // Decision is the outcome of Decide.

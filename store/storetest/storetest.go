@@ -88,6 +88,12 @@ func b(scn, name string, l rate.Limit, cost int64) store.Bucket {
 	return store.Bucket{Key: key(scn, name), Limit: l, Cost: cost}
 }
 
+// slotB is a request of holder taking (cost 1), only looking at (0) or
+// giving back (−1) a slot of a concurrency limit of count.
+func slotB(scn string, count, holder, cost int64) store.Bucket {
+	return store.Bucket{Key: key(scn, "slots"), Limit: rate.Limit{Algorithm: rate.Concurrent, Count: count}, Cost: cost, Holder: holder}
+}
+
 func scenarios() []scenario {
 	tenPerMin := gcra(10, time.Minute, 0)
 	seed004 := gcra(30, time.Minute, 15)
@@ -260,6 +266,26 @@ func scenarios() []scenario {
 				buckets: []store.Bucket{b("d2", "k", sliding(10, time.Minute), -1), b("d2", "k", sliding(10, time.Minute), -1)}},
 			{buckets: []store.Bucket{b("d2", "k", sliding(10, time.Minute), 8)}, allowed: true, remaining: []int64{0}},
 		}},
+		{"concurrency: slots are taken, refused when all are, given back, all or nothing with a tier", []step{
+			{buckets: []store.Bucket{slotB("c1", 3, 1, 1)}, allowed: true, remaining: []int64{2}},
+			{buckets: []store.Bucket{slotB("c1", 3, 2, 1)}, allowed: true, remaining: []int64{1}},
+			{buckets: []store.Bucket{slotB("c1", 3, 3, 1)}, allowed: true, remaining: []int64{0}},
+			{buckets: []store.Bucket{slotB("c1", 3, 4, 1)}, allowed: false, remaining: []int64{0}, retry: time.Second, retrySet: true},
+			// Refused on the slots: the rate tier beside them is not charged.
+			{buckets: []store.Bucket{b("c1", "rate", gcra(2, time.Hour, 0), 1), slotB("c1", 3, 5, 1)}, allowed: false, remaining: []int64{2, 0}},
+			// Time frees no slot (well within a shared store's slot TTL).
+			{advance: 10 * time.Second, buckets: []store.Bucket{slotB("c1", 3, 6, 1)}, allowed: false},
+			// One given back: one more fits, with the rate tier.
+			{adjust: true, buckets: []store.Bucket{slotB("c1", 3, 2, -1)}},
+			{buckets: []store.Bucket{b("c1", "rate", gcra(2, time.Hour, 0), 1), slotB("c1", 3, 7, 1)}, allowed: true, remaining: []int64{1, 0}},
+			// Refused on the rate tier: no slot is taken.
+			{buckets: []store.Bucket{b("c1", "rate", gcra(2, time.Hour, 0), 2), slotB("c1", 3, 8, 1)}, allowed: false},
+			{adjust: true, buckets: []store.Bucket{slotB("c1", 3, 1, -1), slotB("c1", 3, 3, -1)}},
+			{buckets: []store.Bucket{slotB("c1", 3, 9, 1)}, allowed: true, remaining: []int64{1}},
+			// Cost 0 only looks.
+			{buckets: []store.Bucket{slotB("c1", 3, 10, 0)}, allowed: true, remaining: []int64{1}},
+			{buckets: []store.Bucket{slotB("c1", 3, 11, 1)}, allowed: true, remaining: []int64{0}},
+		}},
 		{"a refund never fills a bucket beyond capacity", []step{
 			{adjust: true, buckets: []store.Bucket{b("r2", "k", tenPerMin, -50)}},
 			{buckets: []store.Bucket{b("r2", "k", tenPerMin, 1)}, repeat: 10, allowed: true},
@@ -338,6 +364,27 @@ func Run(t *testing.T, open Opener) {
 			b("x3", "win", sliding(100, time.Hour), 3),
 		}
 		ExactBurstPath(t, s, 200, path, 33)
+	})
+	t.Run("concurrent burst takes exactly the slots there are", func(t *testing.T) {
+		clock := NewClock(start)
+		s := open(t, clock.Now)
+		var admitted atomic.Int64
+		var wg sync.WaitGroup
+		for i := range 200 {
+			wg.Go(func() {
+				d, err := s.Decide(context.Background(), []store.Bucket{
+					b("x4", "org", gcra(1000, time.Hour, 0), 1), slotB("x4", 37, int64(i+1), 1)})
+				if err != nil {
+					t.Error(err)
+				} else if d.Allowed {
+					admitted.Add(1)
+				}
+			})
+		}
+		wg.Wait()
+		if got := admitted.Load(); got != 37 {
+			t.Fatalf("admitted %d of 200 concurrent requests on 37 slots, want exactly 37", got)
+		}
 	})
 	t.Run("decisions report when they were made", func(t *testing.T) {
 		clock := NewClock(start)

@@ -1,0 +1,104 @@
+package engine
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/caddy-cascade/cascade/hierarchy"
+	"github.com/caddy-cascade/cascade/store"
+)
+
+// TestConcurrencySlots: a concurrency limit takes one slot per admitted
+// request whatever its cost, all or nothing with the path's other limits;
+// Done gives it back once however often it is called; a refund (charge_on,
+// a reservation given back) leaves the slot to Done; a reconciled cost
+// never touches it; a refused request holds none.
+func TestConcurrencySlots(t *testing.T) {
+	tree := &hierarchy.Tree{Name: "api", Tiers: []*hierarchy.Tier{
+		{Name: "user", Key: "{user}", Limits: []*hierarchy.Limit{
+			{Count: 100, Per: "min", Dimension: "tokens"},
+			{Count: 2, Algorithm: "concurrent"},
+		}},
+	}}
+	if err := tree.Compile(); err != nil {
+		t.Fatal(err)
+	}
+	c := &clock{now: time.Date(2026, 11, 25, 0, 0, 0, 0, time.UTC).UnixMicro()}
+	mem := store.NewMemory(store.MemoryOptions{Clock: c.read, SweepInterval: -1})
+	e := New(Config{Trees: []*Tree{{Tree: tree}}, Dimensions: []string{"tokens"}, Store: mem, StoreName: "memory", DenialLog: "off"})
+	t.Cleanup(func() { e.Close(); _ = mem.Close() })
+	ctx := context.Background()
+	decide := func(tokens int64) *Decision {
+		t.Helper()
+		d := new(Decision)
+		e.Begin(d)
+		if err := e.Add(d, e.Tree("api"), []string{"ann"}); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.Decide(ctx, d, []int64{tokens}); err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	slotsLeft := func() int64 {
+		t.Helper()
+		d := decide(0) // looks at the tokens, takes a slot: given back at once
+		defer e.Done(ctx, d)
+		if !d.Allowed {
+			return 0
+		}
+		return d.Results[1].Remaining + 1
+	}
+
+	a := decide(10)
+	b := decide(10)
+	if !a.Allowed || !b.Allowed || !a.HoldsSlots() || a.Limits[1].Cost != 1 || a.Costs[1] != 1 {
+		t.Fatalf("two requests of 10 tokens on 2 slots: %v %v, slot cost %d", a.Allowed, b.Allowed, a.Limits[1].Cost)
+	}
+	if a.Limits[1].Holder == b.Limits[1].Holder || a.Limits[1].Holder == 0 {
+		t.Fatalf("holders %d and %d: want distinct, non-zero", a.Limits[1].Holder, b.Limits[1].Holder)
+	}
+	third := decide(10)
+	if third.Allowed || third.HoldsSlots() || third.Blocked != "api/user" || third.Retry != time.Second {
+		t.Fatalf("a third in flight: allowed %v, blocked %q, retry %v; want refused by the slots, retry 1s", third.Allowed, third.Blocked, third.Retry)
+	}
+	if third.Results[0].Remaining != 80 {
+		t.Fatalf("the refused third charged tokens: %d left, want 80", third.Results[0].Remaining)
+	}
+	// A refund gives the tokens back, not the slot.
+	if err := e.Refund(ctx, a); err != nil {
+		t.Fatal(err)
+	}
+	if n := slotsLeft(); n != 0 {
+		t.Fatalf("a refund gave a slot back: %d free", n)
+	}
+	// A reconciled cost touches the tokens only.
+	e.Reconcile(b, Usage{Dimension: "tokens", Actual: 0})
+	e.Close() // waits for the reconciliation
+	if n := slotsLeft(); n != 0 {
+		t.Fatalf("a reconciliation gave a slot back: %d free", n)
+	}
+	if err := e.Done(ctx, a); err != nil {
+		t.Fatal(err)
+	}
+	if a.HoldsSlots() {
+		t.Fatal("a decision still holds its slot after Done")
+	}
+	if err := e.Done(ctx, a); err != nil { // twice is once
+		t.Fatal(err)
+	}
+	if n := slotsLeft(); n != 1 {
+		t.Fatalf("after one Done (called twice): %d slots free, want 1", n)
+	}
+	e.Done(ctx, b)
+	if n := slotsLeft(); n != 2 {
+		t.Fatalf("after both are done: %d slots free, want 2", n)
+	}
+	if d := decide(1000); d.Allowed || d.HoldsSlots() || !d.Impossible {
+		t.Fatal("an impossible cost took a slot")
+	}
+	if n := slotsLeft(); n != 2 {
+		t.Fatalf("after an impossible request: %d slots free, want 2", n)
+	}
+}
