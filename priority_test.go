@@ -1,0 +1,206 @@
+package cascade
+
+import (
+	"fmt"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+)
+
+// prioritySite runs two routes on one tree and store, both with max_wait:
+// /batch with priority batch and / (interactive, no priority given). It
+// returns the site's URL and Caddy's admin endpoint (metrics).
+func prioritySite(t *testing.T, limits, storeBlock string) (url, api string) {
+	t.Helper()
+	port, adminPort := freePort(t), freePort(t)
+	tree := `tree api {
+			tier org {header.X-Org} {
+				missing shared
+				limit 1000/s
+			}
+			tier user {header.X-User} {
+				` + limits + `
+			}
+		}
+		max_wait 3s
+		` + storeBlock
+	cf := fmt.Sprintf(`{
+	admin 127.0.0.1:%d
+	skip_install_trust
+	auto_https off
+	persist_config off
+}
+http://127.0.0.1:%d {
+	handle /batch {
+		rate_limit {
+			%s
+			priority batch
+		}
+		respond "ok" 200
+	}
+	handle {
+		rate_limit {
+			%s
+		}
+		respond "ok" 200
+	}
+}
+`, adminPort, port, tree, tree)
+	cfg, err := adapt(t, cf)
+	if err != nil {
+		t.Fatalf("adapting: %v\n%s", err, cf)
+	}
+	if err := caddy.Load(cfg, true); err != nil {
+		t.Fatalf("loading: %v", err)
+	}
+	t.Cleanup(func() { _ = caddy.Stop() })
+	return fmt.Sprintf("http://127.0.0.1:%d/", port), fmt.Sprintf("http://127.0.0.1:%d", adminPort)
+}
+
+// answered is a response and when it came, from the scenario's start.
+type answered struct {
+	name string
+	resp
+	at time.Duration
+}
+
+func (a answered) String() string {
+	return fmt.Sprintf("%s: %d at %v", a.name, a.status, a.at.Round(time.Millisecond))
+}
+
+// TestPriorityWait: interactive requests overtake waiting batch ones, on
+// the memory store and on Redis. With 2/s and max_wait 3s, two batch
+// requests go at once and four are held (until 0.5, 1, 1.5 and 2 s); an
+// interactive request at 0.2 s preempts them — they are answered 429
+// (#preempted, Retry-After) — and goes at 0.5 s, not 2.5 s; a second
+// goes at 1 s. A batch request arriving while they wait is refused at
+// once (it would have gone ahead of later interactive ones). The places
+// given back are given back exactly once: an interactive request at
+// 1.2 s goes at 1.5 s (not at once: no double refund; not at 2 s or
+// later: no place lost), and no more requests go than the limit allows.
+func TestPriorityWait(t *testing.T) {
+	eachStore(t, func(t *testing.T, storeBlock string) {
+		url, api := prioritySite(t, "limit 2/s", storeBlock)
+		start := time.Now()
+		var mu sync.Mutex
+		var all []answered
+		var wg sync.WaitGroup
+		send := func(name, path string) {
+			wg.Go(func() {
+				r := do(t, "GET", url+path, "X-User: ann")
+				mu.Lock()
+				all = append(all, answered{name, r, time.Since(start)})
+				mu.Unlock()
+			})
+		}
+		for i := range 2 {
+			if r := do(t, "GET", url+"batch", "X-User: ann"); r.status != 200 {
+				t.Fatalf("batch %d within the burst: %d %s", i, r.status, r.body)
+			}
+		}
+		for i := range 4 {
+			send("held batch "+strconv.Itoa(i), "batch")
+		}
+		time.Sleep(200 * time.Millisecond)
+		send("interactive 1", "")
+		time.Sleep(50 * time.Millisecond)
+		send("interactive 2", "")
+		time.Sleep(100 * time.Millisecond)
+		sent := time.Since(start)
+		send("late batch", "batch")
+		time.Sleep(850 * time.Millisecond) // 1.2 s
+		send("interactive 3", "")
+		wg.Wait()
+		slices.SortFunc(all, func(a, b answered) int { return int(a.at - b.at) })
+
+		want := map[string]time.Duration{"interactive 1": 500 * time.Millisecond, "interactive 2": time.Second, "interactive 3": 1500 * time.Millisecond}
+		preempted := 0
+		released := []time.Duration{0, 0} // the two batch requests of the burst
+		for _, a := range all {
+			switch {
+			case strings.HasPrefix(a.name, "interactive"):
+				if d := a.at - want[a.name]; a.status != 200 || d < -20*time.Millisecond || d > 100*time.Millisecond {
+					t.Errorf("%s: %d after %v, want 200 after %v ± 100 ms (all: %v)", a.name, a.status, a.at, want[a.name], all)
+				}
+				released = append(released, a.at)
+			case a.name == "late batch":
+				if a.status != http.StatusTooManyRequests || !strings.Contains(a.body, "#preempted") || a.at-sent > 150*time.Millisecond ||
+					a.header.Get("Retry-After") != "1" {
+					t.Errorf("a batch request while interactive ones wait: %d after %v, Retry-After %q, %s; want 429 #preempted at once, retry in 1 s",
+						a.status, a.at-sent, a.header.Get("Retry-After"), a.body)
+				}
+			default: // held batch
+				if a.status != http.StatusTooManyRequests || !strings.Contains(a.body, "#preempted") || a.at > 400*time.Millisecond {
+					t.Errorf("%s: %d after %v, %s; want 429 #preempted when the interactive request came", a.name, a.status, a.at, a.body)
+					continue
+				}
+				preempted++
+				if ra, _ := strconv.Atoi(a.header.Get("Retry-After")); ra < 1 || ra > 3 {
+					t.Errorf("%s: Retry-After %q, want 1 to 3 s (when the interactive request will have gone, at most max_wait)", a.name, a.header.Get("Retry-After"))
+				}
+			}
+		}
+		if preempted != 4 {
+			t.Errorf("%d held batch requests preempted, want 4 (all: %v)", preempted, all)
+		}
+		// Exact: by any time t, at most the burst (2) plus 2/s went.
+		for i, at := range released {
+			if allowed := 2 + int(2*(at+30*time.Millisecond).Seconds()); i+1 > allowed {
+				t.Errorf("%d requests went by %v, the limit allows %d", i+1, at, allowed)
+			}
+		}
+		t.Logf("answered: %v", all)
+		m := scrape(t, api+"/metrics")
+		if m[`cascade_held_requests_total{outcome="preempted"}`] != 4 || m[`cascade_held_requests_total{outcome="yielded"}`] != 1 ||
+			m[`cascade_held_requests_total{outcome="released"}`] != 3 {
+			t.Errorf("held requests' metrics: preempted %v yielded %v released %v, want 4, 1 and 3",
+				m[`cascade_held_requests_total{outcome="preempted"}`], m[`cascade_held_requests_total{outcome="yielded"}`],
+				m[`cascade_held_requests_total{outcome="released"}`])
+		}
+	})
+}
+
+// TestPriorityOtherBuckets: a batch request held on its own user's limit
+// is not preempted by an interactive request of another user (they share
+// only an organisation with room to spare), and batch requests wait as
+// without priorities while no interactive request waits.
+func TestPriorityOtherBuckets(t *testing.T) {
+	url, _ := prioritySite(t, "limit 2/s", memoryStore().block(t))
+	for range 2 {
+		do(t, "GET", url+"batch", "X-Org: acme", "X-User: bob")
+	}
+	held := make(chan resp, 1)
+	start := time.Now()
+	go func() { held <- do(t, "GET", url+"batch", "X-Org: acme", "X-User: bob") }()
+	time.Sleep(100 * time.Millisecond)
+	for range 2 {
+		do(t, "GET", url, "X-Org: acme", "X-User: ann")
+	}
+	if r := do(t, "GET", url, "X-Org: acme", "X-User: ann"); r.status != 200 {
+		t.Fatalf("ann's held request: %d", r.status)
+	}
+	r := <-held
+	if took := time.Since(start); r.status != 200 || took < 450*time.Millisecond || took > 900*time.Millisecond {
+		t.Fatalf("bob's batch request: %d after %v, want 200 at its time, 0.5 s (not preempted by ann)", r.status, took)
+	}
+}
+
+// TestPriorityErrors: priority needs max_wait or an adaptive tier, and
+// the error says so.
+func TestPriorityErrors(t *testing.T) {
+	if err := configError(t, "", "priority batch"); err == nil || !strings.Contains(err.Error(), "add max_wait") {
+		t.Fatalf("priority without max_wait nor adaptive tier: %v", err)
+	}
+	if err := configError(t, "", "priority batch\n max_wait 1s"); err != nil {
+		t.Fatalf("priority with max_wait: %v", err)
+	}
+	if err := configError(t, "", "shed_at_floor\n max_wait 1s"); err == nil || !strings.Contains(err.Error(), "need a tier marked adaptive") {
+		t.Fatalf("shed_at_floor without an adaptive tier: %v", err)
+	}
+}
