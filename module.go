@@ -448,8 +448,11 @@ func (h *Handler) provisionAdaptive(ctx caddy.Context) error {
 		}
 	}
 	if !uses {
-		if h.ShedAtFloor || h.Priority != "" && h.MaxWait <= 0 {
-			return errors.New("rate_limit: priority and shed_at_floor need a tier marked adaptive (priority also orders requests held by max_wait: add max_wait)")
+		if h.ShedAtFloor {
+			return errors.New("rate_limit: shed_at_floor needs a tier marked adaptive")
+		}
+		if h.Priority != "" && h.MaxWait <= 0 {
+			return errors.New("rate_limit: priority needs a tier marked adaptive, or max_wait (batch requests then wait only while interactive ones do not)")
 		}
 		return nil
 	}

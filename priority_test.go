@@ -19,39 +19,42 @@ import (
 func prioritySite(t *testing.T, limits, storeBlock string) (url, api string) {
 	t.Helper()
 	port, adminPort := freePort(t), freePort(t)
-	tree := `tree api {
-			tier org {header.X-Org} {
-				missing shared
-				limit 1000/s
-			}
-			tier user {header.X-User} {
-				` + limits + `
-			}
-		}
-		max_wait 3s
-		` + storeBlock
+	// The README's form: one snippet of limits, imported by both routes.
 	cf := fmt.Sprintf(`{
 	admin 127.0.0.1:%d
 	skip_install_trust
 	auto_https off
 	persist_config off
 }
+(api_limits) {
+	tree api {
+		tier org {header.X-Org} {
+			missing shared
+			limit 1000/s
+		}
+		tier user {header.X-User} {
+			%s
+		}
+	}
+	max_wait 3s
+	%s
+}
 http://127.0.0.1:%d {
 	handle /batch {
 		rate_limit {
-			%s
+			import api_limits
 			priority batch
 		}
 		respond "ok" 200
 	}
 	handle {
 		rate_limit {
-			%s
+			import api_limits
 		}
 		respond "ok" 200
 	}
 }
-`, adminPort, port, tree, tree)
+`, adminPort, limits, storeBlock, port)
 	cfg, err := adapt(t, cf)
 	if err != nil {
 		t.Fatalf("adapting: %v\n%s", err, cf)
@@ -192,15 +195,23 @@ func TestPriorityOtherBuckets(t *testing.T) {
 }
 
 // TestPriorityErrors: priority needs max_wait or an adaptive tier, and
-// the error says so.
+// the error says so, from the Caddyfile and from JSON.
 func TestPriorityErrors(t *testing.T) {
-	if err := configError(t, "", "priority batch"); err == nil || !strings.Contains(err.Error(), "add max_wait") {
+	const handler = `{"apps":{"http":{"servers":{"s":{"listen":["127.0.0.1:1"],"routes":[{"handle":[` +
+		`{"handler":"rate_limit","priority":"batch"%s,"trees":[{"name":"t","tiers":[{"key":"fixed","limits":[{"count":1,"per":"s"}],"name":"k"}]}]}]}]}}}}}`
+	if err := caddy.Validate(mustConfig(t, []byte(fmt.Sprintf(handler, `,"max_wait":"2s"`)))); err != nil {
+		t.Fatalf("JSON priority with max_wait: %v", err)
+	}
+	if err := caddy.Validate(mustConfig(t, []byte(fmt.Sprintf(handler, "")))); err == nil || !strings.Contains(err.Error(), "priority needs a tier marked adaptive, or max_wait") {
+		t.Fatalf("JSON priority without max_wait nor adaptive tier: %v", err)
+	}
+	if err := configError(t, "", "priority batch"); err == nil || !strings.Contains(err.Error(), "priority needs a tier marked adaptive, or max_wait") {
 		t.Fatalf("priority without max_wait nor adaptive tier: %v", err)
 	}
 	if err := configError(t, "", "priority batch\n max_wait 1s"); err != nil {
 		t.Fatalf("priority with max_wait: %v", err)
 	}
-	if err := configError(t, "", "shed_at_floor\n max_wait 1s"); err == nil || !strings.Contains(err.Error(), "need a tier marked adaptive") {
+	if err := configError(t, "", "shed_at_floor\n max_wait 1s"); err == nil || !strings.Contains(err.Error(), "shed_at_floor needs a tier marked adaptive") {
 		t.Fatalf("shed_at_floor without an adaptive tier: %v", err)
 	}
 }
