@@ -781,7 +781,9 @@ func (h *Handler) holdUntil(r *http.Request, d *decision) (outcome string, retry
 	// place goes to the interactive request, which waits for it.
 	h.giveBack(r, d)
 	e.GaveBack()
-	return "preempted", time.Until(e.Retry())
+	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+	defer cancel()
+	return "preempted", time.Until(e.Retry(ctx)) // when the interactive requests will have gone
 }
 
 // giveBack refunds a reservation that will not be used.

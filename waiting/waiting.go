@@ -57,11 +57,18 @@ type Entry struct {
 	r       *Registry
 	batch   bool
 	keys    []string  // the buckets it waits on
+	all     []string  // batch: all of its buckets
 	until   time.Time // when it goes; for a pending entry, at the latest
 	state   state     // guarded by r.mu
 	preempt chan struct{}
 	done    chan struct{}
 	retry   time.Time // guarded by r.mu
+
+	// An interactive entry registered by Preempt is pending until its
+	// request is decided (Hold or Go): settled is closed then.
+	settled   chan struct{}
+	isSettled bool   // guarded by r.mu
+	by        *Entry // a batch entry preempted by a pending entry: that entry
 }
 
 // BatchHeld reports whether any batch request is held: the one check an
@@ -83,7 +90,7 @@ func (r *Registry) Preempt(keys []string, until time.Time) (*Entry, []*Entry) {
 	if len(victims) == 0 {
 		return nil, nil
 	}
-	e := &Entry{r: r, until: until}
+	e := &Entry{r: r, until: until, settled: make(chan struct{})}
 	for _, v := range victims {
 		for _, k := range v.keys {
 			if slices.Contains(keys, k) && !slices.Contains(e.keys, k) {
@@ -92,7 +99,7 @@ func (r *Registry) Preempt(keys []string, until time.Time) (*Entry, []*Entry) {
 		}
 	}
 	r.add(e)
-	r.preemptAll(victims, until)
+	r.preemptAll(victims, e, until)
 	return e, victims
 }
 
@@ -116,17 +123,18 @@ func (r *Registry) Hold(e *Entry, batch bool, keys, waits []string, until time.T
 		if busy, ok := r.busy(keys); ok {
 			return nil, busy, nil
 		}
-		e = &Entry{r: r, batch: true, preempt: make(chan struct{}), done: make(chan struct{})}
+		e = &Entry{r: r, batch: true, all: slices.Clone(keys), preempt: make(chan struct{}), done: make(chan struct{})}
 	} else if e == nil || e.state != holding {
 		e = &Entry{r: r}
 	} else {
 		r.remove(e)
 	}
-	e.keys, e.until = append([]string(nil), waits...), until
+	e.keys, e.until = slices.Clone(waits), until
 	r.add(e)
 	if !batch {
+		e.settle()
 		victims = r.batchOn(keys, nil)
-		r.preemptAll(victims, until)
+		r.preemptAll(victims, nil, until)
 	}
 	return e, time.Time{}, victims
 }
@@ -163,18 +171,27 @@ func (r *Registry) busy(keys []string) (time.Time, bool) {
 	return last, found
 }
 
-// preemptAll preempts held batch entries for an interactive request that
-// goes at until (at the latest), each told when the interactive requests
-// on its buckets, that one included, will have gone.
-func (r *Registry) preemptAll(victims []*Entry, until time.Time) {
+// preemptAll preempts held batch entries for an interactive request (by,
+// when it is still to be decided) that goes at until at the latest; each
+// is told when the interactive requests on its buckets, that one
+// included, will have gone, at the latest.
+func (r *Registry) preemptAll(victims []*Entry, by *Entry, until time.Time) {
 	for _, v := range victims {
 		r.remove(v)
-		v.state = preempted
-		v.retry, _ = r.busy(v.keys)
+		v.state, v.by = preempted, by
+		v.retry, _ = r.busy(v.all)
 		if until.After(v.retry) {
 			v.retry = until
 		}
 		close(v.preempt)
+	}
+}
+
+// settle says that a pending entry's request was decided (r.mu held).
+func (e *Entry) settle() {
+	if e.settled != nil && !e.isSettled {
+		e.isSettled = true
+		close(e.settled)
 	}
 }
 
@@ -226,6 +243,7 @@ func (e *Entry) Go() bool {
 	}
 	e.r.mu.Lock()
 	defer e.r.mu.Unlock()
+	e.settle()
 	switch e.state {
 	case holding:
 		e.r.remove(e)
@@ -245,12 +263,25 @@ func (e *Entry) Leave() { e.Go() }
 // for an interactive entry.
 func (e *Entry) Preempted() <-chan struct{} { return e.preempt }
 
-// Retry is, for a preempted entry, when the interactive requests that
-// preempted it will have gone, at the latest.
-func (e *Entry) Retry() time.Time {
+// Retry is, for a preempted entry (after GaveBack), when the interactive
+// requests waiting on its buckets will have gone: once the request that
+// preempted it is decided (Retry waits for that, until ctx is done), the
+// time of the last of them; zero if none waits. Without that decision,
+// the latest time that request said it could go.
+func (e *Entry) Retry(ctx context.Context) time.Time {
+	if e.by != nil {
+		select {
+		case <-e.by.settled:
+		case <-ctx.Done():
+			e.r.mu.Lock()
+			defer e.r.mu.Unlock()
+			return e.retry
+		}
+	}
 	e.r.mu.Lock()
 	defer e.r.mu.Unlock()
-	return e.retry
+	busy, _ := e.r.busy(e.all)
+	return busy
 }
 
 // GaveBack says that a preempted entry's reservation was given back.

@@ -22,6 +22,13 @@ type held struct {
 	until       int // ms
 }
 
+// cancelled is a context already done.
+var cancelled = func() context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	return ctx
+}()
+
 func preemptedNow(e *Entry) bool {
 	select {
 	case <-e.Preempted():
@@ -119,8 +126,10 @@ func TestPreempt(t *testing.T) {
 					if e.Go() {
 						t.Errorf("batch %d: goes after being preempted", i)
 					}
-					if !e.Retry().Equal(at(3000)) {
-						t.Errorf("batch %d: retry at %v, want the interactive request's latest time", i, e.Retry().Sub(t0))
+					// Before the interactive request is decided: the
+					// latest time it said it could go.
+					if got := e.Retry(cancelled); !got.Equal(at(3000)) {
+						t.Errorf("batch %d: retry at %v, want the interactive request's latest time", i, got.Sub(t0))
 					}
 				}
 			}
@@ -147,9 +156,21 @@ func TestPreempt(t *testing.T) {
 				if _, busy, _ := r.Hold(nil, true, tc.keys[:1], nil, at(200)); !busy.Equal(at(700)) {
 					t.Fatalf("busy until %v after Hold, want its real time", busy.Sub(t0))
 				}
+				// Once it is decided, the batch requests it preempted
+				// are told its real time.
+				for _, v := range victims {
+					if got := v.Retry(context.Background()); !got.Equal(at(700)) {
+						t.Errorf("a preempted request's retry at %v once the interactive one is decided, want %v", got.Sub(t0), at(700).Sub(t0))
+					}
+				}
 				pending.Leave()
 				if e, _, _ := r.Hold(nil, true, tc.keys, nil, at(200)); e == nil {
 					t.Fatalf("a batch request is refused after the interactive one left")
+				}
+				for _, v := range victims {
+					if got := v.Retry(context.Background()); !got.IsZero() {
+						t.Errorf("a preempted request's retry at %v with no interactive request waiting, want now (zero)", got.Sub(t0))
+					}
 				}
 			}
 		})
@@ -163,12 +184,12 @@ func TestHoldInteractivePreempts(t *testing.T) {
 	r := New()
 	b, _, _ := r.Hold(nil, true, []string{"org", "u:bob"}, []string{"org"}, at(500))
 	other, _, _ := r.Hold(nil, true, []string{"org2"}, nil, at(500))
-	e, _, victims := r.Hold(nil, false, []string{"org", "u:ann"}, []string{"u:ann"}, at(800))
+	e, _, victims := r.Hold(nil, false, []string{"org", "u:ann"}, nil, at(800))
 	if e == nil || len(victims) != 1 || victims[0] != b || !preemptedNow(b) || preemptedNow(other) {
 		t.Fatalf("victims %d, b preempted %v, other %v: want b only", len(victims), preemptedNow(b), preemptedNow(other))
 	}
-	if !b.Retry().Equal(at(800)) {
-		t.Fatalf("retry %v, want when the interactive request goes", b.Retry().Sub(t0))
+	if got := b.Retry(context.Background()); !got.Equal(at(800)) {
+		t.Fatalf("retry %v, want when the interactive request goes", got.Sub(t0))
 	}
 	if !other.Go() || r.BatchHeld() {
 		t.Fatalf("the other batch request must go, and none be left: BatchHeld %v", r.BatchHeld())
