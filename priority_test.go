@@ -19,6 +19,18 @@ import (
 func prioritySite(t *testing.T, limits, storeBlock string) (url, api string) {
 	t.Helper()
 	port, adminPort := freePort(t), freePort(t)
+	cfg := priorityConfig(t, limits, storeBlock, "ok", port, adminPort)
+	if err := caddy.Load(cfg, true); err != nil {
+		t.Fatalf("loading: %v", err)
+	}
+	t.Cleanup(func() { _ = caddy.Stop() })
+	return fmt.Sprintf("http://127.0.0.1:%d/", port), fmt.Sprintf("http://127.0.0.1:%d", adminPort)
+}
+
+// priorityConfig is prioritySite's configuration, its upstream answering
+// body.
+func priorityConfig(t *testing.T, limits, storeBlock, body string, port, adminPort int) []byte {
+	t.Helper()
 	// The README's form: one snippet of limits, imported by both routes.
 	cf := fmt.Sprintf(`{
 	admin 127.0.0.1:%d
@@ -45,25 +57,21 @@ http://127.0.0.1:%d {
 			import api_limits
 			priority batch
 		}
-		respond "ok" 200
+		respond "%s" 200
 	}
 	handle {
 		rate_limit {
 			import api_limits
 		}
-		respond "ok" 200
+		respond "%s" 200
 	}
 }
-`, adminPort, limits, storeBlock, port)
+`, adminPort, limits, storeBlock, port, body, body)
 	cfg, err := adapt(t, cf)
 	if err != nil {
 		t.Fatalf("adapting: %v\n%s", err, cf)
 	}
-	if err := caddy.Load(cfg, true); err != nil {
-		t.Fatalf("loading: %v", err)
-	}
-	t.Cleanup(func() { _ = caddy.Stop() })
-	return fmt.Sprintf("http://127.0.0.1:%d/", port), fmt.Sprintf("http://127.0.0.1:%d", adminPort)
+	return cfg
 }
 
 // answered is a response and when it came, from the scenario's start.
@@ -213,5 +221,48 @@ func TestPriorityErrors(t *testing.T) {
 	}
 	if err := configError(t, "", "shed_at_floor\n max_wait 1s"); err == nil || !strings.Contains(err.Error(), "shed_at_floor needs a tier marked adaptive") {
 		t.Fatalf("shed_at_floor without an adaptive tier: %v", err)
+	}
+}
+
+// TestPriorityAcrossReload: the requests held by a configuration's
+// handlers are seen by the next configuration's: after a reload, an
+// interactive request preempts the batch requests the old handlers hold,
+// and goes in their place.
+func TestPriorityAcrossReload(t *testing.T) {
+	port, adminPort := freePort(t), freePort(t)
+	storeBlock := memoryStore().block(t)
+	if err := caddy.Load(priorityConfig(t, "limit 2/s", storeBlock, "old", port, adminPort), true); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = caddy.Stop() })
+	url := fmt.Sprintf("http://127.0.0.1:%d/", port)
+	for range 2 {
+		do(t, "GET", url+"batch", "X-User: ann")
+	}
+	start := time.Now()
+	held := make(chan resp, 2)
+	for range 2 {
+		go func() { held <- do(t, "GET", url+"batch", "X-User: ann") }() // until 0.5 and 1 s
+	}
+	time.Sleep(100 * time.Millisecond)
+	// The old servers wait for their held requests as they stop: reload
+	// meanwhile, as caddy reload does.
+	loaded := make(chan error, 1)
+	go func() { loaded <- caddy.Load(priorityConfig(t, "limit 2/s", storeBlock, "new", port, adminPort), true) }()
+	time.Sleep(100 * time.Millisecond)
+	lastReload.Store(time.Now().UnixNano())
+	client.CloseIdleConnections()
+	r := do(t, "GET", url, "X-User: ann")
+	took := time.Since(start)
+	if r.status != 200 || r.body != "new" || took > 700*time.Millisecond {
+		t.Fatalf("the interactive request after the reload: %d %q after %v, want 200 from the new config at 0.5 s", r.status, r.body, took)
+	}
+	for range 2 {
+		if b := <-held; b.status != http.StatusTooManyRequests || !strings.Contains(b.body, "#preempted") {
+			t.Errorf("a batch request held by the old config: %d %s, want 429 preempted", b.status, b.body)
+		}
+	}
+	if err := <-loaded; err != nil {
+		t.Fatal(err)
 	}
 }
