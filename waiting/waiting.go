@@ -1,15 +1,20 @@
 // Package waiting keeps the requests that rate_limit handlers hold for
-// their turn (max_wait), by the buckets they wait on, so that batch traffic
-// gives way to interactive traffic: a batch request may wait only while no
-// interactive request waits on any of its buckets, and an interactive
-// request preempts the batch requests held on its buckets — they give their
-// reservations back and are refused, so that it takes their place.
+// their turn (max_wait), so that batch traffic gives way to interactive
+// traffic. Each held request is registered on the buckets it waits for
+// (those it overdrew: it goes when they have refilled). A batch request may
+// be held only while no interactive request waits on any bucket it is
+// charged on; an interactive request preempts the batch requests that wait
+// on a bucket it is charged on — they give their reservations back and are
+// refused, and it is decided in their place. Batch requests held by their
+// own limits (a user's) are left alone by other users' interactive
+// requests; those held by a shared limit (an organisation's) are not.
 //
 // A Registry knows nothing of limits or stores: its keys are the bucket
 // keys of one store (store.Bucket.Key), and its times are the callers'.
 // Giving a reservation back is the holder's: a preempted entry's holder
 // refunds it once and calls GaveBack, and whoever preempted it may Wait for
-// that before deciding.
+// that before deciding. Exactly one of a held request's release (Go) and
+// its preemption happens.
 //
 // "Interactive" here is every class but batch: critical requests wait as
 // interactive ones do (they neither preempt nor yield to each other).
