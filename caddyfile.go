@@ -123,7 +123,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    mode           enforce|warn|shadow
 //	    headers        <family...>|none             # ietf x_ratelimit retry_after openai (default: ietf retry_after)
 //	    status_code    <code>
-//	    priority       interactive|batch|critical  # adaptive traffic class
+//	    priority       interactive|batch|critical  # traffic class: adaptive tiers; with max_wait, batch gives way to interactive
 //	    shed_at_floor                               # 503 while the adaptive factor is at its floor
 //	    use_error_routes
 //	    jitter         <fraction>

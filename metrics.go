@@ -48,7 +48,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}),
 		held: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "cascade", Name: "held_requests_total",
-			Help: "Requests admitted to wait their turn (max_wait), by how the wait ended: released, queue_full (refused, max_queued held), gone (the client left).",
+			Help: "Requests admitted to wait their turn (max_wait), by how the wait ended: released, queue_full (refused, max_queued held), gone (the client left), yielded (a batch request refused while interactive ones wait on its limits), preempted (a held batch request whose place an interactive one took).",
 		}, []string{"outcome"}),
 		local: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: "cascade", Name: "local_decisions_total",

@@ -35,6 +35,7 @@ import (
 	"github.com/caddy-cascade/cascade/rate"
 	"github.com/caddy-cascade/cascade/running"
 	"github.com/caddy-cascade/cascade/store"
+	"github.com/caddy-cascade/cascade/waiting"
 )
 
 func init() {
@@ -100,9 +101,15 @@ type Handler struct {
 	// of writing the problem+json body directly.
 	UseErrorRoutes bool `json:"use_error_routes,omitempty"`
 
-	// Priority is this handler's traffic class for the adaptive controller:
-	// "interactive" (default), "batch" (scaled down first) or "critical"
-	// (scaled down last). It matters only for tiers marked adaptive.
+	// Priority is this handler's traffic class: "interactive" (default),
+	// "batch" or "critical". The adaptive controller scales batch down
+	// first and critical last (tiers marked adaptive). With MaxWait, a
+	// batch request may wait only while no interactive (or critical)
+	// request waits on any of its buckets, and one that does preempts the
+	// batch requests held on its buckets: they give their reservations
+	// back and are refused (429, problem type preempted), so interactive
+	// requests are never held behind batch ones. Priority needs a tier
+	// marked adaptive or MaxWait.
 	Priority string `json:"priority,omitempty"`
 
 	// ShedAtFloor answers 503 (problem type temporary-reduced-capacity)
@@ -184,7 +191,10 @@ type Handler struct {
 	// (costs reconciled, reported to a decision endpoint, charge_on), so
 	// it is never decided on a lease (see Decision.Refundable).
 	refundable bool
-	queued     *atomic.Int64 // requests held (MaxWait)
+	queued     *atomic.Int64     // requests held (MaxWait)
+	waits      *waiting.Registry // the requests held by the handlers of this store (MaxWait)
+	waitsKey   string
+	batch      bool // Priority batch: gives way to interactive requests while waiting
 
 	storeErrors      *atomic.Int64 // failures not yet logged
 	storeErrorLogged *atomic.Int64 // when the last one was (unix ns)
@@ -380,6 +390,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("rate_limit: store: %w", err)
 	}
 	h.poolKey = o.poolKey
+	if err := h.provisionWaiting(); err != nil {
+		return fmt.Errorf("rate_limit: max_wait: %w", err)
+	}
 	h.applyStore = new(atomic.Pointer[func()])
 	if o.apply != nil {
 		h.applyStore.Store(&o.apply)
@@ -435,8 +448,11 @@ func (h *Handler) provisionAdaptive(ctx caddy.Context) error {
 		}
 	}
 	if !uses {
-		if h.ShedAtFloor || h.Priority != "" {
-			return errors.New("rate_limit: priority and shed_at_floor need a tier marked adaptive")
+		if h.ShedAtFloor {
+			return errors.New("rate_limit: shed_at_floor needs a tier marked adaptive")
+		}
+		if h.Priority != "" && h.MaxWait <= 0 {
+			return errors.New("rate_limit: priority needs a tier marked adaptive, or max_wait (batch requests then wait only while interactive ones do not)")
 		}
 		return nil
 	}
@@ -563,6 +579,9 @@ func (h *Handler) Cleanup() error {
 	if h.local != nil {
 		_ = h.local.Close()
 	}
+	if h.waitsKey != "" {
+		_, _ = waitlists.Delete(h.waitsKey)
+	}
 	if h.poolKey != "" {
 		_, err := stores.Delete(h.poolKey)
 		return err
@@ -576,7 +595,8 @@ func (h *Handler) Cleanup() error {
 type decision struct {
 	engine.Decision
 	inputErr *cost.InputError
-	refunded bool // charge_on gave back its charges: nothing to reconcile (set on charge_on's copy)
+	refunded bool           // charge_on gave back its charges: nothing to reconcile (set on charge_on's copy)
+	entry    *waiting.Entry // an interactive request registered as waiting while it is decided (priority)
 }
 
 // looksLikeHeader tells whether a constant key is probably a header name
@@ -665,18 +685,19 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 
 	mode := d.Mode
 	if d.Allowed && d.Wait > 0 && mode == engine.Enforce {
-		if !h.holdUntil(r, d) {
-			if r.Context().Err() != nil {
-				h.metrics.heldEnded("gone")
-				return nil // the client went away while held: nothing to answer
-			}
-			h.metrics.heldEnded("queue_full")
+		outcome, retry := h.holdUntil(r, d)
+		h.metrics.heldEnded(outcome)
+		switch outcome {
+		case "gone":
+			return nil // the client went away while held: nothing to answer
+		case "preempted", "yielded":
+			return h.refuseBatch(w, outcome, retry, d)
+		case "queue_full":
 			retry := strconv.FormatInt(engine.CeilSeconds(d.Wait), 10)
 			w.Header().Set("Retry-After", retry)
 			return h.problem(w, http.StatusTooManyRequests, "queue_full", "Too Many Requests",
 				"too many requests are waiting for their turn; retry in "+retry+" s", d)
 		}
-		h.metrics.heldEnded("released")
 	}
 	if mode != engine.Shadow {
 		h.engine.WriteHeaders(w.Header(), &d.Decision)
@@ -727,25 +748,50 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 }
 
 // holdUntil keeps an admitted request until its reserved time (d.Wait), and
-// reports whether it may go on. It may not when MaxQueued requests are
-// already held, or when its client goes away first: either way its
-// reservation is given back.
-func (h *Handler) holdUntil(r *http.Request, d *decision) bool {
+// says how its wait ended: "released" (it goes on), "queue_full" (MaxQueued
+// requests are already held), "gone" (its client went away), "yielded" (a
+// batch request while interactive ones wait on its buckets) or "preempted"
+// (a held batch request whose place an interactive one took). Unless
+// released, its reservation is given back, exactly once; retry is when a
+// batch request refused may come back.
+func (h *Handler) holdUntil(r *http.Request, d *decision) (outcome string, retry time.Duration) {
 	if h.queued.Add(1) > int64(h.MaxQueued) {
 		h.queued.Add(-1)
+		d.entry.Leave()
 		h.giveBack(r, d)
-		return false
+		return "queue_full", 0
 	}
 	defer h.queued.Add(-1)
+	e, busy := h.line(d)
+	if busy > 0 {
+		h.giveBack(r, d)
+		return "yielded", busy
+	}
+	var preempted <-chan struct{}
+	if e != nil {
+		preempted = e.Preempted()
+	}
 	t := time.NewTimer(d.Wait)
 	defer t.Stop()
 	select {
 	case <-t.C:
-		return true
+		if e.Go() {
+			return "released", 0
+		}
+	case <-preempted:
 	case <-r.Context().Done():
-		h.giveBack(r, d)
-		return false
+		if e.Go() {
+			h.giveBack(r, d)
+			return "gone", 0
+		}
 	}
+	// Preempted (perhaps just as its time came or its client left): its
+	// place goes to the interactive request, which waits for it.
+	h.giveBack(r, d)
+	e.GaveBack()
+	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+	defer cancel()
+	return "preempted", time.Until(e.Retry(ctx)) // when the interactive requests will have gone
 }
 
 // done gives back the concurrency slots d took, if any: the request's
@@ -885,7 +931,7 @@ func (h *Handler) decide(r *http.Request, repl *caddy.Replacer, d *decision) (in
 	}
 	// A charge that may be refunded is not decided on a lease.
 	d.Refundable = h.refundable
-	return 0, h.engine.Decide(r.Context(), &d.Decision, estimates)
+	return 0, h.decideWaiting(r.Context(), d, estimates)
 }
 
 // headerValue is what {http.request.header.NAME} resolves to: the values

@@ -1,0 +1,268 @@
+package cascade
+
+import (
+	"fmt"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+)
+
+// prioritySite runs two routes on one tree and store, both with max_wait:
+// /batch with priority batch and / (interactive, no priority given). It
+// returns the site's URL and Caddy's admin endpoint (metrics).
+func prioritySite(t *testing.T, limits, storeBlock string) (url, api string) {
+	t.Helper()
+	port, adminPort := freePort(t), freePort(t)
+	cfg := priorityConfig(t, limits, storeBlock, "ok", port, adminPort)
+	if err := caddy.Load(cfg, true); err != nil {
+		t.Fatalf("loading: %v", err)
+	}
+	t.Cleanup(func() { _ = caddy.Stop() })
+	return fmt.Sprintf("http://127.0.0.1:%d/", port), fmt.Sprintf("http://127.0.0.1:%d", adminPort)
+}
+
+// priorityConfig is prioritySite's configuration, its upstream answering
+// body.
+func priorityConfig(t *testing.T, limits, storeBlock, body string, port, adminPort int) []byte {
+	t.Helper()
+	// The README's form: one snippet of limits, imported by both routes.
+	cf := fmt.Sprintf(`{
+	admin 127.0.0.1:%d
+	skip_install_trust
+	auto_https off
+	persist_config off
+}
+(api_limits) {
+	tree api {
+		tier org {header.X-Org} {
+			missing shared
+			limit 1000/s
+		}
+		tier user {header.X-User} {
+			%s
+		}
+	}
+	max_wait 3s
+	%s
+}
+http://127.0.0.1:%d {
+	handle /batch {
+		rate_limit {
+			import api_limits
+			priority batch
+		}
+		respond "%s" 200
+	}
+	handle {
+		rate_limit {
+			import api_limits
+		}
+		respond "%s" 200
+	}
+}
+`, adminPort, limits, storeBlock, port, body, body)
+	cfg, err := adapt(t, cf)
+	if err != nil {
+		t.Fatalf("adapting: %v\n%s", err, cf)
+	}
+	return cfg
+}
+
+// answered is a response and when it came, from the scenario's start.
+type answered struct {
+	name string
+	resp
+	at time.Duration
+}
+
+func (a answered) String() string {
+	return fmt.Sprintf("%s: %d at %v", a.name, a.status, a.at.Round(time.Millisecond))
+}
+
+// TestPriorityWait: interactive requests overtake waiting batch ones, on
+// the memory store and on Redis. With 2/s and max_wait 3s, two batch
+// requests go at once and four are held (until 0.5, 1, 1.5 and 2 s); an
+// interactive request at 0.2 s preempts them — they are answered 429
+// (#preempted, Retry-After) — and goes at 0.5 s, not 2.5 s; a second
+// goes at 1 s. A batch request arriving while they wait is refused at
+// once (it would have gone ahead of later interactive ones). The places
+// given back are given back exactly once: an interactive request at
+// 1.2 s goes at 1.5 s (not at once: no double refund; not at 2 s or
+// later: no place lost), and no more requests go than the limit allows.
+func TestPriorityWait(t *testing.T) {
+	eachStore(t, func(t *testing.T, storeBlock string) {
+		url, api := prioritySite(t, "limit 2/s", storeBlock)
+		start := time.Now()
+		var mu sync.Mutex
+		var all []answered
+		var wg sync.WaitGroup
+		send := func(name, path string) {
+			wg.Go(func() {
+				r := do(t, "GET", url+path, "X-User: ann")
+				mu.Lock()
+				all = append(all, answered{name, r, time.Since(start)})
+				mu.Unlock()
+			})
+		}
+		for i := range 2 {
+			if r := do(t, "GET", url+"batch", "X-User: ann"); r.status != 200 {
+				t.Fatalf("batch %d within the burst: %d %s", i, r.status, r.body)
+			}
+		}
+		for i := range 4 {
+			send("held batch "+strconv.Itoa(i), "batch")
+		}
+		time.Sleep(200 * time.Millisecond)
+		send("interactive 1", "")
+		time.Sleep(50 * time.Millisecond)
+		send("interactive 2", "")
+		time.Sleep(100 * time.Millisecond)
+		sent := time.Since(start)
+		send("late batch", "batch")
+		time.Sleep(850 * time.Millisecond) // 1.2 s
+		send("interactive 3", "")
+		wg.Wait()
+		slices.SortFunc(all, func(a, b answered) int { return int(a.at - b.at) })
+
+		want := map[string]time.Duration{"interactive 1": 500 * time.Millisecond, "interactive 2": time.Second, "interactive 3": 1500 * time.Millisecond}
+		preempted := 0
+		released := []time.Duration{0, 0} // the two batch requests of the burst
+		for _, a := range all {
+			switch {
+			case strings.HasPrefix(a.name, "interactive"):
+				if d := a.at - want[a.name]; a.status != 200 || d < -20*time.Millisecond || d > 100*time.Millisecond {
+					t.Errorf("%s: %d after %v, want 200 after %v ± 100 ms (all: %v)", a.name, a.status, a.at, want[a.name], all)
+				}
+				released = append(released, a.at)
+			case a.name == "late batch":
+				if a.status != http.StatusTooManyRequests || !strings.Contains(a.body, "#preempted") || a.at-sent > 150*time.Millisecond ||
+					a.header.Get("Retry-After") != "1" {
+					t.Errorf("a batch request while interactive ones wait: %d after %v, Retry-After %q, %s; want 429 #preempted at once, retry in 1 s",
+						a.status, a.at-sent, a.header.Get("Retry-After"), a.body)
+				}
+			default: // held batch
+				if a.status != http.StatusTooManyRequests || !strings.Contains(a.body, "#preempted") || a.at > 400*time.Millisecond {
+					t.Errorf("%s: %d after %v, %s; want 429 #preempted when the interactive request came", a.name, a.status, a.at, a.body)
+					continue
+				}
+				preempted++
+				if a.header.Get("Retry-After") != "1" {
+					t.Errorf("%s: Retry-After %q, want 1 s (the interactive request that preempted it goes at 0.5 s)", a.name, a.header.Get("Retry-After"))
+				}
+			}
+		}
+		if preempted != 4 {
+			t.Errorf("%d held batch requests preempted, want 4 (all: %v)", preempted, all)
+		}
+		// Exact: by any time t, at most the burst (2) plus 2/s went.
+		for i, at := range released {
+			if allowed := 2 + int(2*(at+30*time.Millisecond).Seconds()); i+1 > allowed {
+				t.Errorf("%d requests went by %v, the limit allows %d", i+1, at, allowed)
+			}
+		}
+		t.Logf("answered: %v", all)
+		m := scrape(t, api+"/metrics")
+		if m[`cascade_held_requests_total{outcome="preempted"}`] != 4 || m[`cascade_held_requests_total{outcome="yielded"}`] != 1 ||
+			m[`cascade_held_requests_total{outcome="released"}`] != 3 {
+			t.Errorf("held requests' metrics: preempted %v yielded %v released %v, want 4, 1 and 3",
+				m[`cascade_held_requests_total{outcome="preempted"}`], m[`cascade_held_requests_total{outcome="yielded"}`],
+				m[`cascade_held_requests_total{outcome="released"}`])
+		}
+	})
+}
+
+// TestPriorityOtherBuckets: a batch request held on its own user's limit
+// is not preempted by an interactive request of another user (they share
+// only an organisation with room to spare), and batch requests wait as
+// without priorities while no interactive request waits.
+func TestPriorityOtherBuckets(t *testing.T) {
+	url, _ := prioritySite(t, "limit 2/s", memoryStore().block(t))
+	for range 2 {
+		do(t, "GET", url+"batch", "X-Org: acme", "X-User: bob")
+	}
+	held := make(chan resp, 1)
+	start := time.Now()
+	go func() { held <- do(t, "GET", url+"batch", "X-Org: acme", "X-User: bob") }()
+	time.Sleep(100 * time.Millisecond)
+	for range 2 {
+		do(t, "GET", url, "X-Org: acme", "X-User: ann")
+	}
+	if r := do(t, "GET", url, "X-Org: acme", "X-User: ann"); r.status != 200 {
+		t.Fatalf("ann's held request: %d", r.status)
+	}
+	r := <-held
+	if took := time.Since(start); r.status != 200 || took < 450*time.Millisecond || took > 900*time.Millisecond {
+		t.Fatalf("bob's batch request: %d after %v, want 200 at its time, 0.5 s (not preempted by ann)", r.status, took)
+	}
+}
+
+// TestPriorityErrors: priority needs max_wait or an adaptive tier, and
+// the error says so, from the Caddyfile and from JSON.
+func TestPriorityErrors(t *testing.T) {
+	const handler = `{"apps":{"http":{"servers":{"s":{"listen":["127.0.0.1:1"],"routes":[{"handle":[` +
+		`{"handler":"rate_limit","priority":"batch"%s,"trees":[{"name":"t","tiers":[{"key":"fixed","limits":[{"count":1,"per":"s"}],"name":"k"}]}]}]}]}}}}}`
+	if err := caddy.Validate(mustConfig(t, []byte(fmt.Sprintf(handler, `,"max_wait":"2s"`)))); err != nil {
+		t.Fatalf("JSON priority with max_wait: %v", err)
+	}
+	if err := caddy.Validate(mustConfig(t, []byte(fmt.Sprintf(handler, "")))); err == nil || !strings.Contains(err.Error(), "priority needs a tier marked adaptive, or max_wait") {
+		t.Fatalf("JSON priority without max_wait nor adaptive tier: %v", err)
+	}
+	if err := configError(t, "", "priority batch"); err == nil || !strings.Contains(err.Error(), "priority needs a tier marked adaptive, or max_wait") {
+		t.Fatalf("priority without max_wait nor adaptive tier: %v", err)
+	}
+	if err := configError(t, "", "priority batch\n max_wait 1s"); err != nil {
+		t.Fatalf("priority with max_wait: %v", err)
+	}
+	if err := configError(t, "", "shed_at_floor\n max_wait 1s"); err == nil || !strings.Contains(err.Error(), "shed_at_floor needs a tier marked adaptive") {
+		t.Fatalf("shed_at_floor without an adaptive tier: %v", err)
+	}
+}
+
+// TestPriorityAcrossReload: the requests held by a configuration's
+// handlers are seen by the next configuration's: after a reload, an
+// interactive request preempts the batch requests the old handlers hold,
+// and goes in their place.
+func TestPriorityAcrossReload(t *testing.T) {
+	port, adminPort := freePort(t), freePort(t)
+	storeBlock := memoryStore().block(t)
+	if err := caddy.Load(priorityConfig(t, "limit 2/s", storeBlock, "old", port, adminPort), true); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = caddy.Stop() })
+	url := fmt.Sprintf("http://127.0.0.1:%d/", port)
+	for range 2 {
+		do(t, "GET", url+"batch", "X-User: ann")
+	}
+	start := time.Now()
+	held := make(chan resp, 2)
+	for range 2 {
+		go func() { held <- do(t, "GET", url+"batch", "X-User: ann") }() // until 0.5 and 1 s
+	}
+	time.Sleep(100 * time.Millisecond)
+	// The old servers wait for their held requests as they stop: reload
+	// meanwhile, as caddy reload does.
+	loaded := make(chan error, 1)
+	go func() { loaded <- caddy.Load(priorityConfig(t, "limit 2/s", storeBlock, "new", port, adminPort), true) }()
+	time.Sleep(100 * time.Millisecond)
+	lastReload.Store(time.Now().UnixNano())
+	client.CloseIdleConnections()
+	r := do(t, "GET", url, "X-User: ann")
+	took := time.Since(start)
+	if r.status != 200 || r.body != "new" || took > 700*time.Millisecond {
+		t.Fatalf("the interactive request after the reload: %d %q after %v, want 200 from the new config at 0.5 s", r.status, r.body, took)
+	}
+	for range 2 {
+		if b := <-held; b.status != http.StatusTooManyRequests || !strings.Contains(b.body, "#preempted") {
+			t.Errorf("a batch request held by the old config: %d %s, want 429 preempted", b.status, b.body)
+		}
+	}
+	if err := <-loaded; err != nil {
+		t.Fatal(err)
+	}
+}
