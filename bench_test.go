@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"testing"
 	"time"
 
@@ -82,6 +83,12 @@ func BenchmarkHandler(b *testing.B) {
 // X-T<i> (1,000 values each), to next, building the requests, replacers
 // and response writers outside the timer, 1,024 at a time.
 func runHandler(b *testing.B, h *Handler, tiers int, next caddyhttp.Handler) {
+	runHandlerWith(b, h, tiers, next, nil)
+}
+
+// runHandlerWith is runHandler with each request's headers changed by
+// vary (given the request's number) before it is built, outside the timer.
+func runHandlerWith(b *testing.B, h *Handler, tiers int, next caddyhttp.Handler, vary func(hdr http.Header, n int)) {
 	const batch = 1024
 	reqs := make([]*http.Request, batch)
 	ws := make([]headerWriter, batch)
@@ -100,6 +107,9 @@ func runHandler(b *testing.B, h *Handler, tiers int, next caddyhttp.Handler) {
 		if k == 0 {
 			b.StopTimer()
 			for j := range reqs {
+				if vary != nil {
+					vary(hdrs[j], n+j)
+				}
 				proto.Header = hdrs[j]
 				// As Caddy's server does before any handler: its
 				// HTTP variables in the replacer, its name in the
@@ -150,6 +160,41 @@ func BenchmarkHandlerMaxWait(b *testing.B) {
 	h, done := benchHandlerOf(b, 4, nil, map[string]any{"max_wait": "2s"})
 	defer done()
 	runHandler(b, h, 4, caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error { return nil }))
+}
+
+// BenchmarkHandlerConcurrent is BenchmarkHandler at 4 tiers with a
+// concurrency limit on every tier beside its rate: a slot taken and given
+// back per tier (one more store call per request, when its response ends).
+func BenchmarkHandlerConcurrent(b *testing.B) {
+	h, done := benchHandlerOf(b, 4, func(tier map[string]any) {
+		tier["limits"] = append(tier["limits"].([]map[string]any), map[string]any{"count": 1000, "algorithm": "concurrent"})
+	}, nil)
+	defer done()
+	runHandler(b, h, 4, caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error { return nil }))
+}
+
+// BenchmarkHandlerIdempotency is BenchmarkHandler at 4 tiers with
+// idempotency on: new, each request a key of its own (a record written
+// with the charge, and its flight ended when the response ends: one more
+// store call), or replayed, every request a retry of one that has ended
+// (nothing charged).
+func BenchmarkHandlerIdempotency(b *testing.B) {
+	for _, kind := range []string{"new", "replayed"} {
+		b.Run(kind, func(b *testing.B) {
+			h, done := benchHandlerOf(b, 4, nil, map[string]any{"idempotency": map[string]any{}})
+			defer done()
+			runHandlerWith(b, h, 4, caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error { return nil }),
+				func(hdr http.Header, n int) {
+					if kind == "replayed" {
+						n %= 1024
+						if n >= b.N { // every key is sent once first
+							n = 0
+						}
+					}
+					hdr.Set("Idempotency-Key", strconv.Itoa(n))
+				})
+		})
+	}
 }
 
 // BenchmarkServeHTTP is the handler's whole cost per admitted request on

@@ -119,6 +119,11 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    charge_on      status <code...>|{ status <code...>; header <field> [<value>] } # charge only matching responses
 //	    max_wait       <duration>                    # hold a request that fits its GCRA limits within it, instead of refusing
 //	    max_queued     <n>                           # requests held at once (default 1000)
+//	    idempotency [{                              # a retry with the same key and path is not charged again
+//	        header    <field>                       # default Idempotency-Key
+//	        ttl       <duration>                    # how long a key is remembered (24h)
+//	        in_flight <duration>                    # the longest a first request counts as in flight (5m)
+//	    }]
 //	    on_store_error deny|allow|local [<instances>]  # local: default instances counted from heartbeats
 //	    mode           enforce|warn|shadow
 //	    headers        <family...>|none             # ietf x_ratelimit retry_after openai (default: ietf retry_after)
@@ -218,6 +223,8 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.Errf("max_wait %q: give how long a request may be held for its turn, e.g. max_wait 2s", d.Val())
 			}
 			h.MaxWait = caddy.Duration(dur)
+		case "idempotency":
+			h.Idempotency, err = parseIdempotency(d)
 		case "max_queued":
 			if !d.NextArg() {
 				return d.Err("usage: max_queued <n>")

@@ -169,6 +169,12 @@ type Handler struct {
 	// 1000 with MaxWait); beyond it a request that would wait is refused.
 	MaxQueued int `json:"max_queued,omitempty"`
 
+	// Idempotency, when set, charges a request with an idempotency key
+	// once: its retries on the same path are admitted without a charge,
+	// and a duplicate while it is in flight gets 409 (see
+	// IdempotencyConfig).
+	Idempotency *IdempotencyConfig `json:"idempotency,omitempty"`
+
 	// Distributed and StorageRaw are mholt/caddy-ratelimit's file-synced
 	// distribution. They are accepted so its configs load, and ignored
 	// with a warning: the Redis store shares exact limits instead.
@@ -273,6 +279,11 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.refundable = h.ChargeOn != nil || h.Forwarded != nil && h.Forwarded.Report != "" || h.MaxWait > 0 ||
 		slices.ContainsFunc(h.Costs, func(c *Cost) bool { return c.Reconcile != nil })
 	h.queued = new(atomic.Int64)
+	if h.Idempotency != nil {
+		if err := h.Idempotency.provision(); err != nil {
+			return fmt.Errorf("rate_limit: %w", err)
+		}
+	}
 	if h.MaxWait > 0 && h.MaxQueued == 0 {
 		h.MaxQueued = 1000
 	}
@@ -428,7 +439,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		Mode:    h.Mode,
 		Headers: engine.Headers{IETF: on(hc.IETF), XRateLimit: set(hc.XRateLimit), RetryAfter: on(hc.RetryAfter), OpenAI: hc.OpenAI},
 		Jitter:  h.Jitter, DenialLog: h.DenialLog, LogKey: h.LogKey, MaxWait: time.Duration(h.MaxWait),
-		Logger: h.logger, Reconciled: h.metrics.reconcile,
+		Idempotency: h.Idempotency.engineConfig(),
+		Logger:      h.logger, Reconciled: h.metrics.reconcile,
 	})
 	h.unregister = running.Register(h.engine, ctx.Done())
 	return nil
@@ -551,6 +563,9 @@ func (h *Handler) Validate() error {
 	if h.MaxWait > 0 && h.Forwarded != nil {
 		return errors.New("rate_limit: max_wait holds the request in front of the upstream, which a decision endpoint (forwarded) is not: rate limit in front of the upstream instead")
 	}
+	if h.Idempotency != nil && h.Forwarded != nil {
+		return errors.New("rate_limit: idempotency needs to see when a request ends, which a decision endpoint (forwarded) does not: rate limit in front of the upstream instead")
+	}
 	if h.ChargeOn != nil {
 		if h.Forwarded != nil {
 			return errors.New("rate_limit: charge_on needs the response, which a decision endpoint (forwarded) does not see: report it instead, or rate limit in front of the upstream")
@@ -659,7 +674,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	d := &dv
 	defer d.Release()
 	status, err := h.decide(r, repl, d)
-	defer h.done(r, d) // concurrency slots, given back when the response has ended
+	defer h.done(r, d) // concurrency slots and idempotency records, ended with the response
 	h.metrics.observe(d, time.Since(start))
 	h.setPlaceholders(r, repl, d)
 
@@ -684,6 +699,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 
 	mode := d.Mode
+	if d.Reason == engine.ReasonInFlight && mode == engine.Enforce {
+		return h.refuseInFlight(w, d)
+	}
 	if d.Allowed && d.Wait > 0 && mode == engine.Enforce {
 		outcome, retry := h.holdUntil(r, d)
 		h.metrics.heldEnded(outcome)
@@ -794,15 +812,16 @@ func (h *Handler) holdUntil(r *http.Request, d *decision) (outcome string, retry
 	return "preempted", time.Until(e.Retry(ctx)) // when the interactive requests will have gone
 }
 
-// done gives back the concurrency slots d took, if any: the request's
-// response has ended, or its client has gone.
+// done ends what d holds while its request is in flight (concurrency
+// slots, an idempotency record), if anything: the request's response has
+// ended, or its client has gone.
 func (h *Handler) done(r *http.Request, d *decision) {
-	if !d.HoldsSlots() {
+	if !d.NeedsDone() {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 5*time.Second)
-	defer cancel()
-	h.engine.Done(ctx, &d.Decision)
+	// Not cancelled with the request (its client may be gone); the store
+	// bounds its own calls (Redis's timeout).
+	h.engine.Done(context.WithoutCancel(r.Context()), &d.Decision)
 }
 
 // giveBack refunds a reservation that will not be used.
@@ -931,6 +950,14 @@ func (h *Handler) decide(r *http.Request, repl *caddy.Replacer, d *decision) (in
 	}
 	// A charge that may be refunded is not decided on a lease.
 	d.Refundable = h.refundable
+	if h.Idempotency != nil && len(d.Buckets) > 0 {
+		key, err := h.Idempotency.key(r)
+		if err != nil {
+			d.Reason, d.Buckets = "bad_idempotency_key", nil
+			return http.StatusBadRequest, err
+		}
+		d.Idempotency = key
+	}
 	return 0, h.decideWaiting(r.Context(), d, estimates)
 }
 

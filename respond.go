@@ -35,7 +35,7 @@ func (h *Handler) problem(w http.ResponseWriter, status int, kind, title, detail
 // is the one that refused the request if any did.
 func (h *Handler) setPlaceholders(r *http.Request, repl *caddy.Replacer, d *decision) {
 	p := placeholders{
-		allowed: d.Allowed && d.Reason == engine.ReasonOK,
+		allowed: d.Allowed && (d.Reason == engine.ReasonOK || d.Replayed),
 		reason:  d.Reason,
 		blocked: d.Blocked,
 		retry:   d.Retry,

@@ -53,14 +53,14 @@ func TestConcurrencySlots(t *testing.T) {
 
 	a := decide(10)
 	b := decide(10)
-	if !a.Allowed || !b.Allowed || !a.HoldsSlots() || a.Limits[1].Cost != 1 || a.Costs[1] != 1 {
+	if !a.Allowed || !b.Allowed || !a.NeedsDone() || a.Limits[1].Cost != 1 || a.Costs[1] != 1 {
 		t.Fatalf("two requests of 10 tokens on 2 slots: %v %v, slot cost %d", a.Allowed, b.Allowed, a.Limits[1].Cost)
 	}
 	if a.Limits[1].Holder == b.Limits[1].Holder || a.Limits[1].Holder == 0 {
 		t.Fatalf("holders %d and %d: want distinct, non-zero", a.Limits[1].Holder, b.Limits[1].Holder)
 	}
 	third := decide(10)
-	if third.Allowed || third.HoldsSlots() || third.Blocked != "api/user" || third.Retry != time.Second {
+	if third.Allowed || third.NeedsDone() || third.Blocked != "api/user" || third.Retry != time.Second {
 		t.Fatalf("a third in flight: allowed %v, blocked %q, retry %v; want refused by the slots, retry 1s", third.Allowed, third.Blocked, third.Retry)
 	}
 	if third.Results[0].Remaining != 80 {
@@ -82,7 +82,7 @@ func TestConcurrencySlots(t *testing.T) {
 	if err := e.Done(ctx, a); err != nil {
 		t.Fatal(err)
 	}
-	if a.HoldsSlots() {
+	if a.NeedsDone() {
 		t.Fatal("a decision still holds its slot after Done")
 	}
 	if err := e.Done(ctx, a); err != nil { // twice is once
@@ -95,7 +95,7 @@ func TestConcurrencySlots(t *testing.T) {
 	if n := slotsLeft(); n != 2 {
 		t.Fatalf("after both are done: %d slots free, want 2", n)
 	}
-	if d := decide(1000); d.Allowed || d.HoldsSlots() || !d.Impossible {
+	if d := decide(1000); d.Allowed || d.NeedsDone() || !d.Impossible {
 		t.Fatal("an impossible cost took a slot")
 	}
 	if n := slotsLeft(); n != 2 {

@@ -2,10 +2,13 @@ package engine
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -24,6 +27,12 @@ const (
 	ReasonPenalty    = "penalty"    // a tier's value is in its penalty box (hierarchy.Penalty)
 	ReasonMissingKey = "missing_key"
 	ReasonStoreError = "store_error"
+	// ReasonReplayed: a retry of a request admitted before (the same
+	// idempotency key and path), admitted again without a charge.
+	ReasonReplayed = "replayed"
+	// ReasonInFlight: a duplicate of a request still in flight (the same
+	// idempotency key and path): refused, charged nothing.
+	ReasonInFlight = "idempotency_in_flight"
 )
 
 // Decision is what the engine decided about one request. A front end keeps
@@ -71,11 +80,22 @@ type Decision struct {
 	// Local is true when the store could not decide and Config.Local did,
 	// on each limit's local share.
 	Local bool
+	// Idempotency is the request's idempotency key, set by the front end
+	// before Decide (with Config.Idempotency): the record of the request,
+	// kept with its path's keys, is decided in the same store call as its
+	// charges. Replayed then says the request repeats one admitted before,
+	// and was admitted without a charge (nothing to refund, reconcile or
+	// give back); a duplicate of one still in flight is refused with
+	// Reason ReasonInFlight. Local decisions keep no records.
+	Idempotency string
+	Replayed    bool
 
 	lenient    string       // the mode of the trees that apply and do not enforce (warn over shadow)
 	localShare float64      // with Local, the share of each limit decided on
 	unwidened  []rate.Limit // with Config.MaxWait, the limits before reserve widened them
 	slots      bool         // a concurrency slot may be held: Done gives it back
+	record     store.Bucket // the idempotency record decided with the path (Key "" for none)
+	recorded   bool         // the record was written by this decision: Done ends its flight
 	scratch    *scratch     // nil until Begin takes one
 	used       int          // buckets of scratch written to
 }
@@ -210,6 +230,10 @@ func (e *Engine) DecideCosts(ctx context.Context, d *Decision) error {
 		d.Scaled = d.Scaled || scaled
 	}
 	d.Limits = sb
+	d.record = store.Bucket{}
+	if d.Idempotency != "" && e.cfg.Idempotency.TTL > 0 {
+		d.record = e.recordOf(d)
+	}
 	if e.cfg.MaxWait > 0 {
 		e.reserve(d)
 	}
@@ -220,7 +244,11 @@ func (e *Engine) DecideCosts(ctx context.Context, d *Decision) error {
 	if e.cfg.MaxWait > 0 {
 		e.reserved(d)
 	}
+	if d.Replayed {
+		d.Wait = 0 // charged nothing: nothing to wait for
+	}
 	switch {
+	case d.Replayed, d.Reason == ReasonInFlight:
 	case d.Allowed:
 		d.slots = tookSlots(d.Limits)
 	case d.Mode == Enforce && d.lenient != "":
@@ -342,22 +370,41 @@ func (e *Engine) rank(b hierarchy.Bucket) int {
 func (e *Engine) settle(ctx context.Context, d *Decision, sc *scratch) error {
 	var res store.Decision
 	var err error
-	if d.Refundable && e.unleased != nil {
-		res, err = e.unleased.DecideUnleased(ctx, d.Limits)
-	} else if e.into != nil && sc != nil {
-		res, err = e.into.DecideInto(ctx, d.Limits, sc.results[:])
+	limits := d.Limits
+	if d.record.Key != "" {
+		// The record last: on a Cluster, in the slot of the path's last
+		// bucket (its hash tag), which decides first.
+		limits = append(d.Limits[:len(d.Limits):len(d.Limits)], d.record)
+	}
+	if (d.Refundable || d.record.Key != "") && e.unleased != nil {
+		res, err = e.unleased.DecideUnleased(ctx, limits)
+	} else if e.into != nil && sc != nil && d.record.Key == "" {
+		res, err = e.into.DecideInto(ctx, limits, sc.results[:])
 	} else {
-		res, err = e.cfg.Store.Decide(ctx, d.Limits)
+		res, err = e.cfg.Store.Decide(ctx, limits)
+	}
+	if err == nil && d.record.Key != "" {
+		res = e.readRecord(d, res)
 	}
 	if err != nil {
 		if e.cfg.Local == nil {
 			return err
 		}
+		d.record = store.Bucket{} // a local decision keeps no record
 		if res, err = e.decideLocally(ctx, d, err); err != nil {
 			return err
 		}
 	}
 	d.Decision = res
+	if d.Reason == ReasonInFlight {
+		d.Closest = -1
+		d.Retry = d.RetryAfter
+		return nil
+	}
+	if d.Replayed {
+		d.Closest = closest(d)
+		return nil
+	}
 	if res.Impossible && d.Scaled {
 		e.reducedNotImpossible(d)
 	}
@@ -391,6 +438,71 @@ func (e *Engine) settle(ctx context.Context, d *Decision, sc *scratch) error {
 		}
 	}
 	return nil
+}
+
+// recordOf is the idempotency record of d's path and key: in the hash tag
+// of the path's last bucket, named by a hash of the path's keys and the
+// idempotency key (so that two paths never share a record, and a key of
+// any length makes a key of fixed length).
+func (e *Engine) recordOf(d *Decision) store.Bucket {
+	h := sha256.New()
+	for _, b := range d.Buckets {
+		h.Write([]byte(b.Key))
+		h.Write([]byte{0})
+	}
+	h.Write([]byte(d.Idempotency))
+	last := d.Buckets[len(d.Buckets)-1].Key
+	tag := last
+	if i := strings.IndexByte(last, '}'); i >= 0 {
+		tag = last[:i+1]
+	}
+	inFlight := e.cfg.Idempotency.InFlight
+	if inFlight <= 0 {
+		inFlight = e.cfg.Idempotency.TTL
+	}
+	return store.Bucket{
+		Key:   tag + "#idempotency=" + hex.EncodeToString(h.Sum(nil)[:16]),
+		Limit: rate.Limit{Algorithm: rate.Idempotent, Count: inFlight.Microseconds(), Period: e.cfg.Idempotency.TTL},
+		Cost:  1,
+	}
+}
+
+// readRecord reads the verdict of d's record, decided last with d's path
+// (res), and returns the path's decision: as decided when the record is
+// new (then written with the charges, all or nothing); admitted without a
+// charge for a retry of a request that has ended (the store charged
+// nothing: the record refused); refused, charged nothing, for a duplicate
+// of one in flight.
+func (e *Engine) readRecord(d *Decision, res store.Decision) store.Decision {
+	n := len(d.Limits)
+	r := res.Results[n]
+	at := res.ChargedAt(n)
+	results := res.Results[:n]
+	times := res.Times
+	if times != nil {
+		times = times[:n]
+	}
+	switch {
+	case r.Allowed:
+		d.recorded = res.Allowed
+		d.record.Charged = at
+		res.Results, res.Times = results, times
+		return res
+	case r.Remaining == rate.RecordInFlight:
+		// Refused by the record: the store charged nothing.
+		d.Reason = ReasonInFlight
+		res.Results, res.Times, res.RetryAfter = results, times, microseconds(r.RetryAfter)
+		return res
+	default: // rate.RecordDone
+		d.Replayed, d.Reason = true, ReasonReplayed
+		for i := range d.Limits {
+			d.Limits[i].Cost = 0 // charged nothing: nothing to give back
+		}
+		for i := range results {
+			results[i] = rate.Result{Allowed: true, Remaining: results[i].Before, Before: results[i].Before, Reset: results[i].Reset}
+		}
+		return store.Decision{Allowed: true, Results: results, At: res.At, Times: times}
+	}
 }
 
 // decideLocally decides d on the local store, each limit scaled to its

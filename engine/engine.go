@@ -82,6 +82,10 @@ type Config struct {
 	// limits' capacity counts it at once) and Decision.Wait says how long
 	// to hold it before it may go (see Decision.Wait).
 	MaxWait time.Duration
+	// Idempotency, when its TTL is positive, keeps a record of each
+	// request that carries an idempotency key (Decision.Idempotency), so
+	// that its retries are not charged again (see Decision.Replayed).
+	Idempotency Idempotency
 	// DenialLog is "values" (default), "no_values" or "off"; LogKey adds the
 	// refusing bucket's key to the line.
 	DenialLog string
@@ -89,6 +93,17 @@ type Config struct {
 	Logger    *zap.Logger
 	// Reconciled, when set, is told of each reconciliation's outcome.
 	Reconciled func(error)
+}
+
+// Idempotency configures the records of requests with idempotency keys.
+type Idempotency struct {
+	// TTL is how long a record is kept: a retry after it is a new request.
+	TTL time.Duration
+	// InFlight is the longest a first request counts as in flight (its
+	// response ends it sooner, Done): a duplicate meanwhile is refused as
+	// a conflict; after it, as if it had ended (a crashed instance's
+	// record does not refuse retries for the whole TTL).
+	InFlight time.Duration
 }
 
 // Headers selects the response header families WriteHeaders writes.

@@ -59,7 +59,7 @@ type Held struct {
 // Hold keeps what reconciling d needs, or returns nil when d charged
 // nothing that could be reconciled.
 func (e *Engine) Hold(d *Decision) *Held {
-	if !d.Allowed || len(d.Estimates) != len(e.cfg.Dimensions) || len(e.cfg.Dimensions) == 0 {
+	if !d.Allowed || d.Replayed || len(d.Estimates) != len(e.cfg.Dimensions) || len(e.cfg.Dimensions) == 0 {
 		return nil // nothing was estimated, so nothing was charged
 	}
 	h := &Held{estimates: slices.Clone(d.Estimates), local: d.Local}
@@ -150,6 +150,13 @@ func (e *Engine) Refund(ctx context.Context, d *Decision) error {
 		b.Cost, b.Charged = -b.Cost, d.ChargedAt(i)
 		adjust = append(adjust, b)
 	}
+	if d.recorded {
+		// Charged nothing, it records nothing: a retry is a new request.
+		r := d.record
+		r.Cost = -1
+		adjust = append(adjust, r)
+		d.recorded = false
+	}
 	if len(adjust) == 0 {
 		return nil
 	}
@@ -160,34 +167,45 @@ func (e *Engine) Refund(ctx context.Context, d *Decision) error {
 	return err
 }
 
-// Done gives back the concurrency slots d took (limits of the concurrent
-// algorithm), to the store that charged them: call it once the request's
+// Done ends what d's request holds while in flight, in one store call: it
+// gives back the concurrency slots d took (limits of the concurrent
+// algorithm) and ends the flight of its idempotency record (a duplicate is
+// then a retry, admitted without a charge). Call it once the request's
 // response has ended, or its client has gone. Calling it again, or for a
-// decision that took no slot, does nothing. A slot that cannot be given
+// decision that holds nothing, does nothing. A slot that cannot be given
 // back (the store is unreachable) stays taken until the store drops it: a
-// Redis store's after its slot TTL, when it is no longer renewed.
+// Redis store's after its slot TTL, when it is no longer renewed; a record
+// whose flight cannot be ended ends after Idempotency.InFlight.
 func (e *Engine) Done(ctx context.Context, d *Decision) error {
-	if !d.slots {
+	if !d.NeedsDone() {
 		return nil
 	}
-	d.slots = false
-	var give []store.Bucket
-	for _, b := range d.Limits {
-		if holdsSlot(b) {
-			b.Cost = -1
-			give = append(give, b)
+	var end []store.Bucket
+	if d.slots {
+		for _, b := range d.Limits {
+			if holdsSlot(b) {
+				b.Cost = -1
+				end = append(end, b)
+			}
 		}
 	}
-	err := e.storeFor(d.Local).Adjust(ctx, give)
+	if d.recorded {
+		r := d.record
+		r.Cost = 1
+		end = append(end, r)
+	}
+	d.slots, d.recorded = false, false
+	err := e.storeFor(d.Local).Adjust(ctx, end)
 	if err != nil {
-		e.cfg.Logger.Warn("rate limit: giving back a concurrency slot failed; it stays taken until the store drops it", zap.Error(err))
+		e.cfg.Logger.Warn("rate limit: ending a request in the store failed; its concurrency slots stay taken until the store drops them, its idempotency record in flight until its time is up", zap.Error(err))
 	}
 	return err
 }
 
-// HoldsSlots reports whether d took concurrency slots that Done has not
-// given back yet.
-func (d *Decision) HoldsSlots() bool { return d.slots }
+// NeedsDone reports whether d holds something until its request ends
+// (concurrency slots, an idempotency record in flight) that Done has not
+// ended yet.
+func (d *Decision) NeedsDone() bool { return d.slots || d.recorded }
 
 // holdsSlot reports whether a decided bucket took a concurrency slot.
 func holdsSlot(b store.Bucket) bool { return b.Limit.Algorithm == rate.Concurrent && b.Cost > 0 }

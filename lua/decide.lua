@@ -80,7 +80,7 @@ for d = 2, #ARGV do
     if v and #v >= 32 then a, b, t, e = unpk('<dddd', v) end
     local ok, tl, res
     local extra, drop, push, h, m -- an exact sliding window's (extra: H and M, packed)
-    if alg == 0 or alg > SLOTS then
+    if alg == 0 or alg > IDEM then
       -- gcra: level, then Limit.gcra
       local perUnit = period / count
       local elapsed = now - t

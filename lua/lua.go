@@ -42,8 +42,9 @@
 //	float64        the test clock in µs, or 0 for Redis TIME
 //	then for each bucket, in order:
 //	byte           the algorithm: 0 gcra, 1 sliding_approx, 2 calendar,
-//	               3 sliding (exact), 4 concurrent (any other code is
-//	               gcra, as in rate.Limit.Apply)
+//	               3 sliding (exact), 4 concurrent, 5 idempotent (an
+//	               idempotency record; any other code is gcra, as in
+//	               rate.Limit.Apply)
 //	float64 × 4    count     Limit.Count
 //	               period    Limit.Period in µs (0 for calendar; for
 //	                         concurrent, how long a slot lasts unrenewed)

@@ -66,6 +66,8 @@ func args(now, wall int64, buckets ...bucketArgs) []any {
 			code = 2
 		case rate.Sliding:
 			code = 3
+		case rate.Idempotent:
+			code = 5
 		}
 		spec = append(spec, code)
 		third := l.Capacity()
@@ -344,7 +346,15 @@ func randomCase(r *rand.Rand) testCase {
 	base := time.Date(2026, 3, 18, 10, 30, 0, 0, time.UTC).UnixMicro()
 	c := testCase{now: base + r.Int64N(400*24*3600*1e6)}
 	c.wall = c.now
-	switch r.IntN(5) {
+	switch r.IntN(6) {
+	case 5: // an idempotency record: none, in flight, ended, expired
+		l := rate.Limit{Algorithm: rate.Idempotent, Count: 1 + r.Int64N(120e6), Period: periods[2+r.IntN(len(periods)-2)]}
+		c.state.T = c.now - r.Int64N(2*l.Period.Microseconds()+1)
+		c.state.A = float64(c.state.T + r.Int64N(l.Count+1))
+		if r.IntN(10) == 0 {
+			c.state.T = c.now + r.Int64N(1000) // from the future (clock skew)
+		}
+		c.limit, c.cost = l, r.Int64N(2)
 	case 0, 1: // gcra (and the empty algorithm name, which means gcra)
 		alg := rate.GCRA
 		if r.IntN(10) == 0 {

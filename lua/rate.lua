@@ -19,8 +19,9 @@
 -- The algorithm codes of the packed arguments (see lua.go); any other code
 -- is gcra, like Limit.Apply's default. SLIDING is the two-counter estimate
 -- (rate.SlidingApprox), LOG the exact sliding window (rate.Sliding), SLOTS
--- a concurrency limit (rate.Concurrent, see slots in decide.lua).
-local SLIDING, CALENDAR, LOG, SLOTS = 1, 2, 3, 4
+-- a concurrency limit (rate.Concurrent, see slots in decide.lua), IDEM an
+-- idempotency record (rate.Idempotent).
+local SLIDING, CALENDAR, LOG, SLOTS, IDEM = 1, 2, 3, 4, 5
 
 -- clock is the decision's time: Redis TIME, unless the caller injected a
 -- test clock (now, a non-zero µs timestamp; the Go store sends 0 in
@@ -300,6 +301,15 @@ local function algorithms(log)
   -- impossible as 0/1; remaining, before, retry, reset as whole numbers) and the
   -- state to store if the whole decision admits.
   local function apply(alg, count, period, cap, n, a, b, t, now, start, stop)
+    if alg == IDEM then
+      -- Limit.idempotent: a is when the record's request counts as ended.
+      if a == 0 or now >= t + period then
+        if n <= 0 then return 1, 0, 0, 0, 0, 0, a, b, t end
+        return 1, 0, 0, 0, 0, 0, now + count, 0, now
+      end
+      if now < a then return 0, 0, 2, 2, ceilnn(a - now), 0, a, b, t end
+      return 0, 0, 1, 1, 1, 0, a, b, t
+    end
     if alg == SLIDING then
       local p, max = period, count
       a, b, t = slide(a, b, t, now, p)
@@ -365,6 +375,11 @@ local function algorithms(log)
       if t ~= start then a, b, t = 0, 0, start end
       if not refund or charged == start then a = pos(a + delta) end
       return a, b, t
+    elseif alg == IDEM then
+      if a == 0 or (charged ~= 0 and t ~= charged) then return a, b, t end
+      if delta < 0 then return 0, 0, 0 end
+      if delta > 0 and now < a then a = now end
+      return a, b, t
     end
     -- never beneath the lease top (rate's Leases)
     local u = level(a, t, now, count, period)
@@ -379,6 +394,10 @@ local function algorithms(log)
   local function ttl(alg, count, period, a, t, now, stop)
     if alg == SLIDING then return t + 2 * period - now end
     if alg == CALENDAR then return stop - now end
+    if alg == IDEM then
+      if a == 0 then return 0 end
+      return t + period - now
+    end
     return ceilnn(level(a, t, now, count, period) * period / count)
   end
 

@@ -71,6 +71,20 @@
 // processes keeps each slot with a TTL that its holder renews, so that a
 // crashed process's slots come back; see store.Bucket.Holder).
 //
+// # Idempotency records
+//
+// Idempotent is no limit but the record of a request that carried an
+// idempotency key, decided in the same step as the request's charges so
+// that a retry of it is not charged twice. Count is how long (µs) the first
+// request counts as in flight at most (its response ends it sooner, by an
+// Adjust of +1), Period how long the record is kept. Deciding cost 1
+// against no record admits and writes one; against a record it refuses
+// (so nothing on the path is charged) and says why in Remaining:
+// RecordInFlight while the first request is in flight (RetryAfter: until
+// it counts as ended at the latest), RecordDone once it has ended (the
+// caller admits the retry without a charge). An Adjust of −1 forgets the
+// record charged at the given time (a charge given back).
+//
 // # Calendar quota
 //
 // A fixed window aligned to the calendar (hour, day, week starting Monday,
@@ -96,6 +110,14 @@ const (
 	SlidingApprox Algorithm = "sliding_approx" // the two-counter estimate
 	Calendar      Algorithm = "calendar"
 	Concurrent    Algorithm = "concurrent" // requests in flight at once
+	Idempotent    Algorithm = "idempotent" // a retried request's record (not a limit)
+)
+
+// What an Idempotent bucket's Remaining says of a refusal (see Idempotency
+// records).
+const (
+	RecordDone     = 1 // the first request has ended: a retry is not charged again
+	RecordInFlight = 2 // the first request is still in flight
 )
 
 // ConcurrentRetry is the RetryAfter of a refused Concurrent limit: how
@@ -179,6 +201,10 @@ func (l Limit) Validate() error {
 	case Concurrent:
 		if l.Burst != 0 || l.Period != 0 || l.Unit != "" {
 			return fmt.Errorf("a concurrency limit counts requests in flight: it has no period, unit or burst")
+		}
+	case Idempotent:
+		if l.Period < time.Microsecond || l.Burst != 0 || l.Unit != "" {
+			return fmt.Errorf("an idempotency record needs a period (how long it is kept) and no burst or unit")
 		}
 	default:
 		return fmt.Errorf("unknown algorithm %q (want gcra, sliding, sliding_approx, calendar or concurrent)", l.Algorithm)
@@ -286,6 +312,7 @@ func dayStart(y int, m time.Month, d int, loc *time.Location) time.Time {
 //	SlidingApprox: A = previous window's count, B = current window's count, T = current window's start
 //	Calendar:      A = count in the window,   T = the window's start
 //	Concurrent:    A = slots taken
+//	Idempotent:    A = when its request counts as ended (µs; 0: no record), T = when written
 //
 // The zero State is a fresh, full bucket for every algorithm.
 type State struct {
@@ -336,6 +363,8 @@ func (l Limit) Apply(s State, now, n int64) (State, Result) {
 		return l.calendar(s, now, n)
 	case Concurrent:
 		return l.concurrent(s, n)
+	case Idempotent:
+		return l.idempotent(s, now, n)
 	default:
 		return l.gcra(s, now, n)
 	}
@@ -381,6 +410,16 @@ func (l Limit) Adjust(s State, now, delta, charged int64) State {
 		if delta < 0 {
 			s.A = math.Max(0, s.A+float64(delta))
 		}
+	case Idempotent:
+		// Only the record charged at charged (a newer one is another
+		// request's): −1 forgets it, +1 ends its request's flight.
+		switch {
+		case s.A == 0 || charged != 0 && s.T != charged:
+		case delta < 0:
+			s = State{}
+		case delta > 0 && float64(now) < s.A:
+			s.A = float64(now)
+		}
 	default:
 		// A refund never lowers the level beneath the lease top: the
 		// leased units below it must drain no sooner than their leases
@@ -410,6 +449,8 @@ func (l Limit) ChargeWindow(at int64) int64 {
 	case Calendar:
 		start, _ := l.Window(at)
 		return start
+	case Idempotent:
+		return at // the record's own time
 	default:
 		return 0
 	}
@@ -435,6 +476,11 @@ func (l Limit) TTL(s State, now int64) int64 {
 			return concurrentTTL // until its slots are given back
 		}
 		return 0
+	case Idempotent:
+		if s.A == 0 {
+			return 0
+		}
+		return s.T + l.Period.Microseconds() - now
 	default:
 		return ceilMicros(l.level(s, now) * float64(l.Period.Microseconds()) / float64(l.Count))
 	}
@@ -497,6 +543,22 @@ func (l Limit) concurrent(s State, n int64) (State, Result) {
 		return State{A: s.A + float64(n)}, Result{Allowed: true, Remaining: floorNonNeg(max - s.A - float64(n)), Before: before}
 	}
 	return s, Result{Remaining: before, Before: before, RetryAfter: ConcurrentRetry}
+}
+
+// idempotent decides against an idempotency record (see Idempotency
+// records): A is when its request counts as ended (µs), T when it was
+// written.
+func (l Limit) idempotent(s State, now, n int64) (State, Result) {
+	if s.A == 0 || now >= s.T+l.Period.Microseconds() { // no record
+		if n <= 0 {
+			return s, Result{Allowed: true}
+		}
+		return State{A: float64(now + l.Count), T: now}, Result{Allowed: true}
+	}
+	if float64(now) < s.A {
+		return s, Result{Remaining: RecordInFlight, Before: RecordInFlight, RetryAfter: ceilMicros(s.A - float64(now))}
+	}
+	return s, Result{Remaining: RecordDone, Before: RecordDone, RetryAfter: 1}
 }
 
 // slide moves a two-counter (SlidingApprox) state forward to the window

@@ -484,6 +484,7 @@ const (
 	codeCalendar      = 2
 	codeSliding       = 3
 	codeConcurrent    = 4
+	codeIdempotent    = 5
 )
 
 // encode lays out the keys and the packed numbers of one decision or, with
@@ -515,6 +516,8 @@ func (r *Redis) encode(buckets []Bucket, now, wall int64, adjust bool) (keys, lo
 			code = codeCalendar
 		case rate.Concurrent:
 			code = codeConcurrent
+		case rate.Idempotent:
+			code = codeIdempotent
 		}
 		spec = append(spec, code)
 		spec = appendFloat(spec, l.Count)

@@ -94,6 +94,13 @@ func slotB(scn string, count, holder, cost int64) store.Bucket {
 	return store.Bucket{Key: key(scn, "slots"), Limit: rate.Limit{Algorithm: rate.Concurrent, Count: count}, Cost: cost, Holder: holder}
 }
 
+// record is an idempotency record (kept an hour, in flight a minute at
+// most) for key k: decided at cost 1 (0 only looks), or corrected by +1
+// (its request ended) or −1 (forgotten).
+func record(scn, k string, cost int64) store.Bucket {
+	return store.Bucket{Key: key(scn, "idem="+k), Limit: rate.Limit{Algorithm: rate.Idempotent, Count: time.Minute.Microseconds(), Period: time.Hour}, Cost: cost}
+}
+
 func scenarios() []scenario {
 	tenPerMin := gcra(10, time.Minute, 0)
 	seed004 := gcra(30, time.Minute, 15)
@@ -285,6 +292,28 @@ func scenarios() []scenario {
 			// Cost 0 only looks.
 			{buckets: []store.Bucket{slotB("c1", 3, 10, 0)}, allowed: true, remaining: []int64{1}},
 			{buckets: []store.Bucket{slotB("c1", 3, 11, 1)}, allowed: true, remaining: []int64{0}},
+		}},
+		{"idempotency: a record is written with the charge, refuses its duplicates and is forgotten with the charge", []step{
+			// A first request: recorded, charged.
+			{buckets: []store.Bucket{b("i1", "rate", gcra(3, time.Hour, 0), 1), record("i1", "k1", 1)}, allowed: true, remaining: []int64{2, 0}},
+			// Its duplicate while it is in flight: refused, charged nothing,
+			// until it counts as ended at the latest (a minute).
+			{advance: 10 * time.Second, buckets: []store.Bucket{b("i1", "rate", gcra(3, time.Hour, 0), 1), record("i1", "k1", 1)}, allowed: false,
+				remaining: []int64{2, rate.RecordInFlight}, retry: 50 * time.Second, retrySet: true},
+			// It ends (+1): a retry is refused as done, charged nothing.
+			{adjust: true, buckets: []store.Bucket{record("i1", "k1", 1)}},
+			{buckets: []store.Bucket{b("i1", "rate", gcra(3, time.Hour, 0), 1), record("i1", "k1", 1)}, allowed: false, remaining: []int64{2, rate.RecordDone}},
+			// Another key is another request.
+			{buckets: []store.Bucket{b("i1", "rate", gcra(3, time.Hour, 0), 1), record("i1", "k2", 1)}, allowed: true, remaining: []int64{1, 0}},
+			{buckets: []store.Bucket{b("i1", "rate", gcra(3, time.Hour, 0), 1), record("i1", "k3", 1)}, allowed: true, remaining: []int64{0, 0}},
+			// A request refused by its limits records nothing.
+			{buckets: []store.Bucket{b("i1", "rate", gcra(3, time.Hour, 0), 1), record("i1", "k4", 1)}, allowed: false},
+			{buckets: []store.Bucket{record("i1", "k4", 0)}, allowed: true, remaining: []int64{0}},
+			// The record is kept an hour: then the key is new again.
+			{advance: time.Hour, buckets: []store.Bucket{record("i1", "k1", 1)}, allowed: true},
+			// A record forgotten (its charge given back) is new again.
+			{adjust: true, buckets: []store.Bucket{record("i1", "k1", -1)}},
+			{buckets: []store.Bucket{record("i1", "k1", 1)}, allowed: true},
 		}},
 		{"a refund never fills a bucket beyond capacity", []step{
 			{adjust: true, buckets: []store.Bucket{b("r2", "k", tenPerMin, -50)}},

@@ -1,0 +1,144 @@
+package cascade
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// remainingIn reads r= of a RateLimit header.
+func remainingIn(t *testing.T, r resp) int {
+	t.Helper()
+	m := regexp.MustCompile(`;r=(\d+)`).FindStringSubmatch(r.header.Get("RateLimit"))
+	if m == nil {
+		t.Fatalf("no remaining in RateLimit %q (status %d, %s)", r.header.Get("RateLimit"), r.status, r.body)
+	}
+	n, _ := strconv.Atoi(m[1])
+	return n
+}
+
+// TestIdempotency: on both stores, a request with an idempotency key is
+// charged once — a duplicate while it is in flight gets 409 and no charge,
+// a retry once it has ended (or once its client gave up waiting) is
+// admitted without a charge — while a refused request records nothing
+// (its retry is decided afresh) and two identities never share a key.
+func TestIdempotency(t *testing.T) {
+	eachStore(t, func(t *testing.T, storeBlock string) {
+		up := newCountingUpstream(t, 0)
+		port := freePort(t)
+		startCaddy(t, fmt.Sprintf(`
+http://127.0.0.1:%d {
+	rate_limit {
+		tree api {
+			tier user {header.X-User} {
+				limit 10 tokens/h
+			}
+		}
+		cost tokens {header.X-Cost} default 1
+		idempotency {
+			in_flight 1m
+		}
+		%s
+	}
+	reverse_proxy %s
+}
+`, port, storeBlock, up.addr))
+		url := fmt.Sprintf("http://127.0.0.1:%d/", port)
+		send := func(user, key string, cost int) resp {
+			t.Helper()
+			return do(t, "GET", url, "X-User: "+user, "Idempotency-Key: "+key, "X-Cost: "+strconv.Itoa(cost))
+		}
+
+		// A first request, in flight in the upstream.
+		var wg sync.WaitGroup
+		defer wg.Wait()
+		defer up.open()
+		wg.Go(func() {
+			if r := send("alice", `"k1"`, 3); r.status != 200 {
+				t.Errorf("the first request: %d %s", r.status, r.body)
+			}
+		})
+		<-up.arrived
+		// Its duplicate: 409, charged nothing.
+		dup := send("alice", "k1", 3)
+		if dup.status != http.StatusConflict || !strings.HasSuffix(dup.problem(t)["type"].(string), "#idempotency-in-flight") {
+			t.Fatalf("a duplicate in flight: %d %s, want 409 idempotency-in-flight", dup.status, dup.body)
+		}
+		if ra, _ := strconv.Atoi(dup.header.Get("Retry-After")); ra < 1 || ra > 60 {
+			t.Fatalf("a duplicate's Retry-After %q, want within the minute in_flight", dup.header.Get("Retry-After"))
+		}
+
+		// A second, whose client gives up waiting for it.
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		req, _ := http.NewRequestWithContext(ctx, "GET", url, nil)
+		req.Header.Set("X-User", "alice")
+		req.Header.Set("Idempotency-Key", "k2")
+		req.Header.Set("X-Cost", "2")
+		if res, err := client.Do(req); err == nil {
+			res.Body.Close()
+			t.Fatalf("a request held in the upstream answered %d", res.StatusCode)
+		}
+		cancel()
+		up.open()
+		wg.Wait()
+
+		// Retries of both once they have ended: admitted, charged nothing
+		// (10 − 3 − 2 = 5 left).
+		for _, k := range []string{"k1", "k2"} {
+			deadline := time.Now().Add(2 * time.Second)
+			r := send("alice", k, 3)
+			for r.status == http.StatusConflict && time.Now().Before(deadline) { // the server sees the client gone
+				time.Sleep(10 * time.Millisecond)
+				r = send("alice", k, 3)
+			}
+			if r.status != 200 || remainingIn(t, r) != 5 {
+				t.Fatalf("a retry of %s: %d, %s; want 200 with 5 left (not charged again)", k, r.status, r.header.Get("RateLimit"))
+			}
+		}
+		if r := send("alice", "k3", 1); r.status != 200 || remainingIn(t, r) != 4 {
+			t.Fatalf("a new key: %d, %s; want 200 with 4 left", r.status, r.header.Get("RateLimit"))
+		}
+		// A refused request records nothing: its retry is decided afresh.
+		if r := send("alice", "k4", 5); r.status != http.StatusTooManyRequests {
+			t.Fatalf("5 tokens of 4 left: %d", r.status)
+		}
+		if r := send("alice", "k4", 4); r.status != 200 || remainingIn(t, r) != 0 {
+			t.Fatalf("the refused key retried within the limit: %d, %s; want 200, charged (0 left)", r.status, r.header.Get("RateLimit"))
+		}
+		// Another identity with the same key is another request.
+		if r := send("bob", "k1", 3); r.status != 200 || remainingIn(t, r) != 7 {
+			t.Fatalf("bob's k1: %d, %s; want 200, charged on bob's bucket (7 left)", r.status, r.header.Get("RateLimit"))
+		}
+		// A key that cannot be one is refused.
+		if r := send("bob", strings.Repeat("x", 256), 1); r.status != http.StatusBadRequest {
+			t.Fatalf("a 256-byte key: %d, want 400", r.status)
+		}
+		if r := do(t, "GET", url, "X-User: bob", "X-Cost: 1"); r.status != 200 || remainingIn(t, r) != 6 {
+			t.Fatalf("without a key: %d, %s; want 200, charged", r.status, r.header.Get("RateLimit"))
+		}
+	})
+}
+
+// TestIdempotencyErrors: idempotency's configuration errors name the fix.
+func TestIdempotencyErrors(t *testing.T) {
+	for _, tt := range []struct{ name, handler, want string }{
+		{"argument", "idempotency on", "takes no arguments"},
+		{"bad ttl", "idempotency {\n ttl soon\n }", `ttl "soon"`},
+		{"in flight beyond ttl", "idempotency {\n ttl 1m\n in_flight 1h\n }", "a record must outlive its request"},
+		{"unknown option", "idempotency {\n size 3\n }", `unknown option "size"`},
+		{"behind a decision endpoint", "idempotency\n forwarded", "decision endpoint"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			err := configError(t, "", tt.handler)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("error %v, want one saying %q", err, tt.want)
+			}
+		})
+	}
+}
