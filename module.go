@@ -950,6 +950,7 @@ func (h *Handler) decide(r *http.Request, repl *caddy.Replacer, d *decision) (in
 	}
 	// A charge that may be refunded is not decided on a lease.
 	d.Refundable = h.refundable
+	d.Untracked = h.Forwarded != nil // a decision endpoint never sees the response
 	if h.Idempotency != nil && len(d.Buckets) > 0 {
 		key, err := h.Idempotency.key(r)
 		if err != nil {

@@ -102,3 +102,69 @@ func TestConcurrencySlots(t *testing.T) {
 		t.Fatalf("after an impossible request: %d slots free, want 2", n)
 	}
 }
+
+// TestConcurrencyMixedModes: when only a tree in shadow mode refuses, the
+// enforcing tree is decided again alone and takes a slot: Done gives it
+// back (requests one at a time never run out of slots).
+func TestConcurrencyMixedModes(t *testing.T) {
+	enf := &hierarchy.Tree{Name: "api", Tiers: []*hierarchy.Tier{
+		{Name: "user", Key: "{user}", Limits: []*hierarchy.Limit{{Count: 2, Algorithm: "concurrent"}}},
+	}}
+	sh := &hierarchy.Tree{Name: "trial", Tiers: []*hierarchy.Tier{
+		{Name: "user", Key: "{user}", Limits: []*hierarchy.Limit{{Count: 1, Per: "h"}}},
+	}}
+	for _, tr := range []*hierarchy.Tree{enf, sh} {
+		if err := tr.Compile(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := &clock{now: time.Date(2026, 11, 25, 0, 0, 0, 0, time.UTC).UnixMicro()}
+	mem := store.NewMemory(store.MemoryOptions{Clock: c.read, SweepInterval: -1})
+	shadowTree := &Tree{Tree: sh}
+	mode := Shadow
+	shadowTree.mode.Store(&mode)
+	e := New(Config{Trees: []*Tree{{Tree: enf}, shadowTree}, Store: mem, StoreName: "memory", DenialLog: "off", Mode: Enforce})
+	t.Cleanup(func() { e.Close(); _ = mem.Close() })
+	ctx := context.Background()
+	for i := range 4 {
+		d := new(Decision)
+		e.Begin(d)
+		for _, name := range []string{"api", "trial"} {
+			if err := e.Add(d, e.Tree(name), []string{"ann"}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := e.Decide(ctx, d, nil); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("request %d: allowed %v, holds slots %v", i+1, d.Allowed, d.NeedsDone())
+		if !d.Allowed {
+			t.Fatalf("request %d, sequential (each Done before the next), refused by %s: slots leaked", i+1, d.Blocked)
+		}
+		e.Done(ctx, d) // the response ended
+	}
+}
+
+// TestConcurrencyRefusalsAreNoStrikes: refusals for want of a slot do not
+// count towards a penalty box: a client that retries after Retry-After: 1
+// while its long request runs is not boxed.
+func TestConcurrencyRefusalsAreNoStrikes(t *testing.T) {
+	tree := &hierarchy.Tree{Name: "api", Tiers: []*hierarchy.Tier{
+		{Name: "user", Key: "{user}", Limits: []*hierarchy.Limit{{Count: 1000, Per: "min"}, {Count: 1, Algorithm: "concurrent"}},
+			Penalty: &hierarchy.Penalty{For: "10m", After: 3, Within: "1m"}},
+	}}
+	e, c := penaltyEngine(t, nil, []*hierarchy.Tree{tree})
+	ctx := context.Background()
+	long := decideUsers(t, e, [2]string{"api", "ann"}) // one long request in flight
+	for i := range 3 {
+		c.now += int64(time.Second / time.Microsecond) // retries after Retry-After: 1
+		d := decideUsers(t, e, [2]string{"api", "ann"})
+		t.Logf("retry %d: allowed %v reason %s retry %v", i+1, d.Allowed, d.Reason, d.Retry)
+	}
+	e.Done(ctx, &long) // the long request ends
+	c.now += int64(time.Second / time.Microsecond)
+	d := decideUsers(t, e, [2]string{"api", "ann"})
+	if !d.Allowed {
+		t.Fatalf("no request in flight, yet refused: %s, retry %v", d.Reason, d.Retry)
+	}
+}

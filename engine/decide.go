@@ -89,6 +89,11 @@ type Decision struct {
 	// Reason ReasonInFlight. Local decisions keep no records.
 	Idempotency string
 	Replayed    bool
+	// Untracked, set by a front end that never learns when a request ends
+	// (Envoy's rate limit service, a decision endpoint), makes the path's
+	// concurrency limits only looked at: a request refused when they are
+	// full, never taking a slot it could not give back.
+	Untracked bool
 
 	lenient    string       // the mode of the trees that apply and do not enforce (warn over shadow)
 	localShare float64      // with Local, the share of each limit decided on
@@ -224,8 +229,12 @@ func (e *Engine) DecideCosts(ctx context.Context, d *Decision) error {
 		sb[i] = store.Bucket{Key: b.Key, Limit: l, Cost: d.Costs[i]}
 		if l.Algorithm == rate.Concurrent {
 			// One slot per request, whatever its cost, held by this
-			// request alone (see store.Bucket.Holder).
+			// request alone (see store.Bucket.Holder); only looked at
+			// when nothing will say the request has ended.
 			d.Costs[i], sb[i].Cost, sb[i].Holder = 1, 1, e.holders.Add(1)
+			if d.Untracked {
+				d.Costs[i], sb[i].Cost = 0, 0
+			}
 		}
 		d.Scaled = d.Scaled || scaled
 	}
@@ -250,7 +259,6 @@ func (e *Engine) DecideCosts(ctx context.Context, d *Decision) error {
 	switch {
 	case d.Replayed, d.Reason == ReasonInFlight:
 	case d.Allowed:
-		d.slots = tookSlots(d.Limits)
 	case d.Mode == Enforce && d.lenient != "":
 		if err := e.enforceOnly(ctx, d); err != nil {
 			d.Reason = ReasonStoreError
@@ -262,6 +270,9 @@ func (e *Engine) DecideCosts(ctx context.Context, d *Decision) error {
 		// in warn).
 		d.Mode = e.Mode(e.treeOf(d.Buckets[d.Closest].Tree))
 	}
+	// Whatever decided last (the path, or its enforcing trees alone): the
+	// slots an admitted path took are given back by Done.
+	d.slots = d.Allowed && !d.Replayed && tookSlots(d.Limits)
 	if !d.Allowed && d.Reason == ReasonLimited && d.Mode == Enforce && !d.Local {
 		e.strike(ctx, d) // an enforced refusal by the limits: a strike
 	}
@@ -624,7 +635,9 @@ func (e *Engine) strike(ctx context.Context, d *Decision) {
 	boxes := struck[:0]
 	for i, rr := range d.Results {
 		b := d.Buckets[i]
-		if rr.Allowed || b.Tier.Penalty == nil || b.Limit.Penalty() != nil ||
+		// Not a refusal for want of a concurrency slot: a client that
+		// waits as told while its other request runs is no abuser.
+		if rr.Allowed || b.Tier.Penalty == nil || b.Limit.Penalty() != nil || d.Limits[i].Limit.Algorithm == rate.Concurrent ||
 			d.Limits[i].Limit != b.Limit.Rate() || e.Mode(e.treeOf(b.Tree)) != Enforce {
 			continue
 		}

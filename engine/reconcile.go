@@ -182,9 +182,11 @@ func (e *Engine) Done(ctx context.Context, d *Decision) error {
 	}
 	var end []store.Bucket
 	if d.slots {
-		for _, b := range d.Limits {
+		for i, b := range d.Limits {
 			if holdsSlot(b) {
-				b.Cost = -1
+				// Charged: a counter reset since the slot was taken is
+				// not given it back (rate.Limit.Adjust).
+				b.Cost, b.Charged = -1, d.ChargedAt(i)
 				end = append(end, b)
 			}
 		}

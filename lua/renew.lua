@@ -1,7 +1,8 @@
 -- renew.lua: keeps an instance's concurrency slots (see decide.lua) from
 -- expiring while their requests are in flight: each slot named is given a
--- new time, now + ttl, if it is still taken — a slot given back, or dropped
--- as expired, stays gone (ZADD XX).
+-- new time, now + ttl, if it is still taken — a slot given back, or past
+-- its time (dropped first: another decision may already have counted it
+-- gone), stays gone (ZADD XX).
 --
 -- KEYS are slot keys (one Cluster slot). ARGV[1] is the test clock (µs) or
 -- 0 for Redis TIME, ARGV[2] the TTL (µs), and ARGV[2 + k] the holders of
@@ -14,6 +15,7 @@ local score = now + ttl
 local renewed = 0
 for k = 1, #KEYS do
   local holders = ARGV[k + 2]
+  redis.call('ZREMRANGEBYSCORE', KEYS[k], '-inf', now)
   local args, n = {'XX', 'CH'}, 2
   for i = 1, #holders, 8 do
     args[n + 1], args[n + 2] = score, string.sub(holders, i, i + 7)

@@ -311,7 +311,7 @@ func dayStart(y int, m time.Month, d int, loc *time.Location) time.Time {
 //	               T = the newest's time, Log = the older charges (nil: none)
 //	SlidingApprox: A = previous window's count, B = current window's count, T = current window's start
 //	Calendar:      A = count in the window,   T = the window's start
-//	Concurrent:    A = slots taken
+//	Concurrent:    A = slots taken, T = when A last rose from 0
 //	Idempotent:    A = when its request counts as ended (µs; 0: no record), T = when written
 //
 // The zero State is a fresh, full bucket for every algorithm.
@@ -362,7 +362,7 @@ func (l Limit) Apply(s State, now, n int64) (State, Result) {
 	case Calendar:
 		return l.calendar(s, now, n)
 	case Concurrent:
-		return l.concurrent(s, n)
+		return l.concurrent(s, now, n)
 	case Idempotent:
 		return l.idempotent(s, now, n)
 	default:
@@ -406,8 +406,10 @@ func (l Limit) Adjust(s State, now, delta, charged int64) State {
 			s.A = math.Max(0, s.A+float64(delta))
 		}
 	case Concurrent:
-		// A slot given back (−1); a debt has no meaning for slots.
-		if delta < 0 {
+		// A slot given back (−1), unless taken before the counter last
+		// started from nothing (a reset since: the slot is not counted);
+		// a debt has no meaning for slots.
+		if delta < 0 && (charged == 0 || charged >= s.T) {
 			s.A = math.Max(0, s.A+float64(delta))
 		}
 	case Idempotent:
@@ -449,8 +451,8 @@ func (l Limit) ChargeWindow(at int64) int64 {
 	case Calendar:
 		start, _ := l.Window(at)
 		return start
-	case Idempotent:
-		return at // the record's own time
+	case Idempotent, Concurrent:
+		return at // the record's, or the slot's, own time
 	default:
 		return 0
 	}
@@ -473,7 +475,7 @@ func (l Limit) TTL(s State, now int64) int64 {
 		return end - now
 	case Concurrent:
 		if s.A > 0 {
-			return concurrentTTL // until its slots are given back
+			return ForeverTTL // until its slots are given back
 		}
 		return 0
 	case Idempotent:
@@ -528,19 +530,25 @@ func (l Limit) gcra(s State, now, n int64) (State, Result) {
 	}
 }
 
-// concurrentTTL is how long a Concurrent state with slots taken is kept:
-// for ever, as far as a process is concerned (a century).
-const concurrentTTL = int64(100 * 365 * 24 * time.Hour / time.Microsecond)
+// ForeverTTL is the TTL of state that must be kept until it changes (a
+// Concurrent state with slots taken): a century. A store must never evict
+// it to make room.
+const ForeverTTL = int64(100 * 365 * 24 * time.Hour / time.Microsecond)
 
-// concurrent takes n slots if they are free.
-func (l Limit) concurrent(s State, n int64) (State, Result) {
+// concurrent takes n slots if they are free. T is when the counter last
+// started from nothing: a slot taken before it is not given back.
+func (l Limit) concurrent(s State, now, n int64) (State, Result) {
 	max := float64(l.Count)
 	before := floorNonNeg(max - s.A)
 	if n > l.Count {
 		return s, Result{Impossible: true, Remaining: before, Before: before}
 	}
 	if s.A+float64(n) <= max {
-		return State{A: s.A + float64(n)}, Result{Allowed: true, Remaining: floorNonNeg(max - s.A - float64(n)), Before: before}
+		next := State{A: s.A + float64(n), T: s.T}
+		if s.A == 0 {
+			next.T = now
+		}
+		return next, Result{Allowed: true, Remaining: floorNonNeg(max - s.A - float64(n)), Before: before}
 	}
 	return s, Result{Remaining: before, Before: before, RetryAfter: ConcurrentRetry}
 }

@@ -363,6 +363,15 @@ func TestConcurrent(t *testing.T) {
 			t.Fatalf("%s: a year later %d remain, want %d", st.name, later.Remaining, r.Remaining)
 		}
 	}
+	// A slot taken before the counter started afresh (a reset) is not
+	// given back to the new one.
+	fresh, _ := l.Apply(State{}, now+5, 1)
+	if got := l.Adjust(fresh, now+6, -1, now+4); got.A != 1 {
+		t.Errorf("a slot of an earlier counter given back: %v slots, want 1", got.A)
+	}
+	if got := l.Adjust(fresh, now+6, -1, now+5); got.A != 0 {
+		t.Errorf("the counter's own slot given back: %v slots, want 0", got.A)
+	}
 	if ttl := l.TTL(State{A: 1}, now); ttl < 50*365*24*3600*sec {
 		t.Errorf("a slot taken lasts %d µs, want for ever", ttl)
 	}

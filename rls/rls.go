@@ -273,6 +273,7 @@ func (s *Server) decide(ctx context.Context, routes map[string]Route, req *rlsv3
 	if merged == 0 {
 		return res, nil // refunds only, or paths with no limit (unlimited values)
 	}
+	d.Untracked = true // Envoy never says when a request ends
 	if err := e.DecideCosts(ctx, &d); err != nil {
 		s.logStoreError("rls: the rate limit store failed", req.GetDomain(), err)
 		return nil, status.Errorf(codes.Unavailable, "cascade: the rate limit store could not decide: %v", err)

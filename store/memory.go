@@ -469,12 +469,18 @@ func (m *Memory) makeRoom(sh *memoryShard, now int64) {
 		if m.removeExpired(sh, h, now) > 0 {
 			return
 		}
+		if e.expires-now > rate.ForeverTTL/2 {
+			continue // slots in flight: dropping them would over-admit
+		}
 		if seen == 0 || e.expires < soonest {
 			victim, soonest = h, e.expires
 		}
 		if seen++; seen == evictionSample {
 			break
 		}
+	}
+	if seen == 0 {
+		return // nothing but slots in flight
 	}
 	if e := sh.entries[victim]; e != nil {
 		if e.next == nil {

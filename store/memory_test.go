@@ -234,3 +234,26 @@ func TestMemoryLeaseConformance(t *testing.T) {
 		return m
 	})
 }
+
+// TestMemoryNeverEvictsSlotsInFlight: a store at its cap makes room by
+// evicting state, but never a concurrency counter with slots taken
+// (dropping it would admit more requests in flight than the limit).
+func TestMemoryNeverEvictsSlotsInFlight(t *testing.T) {
+	m := store.NewMemory(store.MemoryOptions{MaxKeys: 1, SweepInterval: -1})
+	defer m.Close()
+	ctx := context.Background()
+	slots := []store.Bucket{{Key: "slots", Limit: rate.Limit{Algorithm: rate.Concurrent, Count: 1}, Cost: 1, Holder: 1}}
+	if d, _ := m.Decide(ctx, slots); !d.Allowed {
+		t.Fatal("the first slot refused")
+	}
+	for i := range 2000 { // every shard full, the counter's too
+		m.Decide(ctx, []store.Bucket{{Key: fmt.Sprintf("k%d", i), Limit: rate.Limit{Algorithm: rate.GCRA, Count: 10, Period: time.Hour}, Cost: 1}})
+	}
+	if m.Evictions() == 0 {
+		t.Fatal("nothing was evicted: the test does not test eviction")
+	}
+	slots[0].Holder = 2
+	if d, _ := m.Decide(ctx, slots); d.Allowed {
+		t.Fatal("a second request in flight on 1 slot: the counter was evicted")
+	}
+}

@@ -188,8 +188,8 @@ func NewRedis(ctx context.Context, opts RedisOptions) (*Redis, error) {
 	if opts.Timeout == 0 {
 		opts.Timeout = DefaultRedisTimeout
 	}
-	if opts.SlotTTL < 0 {
-		return nil, fmt.Errorf("redis store: slot TTL must not be negative, got %v", opts.SlotTTL)
+	if opts.SlotTTL != 0 && opts.SlotTTL < time.Second {
+		return nil, fmt.Errorf("redis store: slot TTL must be at least 1s (the instance renews its slots every third of it), got %v", opts.SlotTTL)
 	}
 	addrs := opts.Addrs
 	if len(addrs) == 0 {
@@ -392,10 +392,12 @@ func (r *Redis) Adjust(ctx context.Context, buckets []Bucket) error {
 	if len(buckets) == 0 {
 		return nil
 	}
+	// Slots given back are no longer renewed, whether or not the give-back
+	// reaches Redis (if it does not, they expire).
+	r.slots.gone(buckets)
 	if err := r.breaker.allow(); err != nil {
 		return err
 	}
-	r.slots.gone(buckets)
 	ctx, cancel := context.WithTimeout(ctx, r.timeout)
 	defer cancel()
 	now, wall := r.now()

@@ -22,6 +22,11 @@ const DefaultSlotTTL = 30 * time.Second
 // renewChunk is the most keys one renewal script is given.
 const renewChunk = 512
 
+// renewWorkers is how many renewal scripts run at once (one per Cluster
+// slot and chunk): thousands of tenants' slots are renewed in a few round
+// trips' time, not thousands.
+const renewWorkers = 8
+
 // slots are the concurrency slots (rate.Concurrent) this instance holds in
 // Redis. Each is a member of its key's sorted set with a time by which it
 // must be renewed (see package lua); while its request is in flight, the
@@ -102,11 +107,20 @@ func (s *slots) renewEvery(every time.Duration) {
 			return
 		case <-t.C:
 			ctx, cancel := context.WithTimeout(context.Background(), every)
-			_, err := s.renew(ctx)
+			sent := s.count()
+			renewed, err := s.renew(ctx)
 			cancel()
-			if err != nil && s.r.logger != nil {
+			if s.r.logger == nil {
+				continue
+			}
+			if err != nil {
 				s.r.logger.Warn("renewing concurrency slots failed; they expire unless a later renewal reaches Redis in time",
 					zap.Duration("slot_ttl", s.ttl), zap.Error(err))
+			} else if renewed < sent {
+				// Given back meanwhile, or gone: past their time (Redis
+				// unreachable for longer than slot_ttl), or reset.
+				s.r.logger.Debug("some concurrency slots held were no longer in Redis when renewed",
+					zap.Int("held", sent), zap.Int("renewed", renewed))
 			}
 		}
 	}
@@ -133,25 +147,42 @@ func (s *slots) renew(ctx context.Context) (int, error) {
 		groups[g] = append(groups[g], k)
 	}
 	now, _ := s.r.now()
-	var renewed int
-	var errs []error
+	var calls [][]string
 	for _, keys := range groups {
 		for len(keys) > 0 {
 			part := keys[:min(len(keys), renewChunk)]
 			keys = keys[len(part):]
-			args := make([]any, 0, len(part)+2)
-			args = append(args, now, s.ttl.Microseconds())
-			for _, k := range part {
-				args = append(args, byKey[k])
-			}
-			n, err := lua.Renew.Run(ctx, s.r.client, part, args...).Int()
-			if err != nil {
-				errs = append(errs, err)
-				continue
-			}
-			renewed += n
+			calls = append(calls, part)
 		}
 	}
+	var mu sync.Mutex
+	var renewed int
+	var errs []error
+	var wg sync.WaitGroup
+	work := make(chan []string)
+	for range min(renewWorkers, len(calls)) {
+		wg.Go(func() {
+			for part := range work {
+				args := make([]any, 0, len(part)+2)
+				args = append(args, now, s.ttl.Microseconds())
+				for _, k := range part {
+					args = append(args, byKey[k])
+				}
+				n, err := lua.Renew.Run(ctx, s.r.client, part, args...).Int()
+				mu.Lock()
+				if err != nil {
+					errs = append(errs, err)
+				}
+				renewed += n
+				mu.Unlock()
+			}
+		})
+	}
+	for _, part := range calls {
+		work <- part
+	}
+	close(work)
+	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
 		return renewed, fmt.Errorf("redis store: renewing concurrency slots: %w: %w", ErrUnavailable, err)
 	}
@@ -172,7 +203,8 @@ func (s *slots) close() {
 
 // RenewSlots renews at once the concurrency slots this instance holds (a
 // background loop does it every third of the slot TTL) and returns how
-// many were still taken in Redis: for tests and operators.
+// many were still taken in Redis (given a new time): for tests and
+// operators.
 func (r *Redis) RenewSlots(ctx context.Context) (int, error) { return r.slots.renew(ctx) }
 
 // HeldSlots is the number of concurrency slots this instance holds.
