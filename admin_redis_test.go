@@ -65,10 +65,20 @@ func startInstances(t *testing.T, n int, storeBlock string) []*caddyProcess {
 }
 
 // startRateLimited runs n Caddy processes whose site is rate_limited by
-// block (the rate_limit block's body), with an admin API each and
-// /__health outside the limits.
+// block (the rate_limit block's body), answering "ok", with an admin API
+// each and /__health outside the limits.
 func startRateLimited(t *testing.T, n int, block string) []*caddyProcess {
+	return startProxies(t, n, block, "")
+}
+
+// startProxies is startRateLimited with the site's handler a
+// reverse_proxy to upstream (host:port; "" answers "ok").
+func startProxies(t *testing.T, n int, block, upstream string) []*caddyProcess {
 	bin := buildCaddy(t)
+	handler := `respond "ok"`
+	if upstream != "" {
+		handler = "reverse_proxy " + upstream
+	}
 	var out []*caddyProcess
 	for i := 0; i < n; i++ {
 		dir := t.TempDir()
@@ -88,10 +98,10 @@ http://127.0.0.1:%d {
 		rate_limit {
 			%s
 		}
-		respond "ok"
+		%s
 	}
 }
-`, adminPort, port, block)), 0o644)
+`, adminPort, port, block, handler)), 0o644)
 		p.start(t)
 		out = append(out, p)
 	}

@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -78,36 +76,6 @@ func (u *countingUpstream) open() {
 	}
 }
 
-// concurrentStatuses sends clients requests at once, spread over urls,
-// and counts the answers by status.
-func concurrentStatuses(t *testing.T, urls []string, clients int) map[int]int {
-	t.Helper()
-	var mu sync.Mutex
-	got := map[int]int{}
-	var wg sync.WaitGroup
-	start := make(chan struct{})
-	for i := range clients {
-		wg.Go(func() {
-			<-start
-			res, err := client.Get(urls[i%len(urls)])
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			res.Body.Close()
-			if res.StatusCode == http.StatusTooManyRequests && res.Header.Get("Retry-After") != "1" {
-				t.Errorf("a refusal's Retry-After is %q, want 1", res.Header.Get("Retry-After"))
-			}
-			mu.Lock()
-			got[res.StatusCode]++
-			mu.Unlock()
-		})
-	}
-	close(start)
-	wg.Wait()
-	return got
-}
-
 // TestConcurrencyLimit: `limit 5 concurrent` keeps at most 5 requests in
 // the upstream at any instant (the upstream counts) under 50 concurrent
 // slow requests, on both stores; every slot comes back when its response
@@ -131,7 +99,7 @@ http://127.0.0.1:%d {
 }
 `, port, storeBlock, up.addr))
 		url := fmt.Sprintf("http://127.0.0.1:%d/", port)
-		got := concurrentStatusesAs(t, url, 50, "ann")
+		got := concurrentStatuses(t, []string{url}, 50, "X-User: ann")
 		if most := up.most.Load(); most > 5 || most < 1 {
 			t.Fatalf("%d requests were in the upstream at once, want at most 5 (and some)", most)
 		}
@@ -142,7 +110,7 @@ http://127.0.0.1:%d {
 
 		// Every slot came back: 5 at once get through again, the 6th does not.
 		up.most.Store(0)
-		up2 := concurrentStatusesAs(t, url, 5, "ann")
+		up2 := concurrentStatuses(t, []string{url}, 5, "X-User: ann")
 		if up2[200] != 5 {
 			t.Fatalf("after the burst, 5 at once: %v, want 5 200s (slots not given back?)", up2)
 		}
@@ -204,71 +172,6 @@ http://127.0.0.1:%d {
 			time.Sleep(10 * time.Millisecond) // the server sees the connection close
 		}
 	})
-}
-
-// concurrentStatusesAs is concurrentStatuses for one user on one URL.
-func concurrentStatusesAs(t *testing.T, url string, clients int, user string) map[int]int {
-	t.Helper()
-	var mu sync.Mutex
-	got := map[int]int{}
-	var wg sync.WaitGroup
-	start := make(chan struct{})
-	for range clients {
-		wg.Go(func() {
-			<-start
-			req, _ := http.NewRequest("GET", url, nil)
-			req.Header.Set("X-User", user)
-			res, err := client.Do(req)
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			res.Body.Close()
-			if res.StatusCode == http.StatusTooManyRequests && res.Header.Get("Retry-After") != "1" {
-				t.Errorf("a refusal's Retry-After is %q, want 1", res.Header.Get("Retry-After"))
-			}
-			mu.Lock()
-			got[res.StatusCode]++
-			mu.Unlock()
-		})
-	}
-	close(start)
-	wg.Wait()
-	return got
-}
-
-// startProxies runs n Caddy processes whose rate_limit (block) fronts
-// upstream.
-func startProxies(t *testing.T, n int, block, upstream string) []*caddyProcess {
-	t.Helper()
-	bin := buildCaddy(t)
-	var out []*caddyProcess
-	for range n {
-		dir := t.TempDir()
-		port, adminPort := freePort(t), freePort(t)
-		p := &caddyProcess{bin: bin, config: filepath.Join(dir, "Caddyfile"),
-			site: fmt.Sprintf("http://127.0.0.1:%d/", port), api: fmt.Sprintf("http://127.0.0.1:%d", adminPort)}
-		os.WriteFile(p.config, []byte(fmt.Sprintf(`{
-	admin 127.0.0.1:%d
-	auto_https off
-	persist_config off
-}
-http://127.0.0.1:%d {
-	handle /__health {
-		respond "up"
-	}
-	handle {
-		rate_limit {
-			%s
-		}
-		reverse_proxy %s
-	}
-}
-`, adminPort, port, block, upstream)), 0o644)
-		p.start(t)
-		out = append(out, p)
-	}
-	return out
 }
 
 // TestConcurrencyThreeInstances: three Caddy processes sharing one Redis

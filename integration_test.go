@@ -323,31 +323,52 @@ func TestExactUnderConcurrency(t *testing.T) {
 	})
 }
 
+// concurrentAdmits sends clients requests at once, spread over urls, and
+// returns how many were admitted; any answer but 200 or 429 fails t.
 func concurrentAdmits(t *testing.T, urls []string, clients int) int64 {
-	var ok atomic.Int64
+	got := concurrentStatuses(t, urls, clients)
+	for status, n := range got {
+		if status != 200 && status != 429 {
+			t.Errorf("%d answers with status %d", n, status)
+		}
+	}
+	return int64(got[200])
+}
+
+// concurrentStatuses sends clients requests at once, spread over urls,
+// with headers ("Name: value"), and counts the answers by status. A 429
+// must say when to retry.
+func concurrentStatuses(t *testing.T, urls []string, clients int, headers ...string) map[int]int {
+	t.Helper()
+	var mu sync.Mutex
+	got := map[int]int{}
 	var wg sync.WaitGroup
 	start := make(chan struct{})
-	for i := 0; i < clients; i++ {
-		wg.Add(1)
-		go func(i int) {
-			defer wg.Done()
+	for i := range clients {
+		wg.Go(func() {
 			<-start
-			res, err := client.Get(urls[i%len(urls)])
+			req, _ := http.NewRequest("GET", urls[i%len(urls)], nil)
+			for _, h := range headers {
+				k, v, _ := strings.Cut(h, ":")
+				req.Header.Set(strings.TrimSpace(k), strings.TrimSpace(v))
+			}
+			res, err := client.Do(req)
 			if err != nil {
 				t.Error(err)
 				return
 			}
 			res.Body.Close()
-			if res.StatusCode == 200 {
-				ok.Add(1)
-			} else if res.StatusCode != 429 {
-				t.Errorf("status %d", res.StatusCode)
+			if res.StatusCode == http.StatusTooManyRequests && res.Header.Get("Retry-After") == "" {
+				t.Error("a refusal without Retry-After")
 			}
-		}(i)
+			mu.Lock()
+			got[res.StatusCode]++
+			mu.Unlock()
+		})
 	}
 	close(start)
 	wg.Wait()
-	return ok.Load()
+	return got
 }
 
 func TestModesAndHeaderSwitches(t *testing.T) {
