@@ -123,6 +123,8 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	        header    <field>                       # default Idempotency-Key
 //	        ttl       <duration>                    # how long a key is remembered (24h)
 //	        in_flight <duration>                    # the longest a first request counts as in flight (5m)
+//	        retries   <n>                           # retries let through without a charge, per key (3)
+//	        methods   <method...>                   # whose keys count (POST PATCH)
 //	    }]
 //	    on_store_error deny|allow|local [<instances>]  # local: default instances counted from heartbeats
 //	    mode           enforce|warn|shadow

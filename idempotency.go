@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -16,12 +17,13 @@ import (
 
 // IdempotencyConfig keeps a client's retries of one operation from being
 // charged again: the first request with an idempotency key is charged as
-// usual and recorded in the same store step; a retry with the same key on
-// the same path (the same tree values: the same identity) within TTL,
-// once the first has ended, is admitted without a charge; a duplicate
-// that arrives while the first is still in flight is refused with 409 and
-// charged nothing. A refused request records nothing, so its retry is
-// decided afresh.
+// usual and recorded in the same store step; a retry — the same key, method
+// and request target on the same path (the same tree values: the same
+// identity) — within TTL, once the first has ended, is admitted without a
+// charge, Retries times at most; a duplicate that arrives while the first
+// is still in flight is refused with 409 and charged nothing. A refused
+// request records nothing, so its retry is decided afresh. Only requests
+// of Methods carry keys (the others are idempotent by their method).
 type IdempotencyConfig struct {
 	// Header carries the key; default Idempotency-Key (the IETF draft's).
 	// Its value is the key as sent (a quoted structured-field string has
@@ -34,6 +36,15 @@ type IdempotencyConfig struct {
 	// the instance deciding it never say it ended (it crashed); default
 	// 5m. A request that runs longer is retried without a charge after it.
 	InFlight caddy.Duration `json:"in_flight,omitempty"`
+	// Retries is how many retries of a request are admitted without a
+	// charge (default 3); the next is charged as a new request. A gateway
+	// cannot tell a retry from another request that reuses its key and
+	// target: this bounds what reusing one gets. A negative value lets
+	// none through (a duplicate in flight is still refused).
+	Retries int `json:"retries,omitempty"`
+	// Methods are the methods whose requests' keys count (default POST
+	// and PATCH: the others are idempotent by definition).
+	Methods []string `json:"methods,omitempty"`
 }
 
 // MaxIdempotencyKey is the longest idempotency key accepted (bytes).
@@ -44,6 +55,7 @@ const (
 	defaultIdempotencyHeader   = "Idempotency-Key"
 	defaultIdempotencyTTL      = 24 * time.Hour
 	defaultIdempotencyInFlight = 5 * time.Minute
+	defaultIdempotencyRetries  = 3
 )
 
 // provision fills the defaults in and checks the rest.
@@ -57,6 +69,15 @@ func (c *IdempotencyConfig) provision() error {
 	}
 	if c.InFlight == 0 {
 		c.InFlight = caddy.Duration(defaultIdempotencyInFlight)
+	}
+	if c.Retries == 0 {
+		c.Retries = defaultIdempotencyRetries
+	}
+	if len(c.Methods) == 0 {
+		c.Methods = []string{http.MethodPost, http.MethodPatch}
+	}
+	for i, m := range c.Methods {
+		c.Methods[i] = strings.ToUpper(m)
 	}
 	if c.TTL < 0 || c.InFlight < 0 {
 		return fmt.Errorf("idempotency: ttl %v, in_flight %v: use positive durations", time.Duration(c.TTL), time.Duration(c.InFlight))
@@ -72,17 +93,19 @@ func (c *IdempotencyConfig) engineConfig() engine.Idempotency {
 	if c == nil {
 		return engine.Idempotency{}
 	}
-	return engine.Idempotency{TTL: time.Duration(c.TTL), InFlight: time.Duration(c.InFlight)}
+	return engine.Idempotency{TTL: time.Duration(c.TTL), InFlight: time.Duration(c.InFlight), Retries: max(c.Retries, 0)}
 }
 
 // errIdempotencyKey refuses a key that cannot be one.
 var errIdempotencyKey = fmt.Errorf("the idempotency key must be 1 to %d bytes of visible characters", MaxIdempotencyKey)
 
-// key returns r's idempotency key ("" for none), or an error for a key
-// that cannot be one (too long, control characters).
+// key returns what identifies r's operation with its idempotency key —
+// its method, request target and key — ("" for none: no key, or a method
+// that needs none), or an error for a key that cannot be one (too long,
+// control characters, given twice).
 func (c *IdempotencyConfig) key(r *http.Request) (string, error) {
 	vals := r.Header[c.Header]
-	if len(vals) == 0 {
+	if len(vals) == 0 || !slices.Contains(c.Methods, r.Method) {
 		return "", nil
 	}
 	if len(vals) > 1 {
@@ -100,10 +123,11 @@ func (c *IdempotencyConfig) key(r *http.Request) (string, error) {
 			return "", errIdempotencyKey
 		}
 	}
-	return k, nil
+	return r.Method + " " + r.URL.RequestURI() + "\n" + k, nil
 }
 
-// parseIdempotency reads `idempotency [{ header <name>; ttl <d>; in_flight <d> }]`.
+// parseIdempotency reads `idempotency [{ header <name>; ttl <d>;
+// in_flight <d>; retries <n>; methods <method...> }]`.
 func parseIdempotency(d *caddyfile.Dispenser) (*IdempotencyConfig, error) {
 	c := &IdempotencyConfig{}
 	if d.NextArg() {
@@ -115,12 +139,25 @@ func parseIdempotency(d *caddyfile.Dispenser) (*IdempotencyConfig, error) {
 			return nil, d.Errf("idempotency %s needs a value", opt)
 		}
 		val := d.Val()
+		if opt == "methods" {
+			c.Methods = append([]string{val}, d.RemainingArgs()...)
+			continue
+		}
 		if d.NextArg() {
 			return nil, d.Errf("idempotency %s takes one value", opt)
 		}
 		switch opt {
 		case "header":
 			c.Header = val
+		case "retries":
+			n, err := strconv.Atoi(val)
+			if err != nil || n < 0 {
+				return nil, d.Errf("idempotency retries %q: give how many retries are admitted without a charge (0 or more)", val)
+			}
+			c.Retries = n
+			if n == 0 {
+				c.Retries = -1 // none (0 in JSON is the default)
+			}
 		case "ttl", "in_flight":
 			dur, err := caddy.ParseDuration(val)
 			if err != nil || dur <= 0 {
@@ -132,7 +169,7 @@ func parseIdempotency(d *caddyfile.Dispenser) (*IdempotencyConfig, error) {
 				c.InFlight = caddy.Duration(dur)
 			}
 		default:
-			return nil, d.Errf("idempotency: unknown option %q: expected header, ttl or in_flight", opt)
+			return nil, d.Errf("idempotency: unknown option %q: expected header, ttl, in_flight, retries or methods", opt)
 		}
 	}
 	return c, nil

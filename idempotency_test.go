@@ -43,6 +43,7 @@ http://127.0.0.1:%d {
 		cost tokens {header.X-Cost} default 1
 		idempotency {
 			in_flight 1m
+			retries   2
 		}
 		%s
 	}
@@ -52,7 +53,7 @@ http://127.0.0.1:%d {
 		url := fmt.Sprintf("http://127.0.0.1:%d/", port)
 		send := func(user, key string, cost int) resp {
 			t.Helper()
-			return do(t, "GET", url, "X-User: "+user, "Idempotency-Key: "+key, "X-Cost: "+strconv.Itoa(cost))
+			return do(t, "POST", url, "X-User: "+user, "Idempotency-Key: "+key, "X-Cost: "+strconv.Itoa(cost))
 		}
 
 		// A first request, in flight in the upstream.
@@ -76,7 +77,7 @@ http://127.0.0.1:%d {
 
 		// A second, whose client gives up waiting for it.
 		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-		req, _ := http.NewRequestWithContext(ctx, "GET", url, nil)
+		req, _ := http.NewRequestWithContext(ctx, "POST", url, nil)
 		req.Header.Set("X-User", "alice")
 		req.Header.Set("Idempotency-Key", "k2")
 		req.Header.Set("X-Cost", "2")
@@ -101,14 +102,30 @@ http://127.0.0.1:%d {
 				t.Fatalf("a retry of %s: %d, %s; want 200 with 5 left (not charged again)", k, r.status, r.header.Get("RateLimit"))
 			}
 		}
-		if r := send("alice", "k3", 1); r.status != 200 || remainingIn(t, r) != 4 {
-			t.Fatalf("a new key: %d, %s; want 200 with 4 left", r.status, r.header.Get("RateLimit"))
+		// Two retries are let through (retries 2); the third is charged
+		// as a new request.
+		if r := send("alice", "k1", 3); r.status != 200 || remainingIn(t, r) != 5 {
+			t.Fatalf("the second retry of k1: %d, %s; want 200 with 5 left", r.status, r.header.Get("RateLimit"))
+		}
+		if r := send("alice", "k1", 1); r.status != 200 || remainingIn(t, r) != 4 {
+			t.Fatalf("the third retry of k1: %d, %s; want 200, charged as new (4 left)", r.status, r.header.Get("RateLimit"))
+		}
+		// The same key on another target, or with a method that needs
+		// none, is another request: charged.
+		if r := do(t, "POST", url+"other", "X-User: alice", "Idempotency-Key: k2", "X-Cost: 1"); r.status != 200 || remainingIn(t, r) != 3 {
+			t.Fatalf("k2 on another target: %d, %s; want 200, charged (3 left)", r.status, r.header.Get("RateLimit"))
+		}
+		if r := do(t, "GET", url, "X-User: alice", "Idempotency-Key: k2", "X-Cost: 1"); r.status != 200 || remainingIn(t, r) != 2 {
+			t.Fatalf("k2 on a GET: %d, %s; want 200, charged (2 left)", r.status, r.header.Get("RateLimit"))
+		}
+		if r := send("alice", "k3", 1); r.status != 200 || remainingIn(t, r) != 1 {
+			t.Fatalf("a new key: %d, %s; want 200 with 1 left", r.status, r.header.Get("RateLimit"))
 		}
 		// A refused request records nothing: its retry is decided afresh.
-		if r := send("alice", "k4", 5); r.status != http.StatusTooManyRequests {
-			t.Fatalf("5 tokens of 4 left: %d", r.status)
+		if r := send("alice", "k4", 2); r.status != http.StatusTooManyRequests {
+			t.Fatalf("2 tokens of 1 left: %d", r.status)
 		}
-		if r := send("alice", "k4", 4); r.status != 200 || remainingIn(t, r) != 0 {
+		if r := send("alice", "k4", 1); r.status != 200 || remainingIn(t, r) != 0 {
 			t.Fatalf("the refused key retried within the limit: %d, %s; want 200, charged (0 left)", r.status, r.header.Get("RateLimit"))
 		}
 		// Another identity with the same key is another request.
@@ -132,6 +149,7 @@ func TestIdempotencyErrors(t *testing.T) {
 		{"bad ttl", "idempotency {\n ttl soon\n }", `ttl "soon"`},
 		{"in flight beyond ttl", "idempotency {\n ttl 1m\n in_flight 1h\n }", "a record must outlive its request"},
 		{"unknown option", "idempotency {\n size 3\n }", `unknown option "size"`},
+		{"bad retries", "idempotency {\n retries many\n }", `retries "many"`},
 		{"behind a decision endpoint", "idempotency\n forwarded", "decision endpoint"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {

@@ -776,13 +776,13 @@ func (h *Handler) holdUntil(r *http.Request, d *decision) (outcome string, retry
 	if h.queued.Add(1) > int64(h.MaxQueued) {
 		h.queued.Add(-1)
 		d.entry.Leave()
-		h.giveBack(r, d)
+		h.giveBack(r.Context(), d)
 		return "queue_full", 0
 	}
 	defer h.queued.Add(-1)
 	e, busy := h.line(d)
 	if busy > 0 {
-		h.giveBack(r, d)
+		h.giveBack(r.Context(), d)
 		return "yielded", busy
 	}
 	var preempted <-chan struct{}
@@ -799,13 +799,13 @@ func (h *Handler) holdUntil(r *http.Request, d *decision) (outcome string, retry
 	case <-preempted:
 	case <-r.Context().Done():
 		if e.Go() {
-			h.giveBack(r, d)
+			h.giveBack(r.Context(), d)
 			return "gone", 0
 		}
 	}
 	// Preempted (perhaps just as its time came or its client left): its
 	// place goes to the interactive request, which waits for it.
-	h.giveBack(r, d)
+	h.giveBack(r.Context(), d)
 	e.GaveBack()
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 	defer cancel()
@@ -825,8 +825,8 @@ func (h *Handler) done(r *http.Request, d *decision) {
 }
 
 // giveBack refunds a reservation that will not be used.
-func (h *Handler) giveBack(r *http.Request, d *decision) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 5*time.Second)
+func (h *Handler) giveBack(ctx context.Context, d *decision) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	if err := h.engine.Refund(ctx, &d.Decision); err != nil {
 		h.logger.Warn("rate limit: giving back a reservation failed; it stays charged", zap.Error(err))

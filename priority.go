@@ -37,28 +37,50 @@ func (h *Handler) provisionWaiting() error {
 }
 
 // decideWaiting is the engine's decision of a handler that may hold
-// requests. An interactive (or critical) request first preempts the batch
-// requests held on its buckets and waits until their reservations are
-// given back, so that it is decided ahead of them: one decision, which
-// finds their places free.
+// requests. An interactive (or critical) request decided while batch
+// requests are held is decided first; only if it would then be held, or
+// refused, by buckets on which batch requests are held does it preempt
+// them: it waits until their reservations are given back, gives back its
+// own, and is decided again — ahead of them. An interactive request that
+// fits now, or is refused by buckets no batch request holds, makes no
+// batch request give way.
 func (h *Handler) decideWaiting(ctx context.Context, d *decision, estimates []int64) error {
 	if h.waits == nil || h.batch || !h.waits.BatchHeld() || len(d.Buckets) == 0 {
 		return h.engine.Decide(ctx, &d.Decision, estimates)
 	}
-	keys := make([]string, len(d.Buckets))
-	for i, b := range d.Buckets {
-		keys[i] = b.Key
+	d.Tentative = true // a refusal counts as a strike only if it stands
+	err := h.engine.Decide(ctx, &d.Decision, estimates)
+	d.Tentative = false
+	held := d.Allowed && d.Wait > 0
+	refused := !d.Allowed && !d.Impossible && d.Reason == engine.ReasonLimited
+	if err != nil || d.Mode != engine.Enforce || !held && !refused {
+		h.engine.Strike(ctx, &d.Decision)
+		return err
+	}
+	// The buckets in its way: those it would wait for, or that refused it.
+	var keys []string
+	for i, r := range d.Results {
+		if held && r.Remaining == 0 || refused && !r.Allowed {
+			keys = append(keys, d.Limits[i].Key)
+		}
 	}
 	var victims []*waiting.Entry
 	d.entry, victims = h.waits.Preempt(keys, time.Now().Add(time.Duration(h.MaxWait)))
-	if len(victims) > 0 {
-		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		err := waiting.Wait(wctx, victims)
-		cancel()
-		h.logger.Debug("rate limit: an interactive request preempted held batch requests",
-			zap.Int("preempted", len(victims)), zap.Error(err))
+	if len(victims) == 0 {
+		d.entry.Leave() // it waits (or is refused) behind no batch request
+		d.entry = nil
+		h.engine.Strike(ctx, &d.Decision)
+		return nil
 	}
-	err := h.engine.Decide(ctx, &d.Decision, estimates)
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	werr := waiting.Wait(wctx, victims)
+	cancel()
+	h.logger.Debug("rate limit: an interactive request preempted held batch requests",
+		zap.Int("preempted", len(victims)), zap.Error(werr))
+	if held {
+		h.giveBack(ctx, d) // its place behind them, taken again ahead of them
+	}
+	err = h.engine.Redecide(ctx, &d.Decision, estimates)
 	if !(d.Allowed && d.Wait > 0 && d.Mode == engine.Enforce) {
 		d.entry.Leave() // not held: batch requests may wait again
 		d.entry = nil

@@ -266,3 +266,35 @@ func TestPriorityAcrossReload(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestPriorityRefusedInteractiveLeavesBatch: an interactive request
+// refused by a bucket no batch request holds (its own tokens, spent for
+// far longer than max_wait) makes no held batch request give way.
+func TestPriorityRefusedInteractiveLeavesBatch(t *testing.T) {
+	url, _ := prioritySite(t, "limit 2/s\n limit 5 tokens/h", "cost tokens {header.X-Cost} default 0\n store memory {\n name rp1\n }")
+	if r := do(t, "GET", url, "X-User: u", "X-Cost: 5"); r.status != 200 { // tokens spent for an hour
+		t.Fatalf("first: %d %s", r.status, r.body)
+	}
+	var wg sync.WaitGroup
+	got := make([]int, 3)
+	bodies := make([]string, 3)
+	for i := range 3 {
+		wg.Go(func() { r := do(t, "GET", url+"batch", "X-User: u", "X-Cost: 0"); got[i], bodies[i] = r.status, r.body })
+	}
+	time.Sleep(150 * time.Millisecond) // the batch requests are decided and held
+	r := do(t, "GET", url, "X-User: u", "X-Cost: 1")
+	wg.Wait()
+	t.Logf("interactive (tokens spent for ~12 min): %d; batch: %v %v", r.status, got, bodies)
+	preempted := 0
+	for _, s := range got {
+		if s == 429 {
+			preempted++
+		}
+	}
+	if r.status != 429 {
+		t.Fatalf("the interactive request with its tokens spent: %d, want 429", r.status)
+	}
+	if preempted > 0 {
+		t.Errorf("a refused interactive request preempted %d held batch requests", preempted)
+	}
+}

@@ -89,6 +89,10 @@ type Decision struct {
 	// Reason ReasonInFlight. Local decisions keep no records.
 	Idempotency string
 	Replayed    bool
+	// Tentative, set by a front end that may take the decision back and
+	// decide again (Refund, Redecide), keeps a refusal from counting
+	// towards a penalty box; Strike counts it if it stands.
+	Tentative bool
 	// Untracked, set by a front end that never learns when a request ends
 	// (Envoy's rate limit service, a decision endpoint), makes the path's
 	// concurrency limits only looked at: a request refused when they are
@@ -272,11 +276,29 @@ func (e *Engine) DecideCosts(ctx context.Context, d *Decision) error {
 	}
 	// Whatever decided last (the path, or its enforcing trees alone): the
 	// slots an admitted path took are given back by Done.
-	d.slots = d.Allowed && !d.Replayed && tookSlots(d.Limits)
-	if !d.Allowed && d.Reason == ReasonLimited && d.Mode == Enforce && !d.Local {
-		e.strike(ctx, d) // an enforced refusal by the limits: a strike
+	d.slots = d.Allowed && tookSlots(d.Limits)
+	if !d.Tentative {
+		e.Strike(ctx, d)
 	}
 	return nil
+}
+
+// Strike counts d's refusal towards its tiers' penalty boxes, if it is an
+// enforced refusal by the limits: Decide does, unless d is Tentative.
+func (e *Engine) Strike(ctx context.Context, d *Decision) {
+	if !d.Allowed && d.Reason == ReasonLimited && d.Mode == Enforce && !d.Local {
+		e.strike(ctx, d)
+	}
+}
+
+// Redecide decides d's path again, from scratch: for a caller that gave
+// back what d's decision charged (Refund) because the path's capacity
+// changed meanwhile (held requests gave their reservations back).
+func (e *Engine) Redecide(ctx context.Context, d *Decision, estimates []int64) error {
+	d.Decision = store.Decision{}
+	d.Wait, d.Retry, d.Reason, d.Blocked, d.Closest = 0, 0, "", "", -1
+	d.Replayed, d.slots, d.recorded, d.Scaled, d.Local, d.unwidened = false, false, false, false, false, nil
+	return e.Decide(ctx, d, estimates)
 }
 
 // tookSlots reports whether an admitted path took a concurrency slot.
@@ -387,7 +409,7 @@ func (e *Engine) settle(ctx context.Context, d *Decision, sc *scratch) error {
 		// bucket (its hash tag), which decides first.
 		limits = append(d.Limits[:len(d.Limits):len(d.Limits)], d.record)
 	}
-	if (d.Refundable || d.record.Key != "") && e.unleased != nil {
+	if d.unleased() && e.unleased != nil {
 		res, err = e.unleased.DecideUnleased(ctx, limits)
 	} else if e.into != nil && sc != nil && d.record.Key == "" {
 		res, err = e.into.DecideInto(ctx, limits, sc.results[:])
@@ -396,6 +418,18 @@ func (e *Engine) settle(ctx context.Context, d *Decision, sc *scratch) error {
 	}
 	if err == nil && d.record.Key != "" {
 		res = e.readRecord(d, res)
+		if d.Replayed && tookSlots(d.Limits) {
+			// A retry let through still takes its concurrency slots
+			// (nothing else: its other costs are 0), in a second call.
+			if d.unleased() && e.unleased != nil {
+				res, err = e.unleased.DecideUnleased(ctx, d.Limits)
+			} else {
+				res, err = e.cfg.Store.Decide(ctx, d.Limits)
+			}
+			if err == nil && !res.Allowed {
+				d.Replayed, d.Reason = false, "" // refused for want of a slot, as any request
+			}
+		}
 	}
 	if err != nil {
 		if e.cfg.Local == nil {
@@ -451,21 +485,34 @@ func (e *Engine) settle(ctx context.Context, d *Decision, sc *scratch) error {
 	return nil
 }
 
+// unleased reports whether d must be decided without a lease: its charge
+// may be refunded, or it carries an idempotency record.
+func (d *Decision) unleased() bool { return d.Refundable || d.record.Key != "" }
+
 // recordOf is the idempotency record of d's path and key: in the hash tag
-// of the path's last bucket, named by a hash of the path's keys and the
-// idempotency key (so that two paths never share a record, and a key of
-// any length makes a key of fixed length).
+// of the path's last bucket, named by a hash of the path's values (its
+// buckets' keys without their limits' parts: an override does not change
+// it) and the idempotency key (so that two paths never share a record, and
+// a key of any length makes a key of fixed length).
 func (e *Engine) recordOf(d *Decision) store.Bucket {
 	h := sha256.New()
+	last := ""
 	for _, b := range d.Buckets {
-		h.Write([]byte(b.Key))
-		h.Write([]byte{0})
+		path := b.Key
+		if i := strings.LastIndexByte(path, '#'); i >= 0 {
+			path = path[:i]
+		}
+		if path != last { // a tier's limits share its path
+			h.Write([]byte(path))
+			h.Write([]byte{0})
+			last = path
+		}
 	}
 	h.Write([]byte(d.Idempotency))
-	last := d.Buckets[len(d.Buckets)-1].Key
-	tag := last
-	if i := strings.IndexByte(last, '}'); i >= 0 {
-		tag = last[:i+1]
+	leaf := d.Buckets[len(d.Buckets)-1].Key
+	tag := leaf
+	if i := strings.IndexByte(leaf, '}'); i >= 0 {
+		tag = leaf[:i+1]
 	}
 	inFlight := e.cfg.Idempotency.InFlight
 	if inFlight <= 0 {
@@ -473,7 +520,7 @@ func (e *Engine) recordOf(d *Decision) store.Bucket {
 	}
 	return store.Bucket{
 		Key:   tag + "#idempotency=" + hex.EncodeToString(h.Sum(nil)[:16]),
-		Limit: rate.Limit{Algorithm: rate.Idempotent, Count: inFlight.Microseconds(), Period: e.cfg.Idempotency.TTL},
+		Limit: rate.Limit{Algorithm: rate.Idempotent, Count: inFlight.Microseconds(), Period: e.cfg.Idempotency.TTL, Burst: int64(e.cfg.Idempotency.Retries)},
 		Cost:  1,
 	}
 }
@@ -500,14 +547,18 @@ func (e *Engine) readRecord(d *Decision, res store.Decision) store.Decision {
 		res.Results, res.Times = results, times
 		return res
 	case r.Remaining == rate.RecordInFlight:
-		// Refused by the record: the store charged nothing.
+		// Refused by the record: the store charged nothing. The first
+		// may end any moment: retry in a second (or when it counts as
+		// ended, if sooner).
 		d.Reason = ReasonInFlight
-		res.Results, res.Times, res.RetryAfter = results, times, microseconds(r.RetryAfter)
+		res.Results, res.Times, res.RetryAfter = results, times, min(microseconds(r.RetryAfter), time.Second)
 		return res
-	default: // rate.RecordDone
+	default: // rate.RecordDone: a retry let through
 		d.Replayed, d.Reason = true, ReasonReplayed
 		for i := range d.Limits {
-			d.Limits[i].Cost = 0 // charged nothing: nothing to give back
+			if !holdsSlot(d.Limits[i]) {
+				d.Limits[i].Cost = 0 // charged nothing: nothing to give back
+			}
 		}
 		for i := range results {
 			results[i] = rate.Result{Allowed: true, Remaining: results[i].Before, Before: results[i].Before, Reset: results[i].Reset}

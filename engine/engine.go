@@ -104,6 +104,11 @@ type Idempotency struct {
 	// a conflict; after it, as if it had ended (a crashed instance's
 	// record does not refuse retries for the whole TTL).
 	InFlight time.Duration
+	// Retries is how many retries of a request a record lets through
+	// without a charge; the next is charged as a new request (and
+	// recorded afresh). A gateway cannot tell a retry from another request
+	// that reuses its key: this bounds what reusing one gets.
+	Retries int
 }
 
 // Headers selects the response header families WriteHeaders writes.

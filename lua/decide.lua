@@ -54,6 +54,7 @@ local lapply, lsync, reader, lcheck -- from algorithms('log'), for the first exa
 local lpend, nl = nil, 0 -- made for the first exact sliding window
 local nowPacked -- Redis TIME, packed once for every decision's reply
 local used, spend -- concurrency limits' (SLOTS): made for the first
+local keep -- idempotency records' writes on a refusal (IDEM): made for the first
 -- SLOTRETRY is rate.ConcurrentRetry: a refused slot's retry (µs).
 local SLOTRETRY = 1000000
 for d = 2, #ARGV do
@@ -185,7 +186,25 @@ for d = 2, #ARGV do
       ok, impossible, remaining, before, retry, reset, a, b, t =
         apply(alg, count, period, cap, n, a, b, t, now, start, stop)
       res = pack('<dddddd', ok, impossible, remaining, before, retry, reset)
-      if ok == 1 then tl = ttl(alg, count, period, a, t, now, stop) end
+      if ok == 1 then
+        tl = ttl(alg, count, period, a, t, now, stop)
+      elseif alg == IDEM and remaining == 1 and n > 0 then
+        -- A retry let through, counted: written whatever the decision
+        -- (rate.Result.Keep), with the record's own expiry (put's).
+        local ktl, ms = ttl(alg, count, period, a, t, now, stop), 0
+        if ktl <= 0 then
+          ms = false
+        elseif not (now + ktl <= e) then
+          local margin = ktl / 8
+          if margin < 1000000 then margin = 1000000 end
+          ms = ceil((ktl + margin) / 1000)
+          e = now + (ms - 1) * 1000
+        end
+        if not keep then keep = {} end
+        keep[#keep + 1] = k
+        keep[#keep + 1] = ms and pack('<dddd', a, b, t, e)
+        keep[#keep + 1] = ms
+      end
     end
     nr = nr + 1
     reply[nr] = res
@@ -244,6 +263,16 @@ for d = 2, #ARGV do
     end
   end
   nl = 0
+  if keep then
+    if not admit then
+      for j = 1, #keep, 3 do
+        local k, ms = keep[j], keep[j + 2]
+        values[k] = keep[j + 1]
+        if ms ~= 0 or not act[k] then act[k] = ms end
+      end
+    end
+    keep = nil
+  end
   if spend then
     -- The slots of this decision, taken if it admits.
     for j = 1, #spend, 3 do

@@ -348,9 +348,10 @@ func randomCase(r *rand.Rand) testCase {
 	c.wall = c.now
 	switch r.IntN(6) {
 	case 5: // an idempotency record: none, in flight, ended, expired
-		l := rate.Limit{Algorithm: rate.Idempotent, Count: 1 + r.Int64N(120e6), Period: periods[2+r.IntN(len(periods)-2)]}
+		l := rate.Limit{Algorithm: rate.Idempotent, Count: 1 + r.Int64N(120e6), Period: periods[2+r.IntN(len(periods)-2)], Burst: r.Int64N(4)}
 		c.state.T = c.now - r.Int64N(2*l.Period.Microseconds()+1)
 		c.state.A = float64(c.state.T + r.Int64N(l.Count+1))
+		c.state.B = float64(r.Int64N(5)) // retries let through so far
 		if r.IntN(10) == 0 {
 			c.state.T = c.now + r.Int64N(1000) // from the future (clock skew)
 		}
@@ -488,7 +489,7 @@ func TestScriptsMirrorRate(t *testing.T) {
 		keys := scriptKeys([]string{key}, []rate.Limit{tc.limit})
 
 		var want rate.State
-		store := true
+		store, kept := true, false
 		if adjust {
 			// The corrected cost was charged now, a window or two ago, at
 			// an unknown time, or at any time in the last two periods.
@@ -497,6 +498,9 @@ func TestScriptsMirrorRate(t *testing.T) {
 				p = 31 * 24 * 3600 * 1_000_000
 			}
 			charged := []int64{0, tc.now, tc.now - p, tc.now - 2*p, tc.now - r.Int64N(2*p+1)}[r.IntN(5)]
+			if tc.limit.Algorithm == rate.Idempotent && r.IntN(2) == 0 {
+				charged = tc.state.T // the record's own charge: ended (+1) or forgotten (−1)
+			}
 			if ts := logTimes(tc.state); tc.limit.Algorithm == rate.Sliding && len(ts) > 0 && r.IntN(3) > 0 {
 				charged = ts[r.IntN(len(ts))] // a charge the log holds
 			}
@@ -516,13 +520,18 @@ func TestScriptsMirrorRate(t *testing.T) {
 			if fmt.Sprint(got) != fmt.Sprint(wantReply) {
 				t.Fatalf("case %d (%v):\nscript replied %v\nrate.Apply     %v", i, tc, got, wantReply)
 			}
-			want, store = next, res.Allowed
+			want, store, kept = next, res.Allowed, res.Keep
 		}
 		outcomes[fmt.Sprintf("%s adjust=%v stored=%v", algName(tc.limit), adjust, store)]++
 
 		got, e, err := getState(t, ctx, c, key, tc.limit)
 		ttl := tc.limit.TTL(want, tc.now)
 		switch {
+		case kept: // a denial that keeps the record's new state, with its expiry
+			if err != nil || !sameState(got, want) {
+				t.Fatalf("case %d (%v): a kept denial stored %+v (%v), want %+v", i, tc, got, err, want)
+			}
+			continue
 		case !store: // a denial writes nothing
 			if tc.fresh && !errors.Is(err, redis.Nil) || !tc.fresh && (err != nil || !sameState(got, tc.state) || e != e0) {
 				t.Fatalf("case %d (%v): a denied decision changed the state to %+v (%v)", i, tc, got, err)
@@ -604,9 +613,11 @@ func TestDecidePathMirrorsRate(t *testing.T) {
 		}
 		all := true
 		next := make([]rate.State, len(path))
+		kept := make([]bool, len(path))
 		for j, tc := range path {
 			var res rate.Result
 			next[j], res = tc.limit.Apply(tc.state, now, tc.cost)
+			kept[j] = res.Keep
 			want := []int64{b2i(res.Allowed), b2i(res.Impossible), res.Remaining, res.Before, res.RetryAfter, res.Reset}
 			if fmt.Sprint(got[6*j:6*j+6]) != fmt.Sprint(want) {
 				t.Fatalf("path %d bucket %d (%v at %d):\nscript replied %v\nrate.Apply     %v", i, j, tc, now, got[6*j:6*j+6], want)
@@ -619,6 +630,10 @@ func TestDecidePathMirrorsRate(t *testing.T) {
 		for j, tc := range path {
 			st, _, err := getState(t, ctx, c, keys[j], tc.limit)
 			switch {
+			case !all && kept[j]:
+				if err != nil || !sameState(st, next[j]) {
+					t.Fatalf("path %d bucket %d: a kept record stored %+v (%v), want %+v", i, j, st, err, next[j])
+				}
 			case !all && tc.fresh:
 				if !errors.Is(err, redis.Nil) {
 					t.Fatalf("path %d bucket %d: a denied path wrote %+v", i, j, st)
@@ -803,14 +818,22 @@ func TestDecideBatchIsSequential(t *testing.T) {
 		for _, path := range batch {
 			decisions++
 			next := make([]rate.State, len(path))
+			kept := make([]bool, len(path))
 			all := true
 			for j, b := range path {
 				var res rate.Result
 				next[j], res = limits[b.k].Apply(state[b.k], now, b.cost)
 				want = append(want, b2i(res.Allowed), b2i(res.Impossible), res.Remaining, res.Before, res.RetryAfter, res.Reset)
 				all = all && res.Allowed
+				kept[j] = res.Keep
 			}
 			if !all {
+				for j, b := range path {
+					if kept[j] { // an idempotency record's retry, counted all the same
+						written[b.k] = true
+						state[b.k] = next[j]
+					}
+				}
 				continue
 			}
 			admitted++

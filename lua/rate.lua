@@ -308,7 +308,12 @@ local function algorithms(log)
         return 1, 0, 0, 0, 0, 0, now + count, 0, now
       end
       if now < a then return 0, 0, 2, 2, ceilnn(a - now), 0, a, b, t end
-      return 0, 0, 1, 1, 1, 0, a, b, t
+      if b < cap then
+        if n <= 0 then return 0, 0, 1, 1, 1, 0, a, b, t end
+        return 0, 0, 1, 1, 1, 0, a, b + 1, t -- kept (decide.lua)
+      end
+      if n <= 0 then return 1, 0, 0, 0, 0, 0, a, b, t end
+      return 1, 0, 0, 0, 0, 0, now + count, 0, now
     end
     if alg == SLIDING then
       local p, max = period, count

@@ -77,13 +77,17 @@
 // idempotency key, decided in the same step as the request's charges so
 // that a retry of it is not charged twice. Count is how long (µs) the first
 // request counts as in flight at most (its response ends it sooner, by an
-// Adjust of +1), Period how long the record is kept. Deciding cost 1
-// against no record admits and writes one; against a record it refuses
-// (so nothing on the path is charged) and says why in Remaining:
-// RecordInFlight while the first request is in flight (RetryAfter: until
-// it counts as ended at the latest), RecordDone once it has ended (the
-// caller admits the retry without a charge). An Adjust of −1 forgets the
-// record charged at the given time (a charge given back).
+// Adjust of +1), Period how long the record is kept, Burst how many retries
+// it lets through without a charge. Deciding cost 1 against no record
+// admits and writes one; against a record it refuses (so nothing on the
+// path is charged) and says why in Remaining: RecordInFlight while the
+// first request is in flight (RetryAfter: until it counts as ended at the
+// latest), RecordDone once it has ended (the caller admits the retry
+// without a charge) — a refusal whose state, the retry counted, the store
+// keeps (Result.Keep). Once Burst retries have been let through, the
+// record admits the next request as a new first one (charged, recorded
+// afresh). An Adjust of −1 forgets the record charged at the given time (a
+// charge given back).
 //
 // # Calendar quota
 //
@@ -203,8 +207,8 @@ func (l Limit) Validate() error {
 			return fmt.Errorf("a concurrency limit counts requests in flight: it has no period, unit or burst")
 		}
 	case Idempotent:
-		if l.Period < time.Microsecond || l.Burst != 0 || l.Unit != "" {
-			return fmt.Errorf("an idempotency record needs a period (how long it is kept) and no burst or unit")
+		if l.Period < time.Microsecond || l.Burst < 0 || l.Unit != "" {
+			return fmt.Errorf("an idempotency record needs a period (how long it is kept), retries not negative and no unit")
 		}
 	default:
 		return fmt.Errorf("unknown algorithm %q (want gcra, sliding, sliding_approx, calendar or concurrent)", l.Algorithm)
@@ -214,8 +218,10 @@ func (l Limit) Validate() error {
 
 // Capacity is the largest cost a single request can ever be admitted with:
 // the burst for GCRA, Count otherwise. A larger cost is refused as impossible.
+//
+// An Idempotent record's is the retries it lets through (Burst).
 func (l Limit) Capacity() int64 {
-	if l.Algorithm == GCRA && l.Burst > 0 {
+	if l.Algorithm == GCRA && l.Burst > 0 || l.Algorithm == Idempotent {
 		return l.Burst
 	}
 	return l.Count
@@ -340,6 +346,10 @@ type Result struct {
 	RetryAfter int64
 	// Reset (µs) is the wait until the bucket is entirely full again.
 	Reset int64
+	// Keep marks a refusal whose new state the store must write all the
+	// same (an idempotency record counting a retry): nothing else on the
+	// path is charged.
+	Keep bool
 }
 
 // Apply decides cost n at time now against state s. It returns the state to
@@ -566,7 +576,16 @@ func (l Limit) idempotent(s State, now, n int64) (State, Result) {
 	if float64(now) < s.A {
 		return s, Result{Remaining: RecordInFlight, Before: RecordInFlight, RetryAfter: ceilMicros(s.A - float64(now))}
 	}
-	return s, Result{Remaining: RecordDone, Before: RecordDone, RetryAfter: 1}
+	if s.B < float64(l.Burst) { // a retry let through, counted (not when only looked at)
+		if n <= 0 {
+			return s, Result{Remaining: RecordDone, Before: RecordDone, RetryAfter: 1}
+		}
+		return State{A: s.A, B: s.B + 1, T: s.T}, Result{Remaining: RecordDone, Before: RecordDone, RetryAfter: 1, Keep: true}
+	}
+	if n <= 0 { // its retries used up: a new first request
+		return s, Result{Allowed: true}
+	}
+	return State{A: float64(now + l.Count), T: now}, Result{Allowed: true}
 }
 
 // slide moves a two-counter (SlidingApprox) state forward to the window

@@ -27,9 +27,11 @@ type MemoryOptions struct {
 	// new bucket first drops the expired state of its shard (one 64th of
 	// the store; at most once a second per shard, so a store full of live
 	// state does not rescan itself on every insert), then, if the store is
-	// still full, evicts the entry closest to expiry among a small random
-	// sample of that shard: the bucket closest to being full again, whose
-	// loss over-admits least. Evictions are counted (Evictions). The store
+	// still full, evicts an idempotency record if a small random sample of
+	// that shard has one (its loss charges a retry again), else the entry
+	// closest to expiry: the bucket closest to being full again, whose
+	// loss over-admits least — never a concurrency counter with slots
+	// taken. Evictions are counted (Evictions). The store
 	// may exceed MaxKeys by at most one bucket per shard (a shard with no
 	// entry has none to evict). Zero means 1,000,000.
 	MaxKeys int
@@ -77,6 +79,10 @@ type memoryEntry struct {
 	state   rate.State
 	expires int64 // µs; state is as good as fresh after this
 	next    *memoryEntry
+	// record: an idempotency record (rate.Idempotent), evicted before any
+	// limit's state: losing one charges a retry again, losing a limit's
+	// state admits more than the limit.
+	record bool
 }
 
 // NewMemory returns a Memory store and starts its sweeper.
@@ -174,6 +180,11 @@ func (m *Memory) decideLocked(buckets []Bucket, hashes []uint64, entries []*memo
 		allowed = allowed && results[i].Allowed
 	}
 	if !allowed {
+		for i := range buckets {
+			if e := entries[i]; e != nil && results[i].Keep { // kept all the same
+				e.state = next[i]
+			}
+		}
 		return now
 	}
 	// Entries found are updated first: making room for a new one may
@@ -373,6 +384,7 @@ func (m *Memory) store(hash uint64, b Bucket, s rate.State, now int64) {
 	}
 	e := newEntry(b.Key)
 	e.state, e.expires, e.next = s, expires, head
+	e.record = b.Limit.Algorithm == rate.Idempotent
 	sh.entries[hash] = e
 	sh.n++
 	m.count.Add(1)
@@ -471,6 +483,10 @@ func (m *Memory) makeRoom(sh *memoryShard, now int64) {
 		}
 		if e.expires-now > rate.ForeverTTL/2 {
 			continue // slots in flight: dropping them would over-admit
+		}
+		if e.record { // an idempotency record goes first
+			victim, seen = h, 1
+			break
 		}
 		if seen == 0 || e.expires < soonest {
 			victim, soonest = h, e.expires

@@ -257,3 +257,32 @@ func TestMemoryNeverEvictsSlotsInFlight(t *testing.T) {
 		t.Fatal("a second request in flight on 1 slot: the counter was evicted")
 	}
 }
+
+// TestMemoryEvictsRecordsFirst: a store full of idempotency records makes
+// room by evicting records, not a limit's state (losing a record charges a
+// retry again; losing a limit's state admits more than the limit).
+func TestMemoryEvictsRecordsFirst(t *testing.T) {
+	m := store.NewMemory(store.MemoryOptions{MaxKeys: 640, SweepInterval: -1})
+	defer m.Close()
+	ctx := context.Background()
+	record := func(i int) []store.Bucket {
+		return []store.Bucket{{Key: fmt.Sprintf("r%d", i), Limit: rate.Limit{Algorithm: rate.Idempotent, Count: 60e6, Period: 24 * time.Hour, Burst: 3}, Cost: 1}}
+	}
+	for i := range 600 {
+		m.Decide(ctx, record(i))
+	}
+	victim := []store.Bucket{{Key: "victim", Limit: rate.Limit{Algorithm: rate.GCRA, Count: 10, Period: time.Hour}, Cost: 10}}
+	if d, _ := m.Decide(ctx, victim); !d.Allowed {
+		t.Fatal("the victim's first request refused")
+	}
+	for i := 600; i < 3000; i++ {
+		m.Decide(ctx, record(i))
+	}
+	if m.Evictions() == 0 {
+		t.Fatal("nothing was evicted: the test does not test eviction")
+	}
+	victim[0].Cost = 1
+	if d, _ := m.Decide(ctx, victim); d.Allowed {
+		t.Fatal("the victim's spent limit admits again: its state was evicted before records")
+	}
+}

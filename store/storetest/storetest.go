@@ -95,10 +95,10 @@ func slotB(scn string, count, holder, cost int64) store.Bucket {
 }
 
 // record is an idempotency record (kept an hour, in flight a minute at
-// most) for key k: decided at cost 1 (0 only looks), or corrected by +1
-// (its request ended) or −1 (forgotten).
+// most, two retries let through) for key k: decided at cost 1 (0 only
+// looks), or corrected by +1 (its request ended) or −1 (forgotten).
 func record(scn, k string, cost int64) store.Bucket {
-	return store.Bucket{Key: key(scn, "idem="+k), Limit: rate.Limit{Algorithm: rate.Idempotent, Count: time.Minute.Microseconds(), Period: time.Hour}, Cost: cost}
+	return store.Bucket{Key: key(scn, "idem="+k), Limit: rate.Limit{Algorithm: rate.Idempotent, Count: time.Minute.Microseconds(), Period: time.Hour, Burst: 2}, Cost: cost}
 }
 
 func scenarios() []scenario {
@@ -300,12 +300,16 @@ func scenarios() []scenario {
 			// until it counts as ended at the latest (a minute).
 			{advance: 10 * time.Second, buckets: []store.Bucket{b("i1", "rate", gcra(3, time.Hour, 0), 1), record("i1", "k1", 1)}, allowed: false,
 				remaining: []int64{2, rate.RecordInFlight}, retry: 50 * time.Second, retrySet: true},
-			// It ends (+1): a retry is refused as done, charged nothing.
+			// It ends (+1): two retries are refused as done (let through by
+			// the caller), charged nothing; the third is a new request.
 			{adjust: true, buckets: []store.Bucket{record("i1", "k1", 1)}},
 			{buckets: []store.Bucket{b("i1", "rate", gcra(3, time.Hour, 0), 1), record("i1", "k1", 1)}, allowed: false, remaining: []int64{2, rate.RecordDone}},
+			{buckets: []store.Bucket{b("i1", "rate", gcra(3, time.Hour, 0), 1), record("i1", "k1", 1)}, allowed: false, remaining: []int64{2, rate.RecordDone}},
+			{buckets: []store.Bucket{b("i1", "rate", gcra(3, time.Hour, 0), 1), record("i1", "k1", 1)}, allowed: true, remaining: []int64{1, 0}},
+			{buckets: []store.Bucket{b("i1", "rate", gcra(3, time.Hour, 0), 1), record("i1", "k1", 1)}, allowed: false, remaining: []int64{1, rate.RecordInFlight}},
+			{adjust: true, buckets: []store.Bucket{record("i1", "k1", -1)}}, // forgotten: k1 is new again
 			// Another key is another request.
-			{buckets: []store.Bucket{b("i1", "rate", gcra(3, time.Hour, 0), 1), record("i1", "k2", 1)}, allowed: true, remaining: []int64{1, 0}},
-			{buckets: []store.Bucket{b("i1", "rate", gcra(3, time.Hour, 0), 1), record("i1", "k3", 1)}, allowed: true, remaining: []int64{0, 0}},
+			{buckets: []store.Bucket{b("i1", "rate", gcra(3, time.Hour, 0), 1), record("i1", "k2", 1)}, allowed: true, remaining: []int64{0, 0}},
 			// A request refused by its limits records nothing.
 			{buckets: []store.Bucket{b("i1", "rate", gcra(3, time.Hour, 0), 1), record("i1", "k4", 1)}, allowed: false},
 			{buckets: []store.Bucket{record("i1", "k4", 0)}, allowed: true, remaining: []int64{0}},
