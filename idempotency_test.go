@@ -160,3 +160,47 @@ func TestIdempotencyErrors(t *testing.T) {
 		})
 	}
 }
+
+// TestIdempotencyKeyReuse: one idempotency key reused for unrelated
+// requests (other methods, targets, costs) after the first ended gets
+// nothing free: they are other requests, charged (and refused once the
+// limits are spent).
+func TestIdempotencyKeyReuse(t *testing.T) {
+	eachStore(t, func(t *testing.T, storeBlock string) {
+		up := newCountingUpstream(t, 0)
+		up.open()
+		port := freePort(t)
+		startCaddy(t, fmt.Sprintf(`
+http://127.0.0.1:%d {
+	rate_limit {
+		tree api {
+			tier user {header.X-User} {
+				limit 2/h
+				limit 100 tokens/h
+				limit 1 concurrent
+			}
+		}
+		cost tokens {header.X-Cost} default 1
+		idempotency
+		%s
+	}
+	reverse_proxy %s
+}
+`, port, storeBlock, up.addr))
+		base := fmt.Sprintf("http://127.0.0.1:%d", port)
+		if r := do(t, "POST", base+"/v1/first", "X-User: mallory", "Idempotency-Key: k", "X-Cost: 1"); r.status != 200 {
+			t.Fatalf("first: %d", r.status)
+		}
+		ok := 0
+		for i := range 20 {
+			r := do(t, []string{"GET", "POST", "DELETE"}[i%3], base+"/other/"+strconv.Itoa(i), "X-User: mallory", "Idempotency-Key: k", "X-Cost: 100")
+			if r.status == 200 {
+				ok++
+			}
+		}
+		t.Logf("limit 2/h and 100 tokens/h: 20 unrelated requests reusing one key -> %d admitted, upstream served %d", ok, up.served.Load())
+		if ok > 1 {
+			t.Errorf("%d of 20 unrelated requests admitted with a reused key, want at most the 1 the limits allow", ok)
+		}
+	})
+}
