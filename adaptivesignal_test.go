@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"reflect"
 	"strings"
 	"sync/atomic"
@@ -344,4 +345,77 @@ http://127.0.0.1:%d {
 		t.Errorf("hanging exporter with on_error ignore: %+v; want unreadable (a timeout), not counting", s.Signals[0])
 	}
 	mode.Store("ok")
+}
+
+// BenchmarkPassSignals is what the signals that need the request path add
+// to a request an adaptive handler lets through: nothing unless one is
+// configured (BenchmarkHandler, without adaptive tiers, never calls them).
+func BenchmarkPassSignals(b *testing.B) {
+	for _, bc := range []struct {
+		name    string
+		signals []adaptive.SignalConfig
+	}{
+		{"none", nil},
+		{"remote-only", []adaptive.SignalConfig{{Name: "pg_pool", Prometheus: &adaptive.PrometheusSignal{URL: "http://127.0.0.1:1/metrics", Metric: "m"},
+			Warn: 1, Critical: 2, OnError: adaptive.OnErrorIgnore}}},
+		{"in_flight", []adaptive.SignalConfig{{Name: "concurrency", InFlight: 100, Warn: 80, Critical: 100}}},
+		{"response_header", []adaptive.SignalConfig{{Name: "upstream_pool", ResponseHeader: "X-Pool-Usage", Warn: 0.7, Critical: 0.9, OnError: adaptive.OnErrorIgnore}}},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			c, err := adaptive.New(adaptive.Config{CPU: adaptive.Thresholds{Disabled: true}, Signals: bc.signals}, adaptive.Options{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			h := &Handler{controller: c, inFlight: c.CountsInFlight(), readHeader: c.ReadsHeaders()}
+			next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+				w.Header()["X-Pool-Usage"] = []string{"0.42"}
+				w.WriteHeader(200)
+				return nil
+			})
+			r := httptest.NewRequest("GET", "/", nil)
+			w := &headerWriter{hdr: http.Header{}}
+			b.ReportAllocs()
+			for range b.N {
+				if err := h.pass(w, r, next); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// TestSignalReadmeExample: the README's worked example, its Caddyfile and
+// its JSON, are valid as written.
+func TestSignalReadmeExample(t *testing.T) {
+	b, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, ok := strings.Cut(string(b), "### Health from the dependencies that fail first")
+	if !ok {
+		t.Fatal("README: no section on external signals")
+	}
+	block := func(lang string) string {
+		_, rest, ok := strings.Cut(section, "```"+lang+"\n")
+		body, _, ok2 := strings.Cut(rest, "```")
+		if !ok || !ok2 {
+			t.Fatalf("README: no %s block in the section", lang)
+		}
+		return body
+	}
+	cf := strings.Replace(block("caddyfile"), "{\n", "{\n\tadmin off\n\tauto_https off\n\tpersist_config off\n", 1)
+	cfg, err := adapt(t, cf)
+	if err != nil {
+		t.Fatalf("README Caddyfile: %v", err)
+	}
+	if err := caddy.Validate(mustConfig(t, cfg)); err != nil {
+		t.Fatalf("README Caddyfile: %v", err)
+	}
+	if !strings.Contains(string(cfg), `"divide_by":"pgbouncer_databases_pool_size{name=\"app\"}"`) {
+		t.Errorf("README Caddyfile adapted without its divisor: %s", cfg)
+	}
+	js := `{"admin":{"disabled":true},` + block("json") + `}`
+	if err := caddy.Validate(mustConfig(t, []byte(js))); err != nil {
+		t.Fatalf("README JSON: %v\n%s", err, js)
+	}
 }
