@@ -270,7 +270,7 @@ http://127.0.0.1:%d {
 				critical 0.9
 				interval %v
 				timeout 100ms
-				smoothing 50ms
+				smoothing 10ms
 				on_error %s
 			}
 		}
