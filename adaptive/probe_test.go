@@ -190,3 +190,21 @@ func TestProbesOverHTTP(t *testing.T) {
 		t.Errorf("slow endpoint: %v after %v", err, time.Since(start))
 	}
 }
+
+// FuzzParseSelector: the selector parser never panics, and what it accepts
+// prints as a selector that parses back to itself.
+func FuzzParseSelector(f *testing.F) {
+	for _, s := range []string{"m", `m{a="b"}`, `m{a=b,c="d\"e"}`, `m{a!="b"}`, `m{`, `m{a="\xff"}`, "{}", `m{a="b",}`} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, in string) {
+		s, err := parseSelector(in)
+		if err != nil {
+			return
+		}
+		back, err := parseSelector(s.String())
+		if err != nil || back.String() != s.String() {
+			t.Fatalf("%q → %s → %v, %v", in, s, back, err)
+		}
+	})
+}

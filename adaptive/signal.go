@@ -1,7 +1,6 @@
 package adaptive
 
 import (
-	"errors"
 	"fmt"
 	"math"
 	"net/url"
@@ -202,7 +201,7 @@ var builtinSignals = map[string]bool{"cpu": true, "memory": true, "latency_p99":
 
 // validate reports what is wrong with s (defaults applied), each problem
 // saying how to fix it.
-func (s SignalConfig) validate() error {
+func (s SignalConfig) validate() []error {
 	var errs []error
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
 	kind := s.kind()
@@ -272,7 +271,7 @@ func (s SignalConfig) validate() error {
 	if s.Smoothing < 0 {
 		bad("smoothing %v must not be negative", s.Smoothing)
 	}
-	return errors.Join(errs...)
+	return errs
 }
 
 // checkURL accepts an absolute http or https URL with a host.
@@ -307,7 +306,7 @@ func validateSignals(signals []SignalConfig) []error {
 			label = "signal " + s.Name
 		}
 		seen[s.Name] = true
-		if err := s.validate(); err != nil {
+		for _, err := range s.validate() {
 			errs = append(errs, fmt.Errorf("%s: %w", label, err))
 		}
 	}
