@@ -99,6 +99,14 @@ func durationsToNanos(v any, t reflect.Type, path string) error {
 	for t.Kind() == reflect.Pointer {
 		t = t.Elem()
 	}
+	if arr, ok := v.([]any); ok && t.Kind() == reflect.Slice { // adaptive.signals
+		for i, e := range arr {
+			if err := durationsToNanos(e, t.Elem(), fmt.Sprintf("%s[%d]", path, i)); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 	obj, ok := v.(map[string]any)
 	if t.Kind() != reflect.Struct || !ok {
 		return nil // the strict decode reports a wrong type
@@ -246,6 +254,22 @@ func (a *App) Controller() *adaptive.Controller { return a.controller }
 //	            min_requests   <n>                     # default 100
 //	            recovery_delay <duration>              # calm needed before recovering, default 5s
 //	            recovery_time  <duration>              # from floor back to 1, default 60s
+//	            signal <name> {                        # an external signal (any number of them)
+//	                # exactly one of:
+//	                prometheus <url> <selector> [/ <selector>] # a gauge, or the ratio of two, from an
+//	                                                   # exposition; selector: name or name{label="value",...}
+//	                http <url> <field>                 # a number in a JSON document: dotted.path.0.to.it
+//	                response_header <name>             # a number on the upstream's responses,
+//	                                                   # averaged over latency_window
+//	                in_flight <max>                    # requests in flight, in percent of max
+//	                warn     <value>                   # required, in the signal's unit
+//	                critical <value>                   # required, above warn
+//	                on_error ignore|critical           # required but for in_flight: an unreadable
+//	                                                   # signal drops out, or counts as critical
+//	                interval  <duration>               # prometheus and http: read every 5s
+//	                timeout   <duration>               # prometheus and http: default 2s (≤ interval)
+//	                smoothing <duration>               # moving average, default 2s (not response_header)
+//	            }
 //	            share {                                # converge on one factor with the
 //	                address <host:port...>             # instances sharing this Redis
 //	                ...                                # (the options of store redis)
@@ -278,6 +302,14 @@ func parseGlobalOption(d *caddyfile.Dispenser, _ any) (any, error) {
 		cfg := &app.Adaptive.Config
 		for nesting := d.Nesting(); d.NextBlock(nesting); {
 			opt := d.Val()
+			if opt == "signal" {
+				sc, err := parseSignal(d)
+				if err != nil {
+					return nil, err
+				}
+				cfg.Signals = append(cfg.Signals, sc)
+				continue
+			}
 			if opt == "share" {
 				app.Share = &RedisStoreConfig{}
 				if err := parseRedis(d, app.Share); err != nil {
@@ -303,7 +335,7 @@ func parseGlobalOption(d *caddyfile.Dispenser, _ any) (any, error) {
 			want := map[string]int{"interval": 1, "floor": 1, "cpu": 2, "memory": 2, "error_rate": 2, "latency": 2,
 				"latency_window": 1, "min_requests": 1, "recovery_delay": 1, "recovery_time": 1}[opt]
 			if want == 0 {
-				return nil, d.Errf("adaptive: unknown option %q: expected interval, floor, cpu, memory, error_rate, latency, latency_window, min_requests, recovery_delay or recovery_time", opt)
+				return nil, d.Errf("adaptive: unknown option %q: expected interval, floor, cpu, memory, error_rate, latency, latency_window, min_requests, recovery_delay, recovery_time, signal or share", opt)
 			}
 			if want == 2 && len(args) == 1 && args[0] == "off" {
 				switch opt {

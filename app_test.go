@@ -2,6 +2,7 @@ package cascade
 
 import (
 	"encoding/json"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -35,7 +36,7 @@ func TestAdaptiveJSONDurations(t *testing.T) {
 		t.Fatal(err)
 	}
 	var back App
-	if err := json.Unmarshal(out, &back); err != nil || back.Adaptive.Config != c {
+	if err := json.Unmarshal(out, &back); err != nil || !reflect.DeepEqual(back.Adaptive.Config, c) {
 		t.Fatalf("round trip of %s: %+v, %v", out, back.Adaptive, err)
 	}
 }

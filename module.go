@@ -189,6 +189,8 @@ type Handler struct {
 	applyStore *atomic.Pointer[func()] // store settings to apply at the first request (see StoreConfig.open)
 	controller *adaptive.Controller    // nil unless a tier is adaptive
 	priority   adaptive.Priority
+	inFlight   bool // the controller has an in_flight signal: pass counts requests in flight
+	readHeader bool // the controller has a response_header signal: pass reads the response header
 	poolKey    string
 	logger     *zap.Logger
 	metrics    *metrics
@@ -473,6 +475,7 @@ func (h *Handler) provisionAdaptive(ctx caddy.Context) error {
 		return fmt.Errorf("rate_limit: adaptive: %w", err)
 	}
 	h.controller = app.(*App).Controller()
+	h.inFlight, h.readHeader = h.controller.CountsInFlight(), h.controller.ReadsHeaders()
 	return nil
 }
 
@@ -850,10 +853,16 @@ func (h *Handler) logStoreError(err error) {
 
 // pass hands the request to the next handler and, when the adaptive
 // controller is in use, records the latency and status of what it let
-// through: the signals by which it judges the upstream's health.
+// through: the signals by which it judges the upstream's health. Only when
+// the controller has such signals does it also count the request in flight
+// and read the numbers the upstream reports in its response header.
 func (h *Handler) pass(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	if h.controller == nil {
 		return next.ServeHTTP(w, r)
+	}
+	if h.inFlight {
+		h.controller.Begin()
+		defer h.controller.Done()
 	}
 	sw := &statusWriter{ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, start: time.Now()}
 	err := next.ServeHTTP(sw, r)
@@ -867,6 +876,9 @@ func (h *Handler) pass(w http.ResponseWriter, r *http.Request, next caddyhttp.Ha
 		status = http.StatusOK
 	}
 	h.controller.Record(latency, status)
+	if h.readHeader {
+		h.controller.RecordHeaders(sw.Header())
+	}
 	return err
 }
 

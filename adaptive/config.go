@@ -98,6 +98,12 @@ type Config struct {
 	// SharedMaxAge is how long a factor fetched from the Publisher stays in
 	// force when later fetches fail. Default three Intervals.
 	SharedMaxAge time.Duration `json:"shared_max_age,omitempty"`
+
+	// Signals are external signals: the health of the dependencies behind
+	// the upstream (a database pool from its exporter, a health endpoint),
+	// numbers the upstream reports on its responses, and the requests in
+	// flight. They count as the built-in signals do. See SignalConfig.
+	Signals []SignalConfig `json:"signals,omitempty"`
 }
 
 // Thresholds are a signal's warn and critical levels, in the signal's unit.
@@ -187,6 +193,13 @@ func (c Config) WithDefaults() Config {
 	if c.SharedMaxAge == 0 {
 		c.SharedMaxAge = 3 * c.Interval
 	}
+	if len(c.Signals) > 0 {
+		signals := make([]SignalConfig, len(c.Signals))
+		for i, s := range c.Signals {
+			signals[i] = s.withDefaults(c.Smoothing)
+		}
+		c.Signals = signals
+	}
 	return c
 }
 
@@ -260,6 +273,7 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("%s %v must not be negative", d.name, d.v))
 		}
 	}
+	errs = append(errs, validateSignals(c.Signals)...)
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("adaptive: invalid config: %w", err)
 	}

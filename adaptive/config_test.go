@@ -3,6 +3,7 @@ package adaptive
 import (
 	"encoding/json"
 	"math"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -123,7 +124,7 @@ func TestConfigJSON(t *testing.T) {
 		ErrorRate: Thresholds{Disabled: true}, Latency: LatencyThresholds{Warn: time.Second, Critical: 4 * time.Second},
 		LatencyWindow: time.Minute, MinRequests: 20, Smoothing: time.Second, Hysteresis: 0.05, Backoff: 0.6,
 		RecoveryDelay: 3 * time.Second, RecoveryTime: 2 * time.Minute, SharedMaxAge: 9 * time.Second}
-	if c != want {
+	if !reflect.DeepEqual(c, want) {
 		t.Errorf("decoded %+v\nwant    %+v", c, want)
 	}
 	out, _ := json.Marshal(c)

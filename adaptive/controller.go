@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"math"
+	"net/http"
 	"os"
 	"runtime"
 	"sync"
@@ -60,8 +61,19 @@ type Options struct {
 	// Publisher, when set, merges this instance's factor with its peers'.
 	Publisher Publisher
 
+	// Probes replace the reads of remote signals (Prometheus, HTTP), by
+	// signal name (tests inject their own). Default: read the configured
+	// URL.
+	Probes map[string]Probe
+
+	// HTTPClient reads the remote signals. Default: a client of the
+	// controller's own, its idle connections closed by Stop. Each read is
+	// bounded by its signal's Timeout.
+	HTTPClient *http.Client
+
 	// Inherit, when set, starts the new controller from the state of an
-	// older one (its factor, level, smoothed signals and shared factor)
+	// older one (its factor, level, smoothed signals, shared factor and
+	// count of requests in flight)
 	// instead of from a healthy factor of 1: replacing the controller
 	// because its config changed must not lift throttling in the middle of
 	// an incident. The latency window starts empty. Stop the old controller
@@ -88,8 +100,13 @@ type Controller struct {
 	cpu    Source
 	mem    Source // nil when memory is off
 	pub    Publisher
-	ctx    context.Context // cancelled by Stop; bounds publisher calls
+	ctx    context.Context // cancelled by Stop; bounds publisher and probe calls
 	cancel context.CancelFunc
+
+	signals  []*signal     // external signals, in configuration order
+	inflight *atomic.Int64 // requests between Begin and Done
+	client   *http.Client  // the remote signals' client, when the controller made it
+	probes   sync.WaitGroup
 
 	sampleMu sync.Mutex // serialises Sample; guards the fields below
 	st       ctrlState
@@ -150,7 +167,13 @@ func New(cfg Config, opts Options) (*Controller, error) {
 		now: opts.Now,
 		cpu: opts.CPU,
 		pub: opts.Publisher,
-		win: newWindow(cfg.LatencyWindow, cfg.Interval),
+		win: newWindow(cfg.LatencyWindow, cfg.Interval, headerSignals(cfg)),
+
+		inflight: new(atomic.Int64),
+	}
+	var err error
+	if c.signals, c.client, err = newSignals(cfg, opts); err != nil {
+		return nil, err
 	}
 	if c.log == nil {
 		c.log = zap.NewNop()
@@ -193,10 +216,24 @@ func New(cfg Config, opts Options) (*Controller, error) {
 		}
 		old.sampleMu.Unlock()
 		c.status = old.Status()
+		c.status.Signals = nil // the old controller's signals
 		c.status.LocalFactor = c.st.local
 		c.status.Factor = min(max(c.status.Factor, cfg.Floor), 1)
 		c.status.Level = c.levelAt(c.status.Factor)
 		c.level.Store(int32(c.status.Level))
+		// Requests in flight through the old controller's handlers are
+		// still in flight: share the count.
+		c.inflight = old.inflight
+		// A signal of the same name and kind keeps its smoothed value.
+		old.sampleMu.Lock()
+		for _, x := range c.signals {
+			for _, o := range old.signals {
+				if o.cfg.Name == x.cfg.Name && o.kind == x.kind {
+					x.avg = o.avg
+				}
+			}
+		}
+		old.sampleMu.Unlock()
 	}
 	c.setFactor(c.status.Factor)
 	c.collector = newCollector(c)
@@ -217,6 +254,11 @@ func (c *Controller) Start() {
 	c.started = true
 	c.done = make(chan struct{})
 	go c.run()
+	for _, x := range c.signals {
+		if x.probe != nil {
+			c.probes.Go(func() { c.runProbe(x) })
+		}
+	}
 }
 
 func (c *Controller) run() {
@@ -244,7 +286,11 @@ func (c *Controller) Stop() {
 	c.cancel()
 	if c.started {
 		<-c.done
+		c.probes.Wait()
 		c.started = false
+	}
+	if c.client != nil {
+		c.client.CloseIdleConnections()
 	}
 }
 
@@ -329,6 +375,9 @@ type Status struct {
 	Requests uint64
 
 	CPU, Memory, LatencyP99, ErrorRate Signal
+
+	// Signals are the external signals, in configuration order.
+	Signals []SignalStatus
 }
 
 // Signal is one signal's reading at a sample.
@@ -441,6 +490,16 @@ func (c *Controller) Sample(now time.Time) Status {
 	consider(&s.Memory, cfg.Memory.Warn, cfg.Memory.Critical, 1)
 	consider(&s.LatencyP99, float64(cfg.Latency.Warn), float64(cfg.Latency.Critical), float64(time.Second))
 	consider(&s.ErrorRate, cfg.ErrorRate.Warn, cfg.ErrorRate.Critical, 1)
+	if len(c.signals) > 0 {
+		s.Signals = make([]SignalStatus, len(c.signals))
+		for i, x := range c.signals {
+			s.Signals[i] = c.readSignal(x, now, dt, ws.requests)
+			if sig := &s.Signals[i]; sig.Counts {
+				p = max(p, sig.Pressure)
+				relief = max(relief, x.relief(sig, h))
+			}
+		}
+	}
 
 	c.stepLocal(p, relief, dt)
 	c.stepLevel(p, relief, dt)
@@ -602,10 +661,36 @@ func (c *Controller) logLevel(from Level, s Status) {
 		fields = append(fields, zap.Float64("error_percent", round(s.ErrorRate.Value, 2)))
 	}
 	fields = append(fields, zap.Uint64("window_requests", s.Requests))
+	if len(s.Signals) > 0 {
+		fields = append(fields, zap.Object("signals", signalsField(s.Signals)))
+	}
+	if worst := s.worst(); worst != "" {
+		fields = append(fields, zap.String("worst", worst))
+	}
 	c.log.Info("adaptive: level changed", fields...)
 }
 
 func round(v float64, digits int) float64 {
 	p := math.Pow(10, float64(digits))
 	return math.Round(v*p) / p
+}
+
+// worst names the signal with the highest pressure among those that count,
+// "" when none does.
+func (s *Status) worst() string {
+	name, p := "", math.Inf(-1)
+	for _, b := range []struct {
+		name string
+		sig  *Signal
+	}{{"cpu", &s.CPU}, {"memory", &s.Memory}, {"latency_p99", &s.LatencyP99}, {"error_rate", &s.ErrorRate}} {
+		if b.sig.Counts && b.sig.Pressure > p {
+			name, p = b.name, b.sig.Pressure
+		}
+	}
+	for i := range s.Signals {
+		if x := &s.Signals[i]; x.Counts && x.Pressure > p {
+			name, p = x.Name, x.Pressure
+		}
+	}
+	return name
 }

@@ -14,8 +14,10 @@
 //
 //	// request path, for each request let through to the upstream:
 //	limit := base * c.FactorFor(priority)
+//	if c.CountsInFlight() { c.Begin(); defer c.Done() }  // an in_flight signal
 //	...
 //	c.Record(latency, status)
+//	if c.ReadsHeaders() { c.RecordHeaders(resp.Header) } // a response_header signal
 //
 // # Signals
 //
@@ -33,11 +35,34 @@
 //     time slot of the window is a log-linear histogram of atomic counters,
 //     and the sampler sums the slots and interpolates the p99.
 //
+// Beside these, Config.Signals adds external signals (SignalConfig): the
+// health of the dependencies that drown first, behind the upstream.
+//
+//   - A Prometheus gauge, or the ratio of two (pool in use ÷ pool size),
+//     from an exporter's text exposition, parsed by
+//     github.com/prometheus/common/expfmt.
+//   - A number at a dotted path of a JSON document (a health endpoint).
+//   - A number the upstream reports in a response header, averaged over the
+//     latency window (fed by RecordHeaders).
+//   - The requests in flight through the handlers, against a maximum (fed
+//     by Begin and Done).
+//
+// The first two are read by a goroutine per signal, each at its own
+// interval and with its own timeout, so a slow exporter delays nothing but
+// its own reading; the sampler takes the latest reading, and one that
+// stops coming goes stale. A signal that cannot be read follows its
+// declared policy: it drops out of the decision ("ignore") or counts as
+// critical ("critical"); never is a failed read taken for a healthy value.
+// The first failure of a streak is logged, every one is counted.
+//
 // CPU and memory are smoothed (an exponential moving average, 2s), latency
-// and errors are already averaged by their window. Each signal is then
-// placed on its thresholds as a pressure p = (v − warn)/(critical − warn):
-// below 0 it is healthy, from 0 to 1 it is in the warn band, at 1 and beyond
-// it is critical. The worst signal wins.
+// and errors are already averaged by their window; external gauges and the
+// in-flight count are smoothed as CPU is, a response header's number is a
+// window average. Each signal is then placed on its thresholds as a
+// pressure p = (v − warn)/(critical − warn): below 0 it is healthy, from 0
+// to 1 it is in the warn band, at 1 and beyond it is critical. The worst
+// signal wins, external or not, and everything below (smoothing aside)
+// treats them all alike.
 //
 // # The controller: AIMD with a dead band
 //
@@ -100,7 +125,10 @@
 // # Visibility
 //
 // Register exports the factor, the level and every signal as Prometheus
-// gauges named cascade_adaptive_*, read from the last sample at scrape time.
-// A level change is logged at Info with the signals' values; nothing else is
+// gauges named cascade_adaptive_*, read from the last sample at scrape time;
+// each external signal has cascade_adaptive_signal{name}, its pressure,
+// cascade_adaptive_signal_unreadable{name} and
+// cascade_adaptive_signal_errors_total{name}. A level change is logged at
+// Info with the signals' values and the name of the worst; nothing else is
 // logged per sample.
 package adaptive

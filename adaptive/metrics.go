@@ -16,6 +16,7 @@ type collector struct {
 	factor, local, shared, level     *prometheus.Desc
 	cpu, memory, latency, errorRatio *prometheus.Desc
 	requests, pressure               *prometheus.Desc
+	signal, unreadable, errors       *prometheus.Desc
 }
 
 func newCollector(c *Controller) *collector {
@@ -35,12 +36,15 @@ func newCollector(c *Controller) *collector {
 		errorRatio: d("error_ratio", "Share of the requests recorded over the latency window that failed."),
 		requests:   d("window_requests", "Requests recorded over the latency window."),
 		pressure:   d("pressure", "Signal pressure: below 0 healthy, 0 at warn, 1 at critical. Absent when the signal does not count.", "signal"),
+		signal:     d("signal", "External signal's value, in its own unit (smoothed, or averaged over the latency window). Absent while unreadable.", "name"),
+		unreadable: d("signal_unreadable", "1 while the external signal cannot be read (it then follows its on_error policy), else 0.", "name"),
+		errors:     d("signal_errors_total", "Failed reads of the external signal (and response headers that were not a number).", "name"),
 	}
 }
 
 // Describe implements prometheus.Collector.
 func (m *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{m.factor, m.local, m.shared, m.level, m.cpu, m.memory, m.latency, m.errorRatio, m.requests, m.pressure} {
+	for _, d := range []*prometheus.Desc{m.factor, m.local, m.shared, m.level, m.cpu, m.memory, m.latency, m.errorRatio, m.requests, m.pressure, m.signal, m.unreadable, m.errors} {
 		ch <- d
 	}
 }
@@ -76,6 +80,20 @@ func (m *collector) Collect(ch chan<- prometheus.Metric) {
 		if sig.s.Counts {
 			gauge(m.pressure, sig.s.Pressure, sig.name)
 		}
+	}
+	for i, x := range s.Signals {
+		if x.Measured {
+			gauge(m.signal, x.Value, x.Name)
+		}
+		if x.Counts {
+			gauge(m.pressure, x.Pressure, x.Name)
+		}
+		unreadable := 0.0
+		if x.Err != nil {
+			unreadable = 1
+		}
+		gauge(m.unreadable, unreadable, x.Name)
+		ch <- prometheus.MustNewConstMetric(m.errors, prometheus.CounterValue, float64(m.c.signals[i].errors.Load()), x.Name)
 	}
 }
 

@@ -1,6 +1,8 @@
 package adaptive
 
 import (
+	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -155,5 +157,45 @@ func TestRegisterAcrossReloads(t *testing.T) {
 	}
 	if err := cur.c.Register(nil); err != nil {
 		t.Errorf("nil registerer: %v", err)
+	}
+}
+
+func TestSignalMetrics(t *testing.T) {
+	// Each external signal has its gauge, its pressure, whether it is
+	// unreadable and its count of failed reads.
+	pg := poolSignal(OnErrorCritical)
+	pg.Warn, pg.Critical, pg.Interval = 0.5, 1, time.Second // exact in binary
+	cfg := Config{Smoothing: time.Nanosecond, Signals: []SignalConfig{
+		pg,
+		{Name: "queue", Warn: 10, Critical: 40, OnError: OnErrorIgnore, Interval: time.Second, HTTP: &HTTPSignal{URL: "http://w/health", Field: "depth"}},
+	}}
+	h := newExtHarness(t, cfg, map[string]Probe{"pg_pool": &pool{v: 0.75}, "queue": ProbeFunc(func(context.Context) (float64, error) {
+		return 0, errors.New("refused")
+	})})
+	reg := prometheus.NewPedanticRegistry()
+	if err := h.c.Register(reg); err != nil {
+		t.Fatal(err)
+	}
+	h.tick()
+	h.tick()
+	want := `
+# HELP cascade_adaptive_pressure Signal pressure: below 0 healthy, 0 at warn, 1 at critical. Absent when the signal does not count.
+# TYPE cascade_adaptive_pressure gauge
+cascade_adaptive_pressure{signal="pg_pool"} 0.5
+# HELP cascade_adaptive_signal External signal's value, in its own unit (smoothed, or averaged over the latency window). Absent while unreadable.
+# TYPE cascade_adaptive_signal gauge
+cascade_adaptive_signal{name="pg_pool"} 0.75
+# HELP cascade_adaptive_signal_errors_total Failed reads of the external signal (and response headers that were not a number).
+# TYPE cascade_adaptive_signal_errors_total counter
+cascade_adaptive_signal_errors_total{name="pg_pool"} 0
+cascade_adaptive_signal_errors_total{name="queue"} 2
+# HELP cascade_adaptive_signal_unreadable 1 while the external signal cannot be read (it then follows its on_error policy), else 0.
+# TYPE cascade_adaptive_signal_unreadable gauge
+cascade_adaptive_signal_unreadable{name="pg_pool"} 0
+cascade_adaptive_signal_unreadable{name="queue"} 1
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want),
+		"cascade_adaptive_pressure", "cascade_adaptive_signal", "cascade_adaptive_signal_errors_total", "cascade_adaptive_signal_unreadable"); err != nil {
+		t.Error(err)
 	}
 }

@@ -55,6 +55,7 @@ func bucketBounds(i int) (lo, hi float64) {
 type slot struct {
 	buckets [numBuckets]atomic.Uint64
 	errors  atomic.Uint64
+	headers []sumCount // one per response-header signal
 }
 
 func (s *slot) reset() {
@@ -62,6 +63,27 @@ func (s *slot) reset() {
 		s.buckets[i].Store(0)
 	}
 	s.errors.Store(0)
+	for i := range s.headers {
+		s.headers[i].sum.Store(0)
+		s.headers[i].n.Store(0)
+	}
+}
+
+// sumCount accumulates the numbers a response-header signal reads: their
+// sum (float64 bits, added with compare-and-swap) and their count.
+type sumCount struct {
+	sum atomic.Uint64
+	n   atomic.Uint64
+}
+
+func (a *sumCount) add(v float64) {
+	for {
+		old := a.sum.Load()
+		if a.sum.CompareAndSwap(old, math.Float64bits(math.Float64frombits(old)+v)) {
+			break
+		}
+	}
+	a.n.Add(1)
 }
 
 // window is a ring of time slots, each a histogram of latencies plus an
@@ -78,18 +100,44 @@ type window struct {
 	tick   time.Duration // the sample interval, for rounding
 	start  time.Time     // when the current slot began; zero before the first sample
 	merged [numBuckets]uint64
+	// headers is the number of response-header signals: each slot has
+	// an accumulator for each.
+	headers int
 }
 
 // newWindow returns a window covering at least span, advanced by samples
-// every tick. The slot width is tick, or larger when span/tick exceeds
-// maxSlots; one extra slot is the one being filled.
-func newWindow(span, tick time.Duration) *window {
+// every tick, with an accumulator in each slot for each of headers
+// response-header signals. The slot width is tick, or larger when span/tick
+// exceeds maxSlots; one extra slot is the one being filled.
+func newWindow(span, tick time.Duration, headers int) *window {
 	width := tick
 	if n := (span + tick - 1) / tick; n > maxSlots {
 		width = tick * ((n + maxSlots - 1) / maxSlots)
 	}
 	n := int((span+width-1)/width) + 1
-	return &window{slots: make([]slot, n), width: width, tick: tick}
+	w := &window{slots: make([]slot, n), width: width, tick: tick, headers: headers}
+	if headers > 0 {
+		for i := range w.slots {
+			w.slots[i].headers = make([]sumCount, headers)
+		}
+	}
+	return w
+}
+
+// recordHeader adds a response-header signal's number to the current slot.
+func (w *window) recordHeader(i int, v float64) {
+	w.slots[w.cur.Load()].headers[i].add(v)
+}
+
+// headerStats sums a response-header signal's numbers over the whole
+// window. Called by the sampler only.
+func (w *window) headerStats(i int) (sum float64, n uint64) {
+	for s := range w.slots {
+		a := &w.slots[s].headers[i]
+		sum += math.Float64frombits(a.sum.Load())
+		n += a.n.Load()
+	}
+	return sum, n
 }
 
 // record adds one request. It is the hot path: one atomic load, one or two

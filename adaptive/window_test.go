@@ -62,7 +62,7 @@ func TestQuantileAccuracy(t *testing.T) {
 			return 10 * time.Millisecond
 		}},
 	} {
-		w := newWindow(30*time.Second, time.Second)
+		w := newWindow(30*time.Second, time.Second, 0)
 		var all []time.Duration
 		for range 20_000 {
 			d := tc.gen()
@@ -125,7 +125,7 @@ func TestWindowAdvance(t *testing.T) {
 			[]time.Duration{time.Second, 9 * time.Second, 10 * time.Second, 20 * time.Second}, []int{0, 0, 1, 2}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			w := newWindow(tc.span, tc.tick)
+			w := newWindow(tc.span, tc.tick, 0)
 			if len(w.slots) != tc.wantSlots || w.width != tc.wantWidth {
 				t.Fatalf("%d slots of %v, want %d of %v", len(w.slots), w.width, tc.wantSlots, tc.wantWidth)
 			}
@@ -139,7 +139,7 @@ func TestWindowAdvance(t *testing.T) {
 		})
 	}
 	// A gap longer than the window clears everything.
-	w := newWindow(5*time.Second, time.Second)
+	w := newWindow(5*time.Second, time.Second, 0)
 	w.advance(epoch)
 	for range 100 {
 		w.record(time.Millisecond, true)
