@@ -713,6 +713,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			return nil // the client went away while held: nothing to answer
 		case "preempted", "yielded":
 			return h.refuseBatch(w, outcome, retry, d)
+		case "redecided": // decided again: answered as any decision below
+			if d.Reason == engine.ReasonStoreError {
+				w.Header().Set("Retry-After", "1")
+				return h.problem(w, http.StatusServiceUnavailable, problemUnavailable, "Rate limit unavailable",
+					"the rate limit store could not decide this request; try again shortly", d)
+			}
 		case "queue_full":
 			retry := strconv.FormatInt(engine.CeilSeconds(d.Wait), 10)
 			w.Header().Set("Retry-After", retry)
@@ -783,10 +789,27 @@ func (h *Handler) holdUntil(r *http.Request, d *decision) (outcome string, retry
 		return "queue_full", 0
 	}
 	defer h.queued.Add(-1)
-	e, busy := h.line(d)
+	e, busy, victims := h.line(d)
 	if busy > 0 {
 		h.giveBack(r.Context(), d)
 		return "yielded", busy
+	}
+	if len(victims) > 0 {
+		// An interactive request decided behind batch reservations (made
+		// while it was decided), which it has preempted: once they are
+		// given back, it takes its place again, ahead of them.
+		wctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 5*time.Second)
+		_ = waiting.Wait(wctx, victims)
+		cancel()
+		h.giveBack(r.Context(), d)
+		err := h.engine.Redecide(r.Context(), &d.Decision, d.Estimates)
+		if err != nil || !(d.Allowed && d.Wait > 0) {
+			e.Leave()
+			if err != nil {
+				h.logStoreError(err)
+			}
+			return "redecided", 0
+		}
 	}
 	var preempted <-chan struct{}
 	if e != nil {

@@ -93,9 +93,12 @@ func (h *Handler) decideWaiting(ctx context.Context, d *decision, estimates []in
 // buckets: busy is then how long until the last of them goes. An
 // interactive request preempts the batch requests still held on its
 // buckets (decided while it was).
-func (h *Handler) line(d *decision) (e *waiting.Entry, busy time.Duration) {
+//
+// victims are the batch requests an interactive one preempted: they were
+// held on its buckets, decided before it, so it was decided behind them.
+func (h *Handler) line(d *decision) (e *waiting.Entry, busy time.Duration, victims []*waiting.Entry) {
 	if h.waits == nil {
-		return nil, 0
+		return nil, 0, nil
 	}
 	var keys, waits []string
 	for i, b := range d.Limits {
@@ -110,12 +113,12 @@ func (h *Handler) line(d *decision) (e *waiting.Entry, busy time.Duration) {
 	now := time.Now()
 	e, until, victims := h.waits.Hold(d.entry, h.batch, keys, waits, now.Add(d.Wait))
 	if e == nil {
-		return nil, max(until.Sub(now), time.Nanosecond)
+		return nil, max(until.Sub(now), time.Nanosecond), nil
 	}
 	if len(victims) > 0 {
 		h.logger.Debug("rate limit: an interactive request preempted held batch requests", zap.Int("preempted", len(victims)))
 	}
-	return e, 0
+	return e, 0, victims
 }
 
 // refuseBatch answers a batch request that gave way to interactive ones:

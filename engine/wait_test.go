@@ -134,3 +134,53 @@ func TestMaxWaitOnly(t *testing.T) {
 		}
 	}
 }
+
+// TestRedecide: a request decided behind a reservation that is then given
+// back, decided again after giving back its own, takes the earlier place —
+// nothing of its first decision (its wait) is kept.
+func TestRedecide(t *testing.T) {
+	tree := &hierarchy.Tree{Name: "api", Tiers: []*hierarchy.Tier{
+		{Name: "user", Key: "{user}", Limits: []*hierarchy.Limit{{Count: 2, Per: "s"}}},
+	}}
+	if err := tree.Compile(); err != nil {
+		t.Fatal(err)
+	}
+	c := &clock{now: time.Date(2026, 11, 25, 0, 0, 0, 0, time.UTC).UnixMicro()}
+	mem := store.NewMemory(store.MemoryOptions{Clock: c.read, SweepInterval: -1})
+	e := New(Config{Trees: []*Tree{{Tree: tree}}, Store: mem, StoreName: "memory", DenialLog: "off", MaxWait: 2 * time.Second})
+	t.Cleanup(func() { e.Close(); _ = mem.Close() })
+	ctx := context.Background()
+	decide := func() *Decision {
+		t.Helper()
+		d := new(Decision)
+		e.Begin(d)
+		if err := e.Add(d, e.Tree("api"), []string{"bob"}); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.Decide(ctx, d, nil); err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	decide()
+	decide() // the burst is spent
+	batch := decide()
+	interactive := decide()
+	if batch.Wait != 500*time.Millisecond || interactive.Wait != time.Second {
+		t.Fatalf("waits %v and %v, want 0.5s and 1s", batch.Wait, interactive.Wait)
+	}
+	// The batch request gives its place back; the interactive one gives
+	// back its own and is decided again: it goes at 0.5s.
+	if err := e.Refund(ctx, batch); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Refund(ctx, interactive); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Redecide(ctx, interactive, interactive.Estimates); err != nil {
+		t.Fatal(err)
+	}
+	if !interactive.Allowed || interactive.Wait < 499*time.Millisecond || interactive.Wait > 501*time.Millisecond {
+		t.Fatalf("decided again: allowed %v wait %v, want admitted after 0.5s", interactive.Allowed, interactive.Wait)
+	}
+}
