@@ -319,9 +319,11 @@ http://127.0.0.1:%d {
 	took = waitFor("pool drained", 5*time.Second, healthy)
 	t.Logf("pool at 20%%: quota back to 1000 after %v", took.Round(time.Millisecond))
 
-	// The exporter answers garbage: on_error critical throttles.
+	// The exporter answers garbage: on_error critical throttles, once the
+	// failures outlast the last good reading's grace (two intervals and a
+	// timeout: one failed read is no streak).
 	mode.Store("garbage")
-	took = waitFor("unreadable exporter, on_error critical", 2*interval, dropped)
+	took = waitFor("unreadable exporter, on_error critical", 4*interval, dropped)
 	t.Logf("unreadable exporter (critical): quota dropped after %v", took.Round(time.Millisecond))
 	mode.Store("ok")
 	waitFor("exporter readable again", 5*time.Second, healthy)

@@ -801,9 +801,16 @@ func (h *Handler) holdUntil(r *http.Request, d *decision) (outcome string, retry
 		wctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 5*time.Second)
 		_ = waiting.Wait(wctx, victims)
 		cancel()
-		h.giveBack(r.Context(), d)
-		err := h.engine.Redecide(r.Context(), &d.Decision, d.Estimates)
-		if err != nil || !(d.Allowed && d.Wait > 0) {
+		if h.giveBack(r.Context(), d) != nil {
+			// Still charged: not decided again (that would charge twice);
+			// it waits as decided.
+			victims = nil
+		}
+		var err error
+		if victims != nil {
+			err = h.engine.Redecide(r.Context(), &d.Decision, d.Estimates)
+		}
+		if victims != nil && (err != nil || !(d.Allowed && d.Wait > 0)) {
 			e.Leave()
 			if err != nil {
 				h.logStoreError(err)
@@ -851,12 +858,14 @@ func (h *Handler) done(r *http.Request, d *decision) {
 }
 
 // giveBack refunds a reservation that will not be used.
-func (h *Handler) giveBack(ctx context.Context, d *decision) {
+func (h *Handler) giveBack(ctx context.Context, d *decision) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	if err := h.engine.Refund(ctx, &d.Decision); err != nil {
+	err := h.engine.Refund(ctx, &d.Decision)
+	if err != nil {
 		h.logger.Warn("rate limit: giving back a reservation failed; it stays charged", zap.Error(err))
 	}
+	return err
 }
 
 // logStoreError logs store failures at ERROR, at most once a second with

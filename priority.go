@@ -77,8 +77,8 @@ func (h *Handler) decideWaiting(ctx context.Context, d *decision, estimates []in
 	cancel()
 	h.logger.Debug("rate limit: an interactive request preempted held batch requests",
 		zap.Int("preempted", len(victims)), zap.Error(werr))
-	if held {
-		h.giveBack(ctx, d) // its place behind them, taken again ahead of them
+	if held && h.giveBack(ctx, d) != nil {
+		return nil // still charged: it waits as decided (deciding again would charge twice)
 	}
 	err = h.engine.Redecide(ctx, &d.Decision, estimates)
 	if !(d.Allowed && d.Wait > 0 && d.Mode == engine.Enforce) {

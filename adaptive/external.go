@@ -41,6 +41,7 @@ type signal struct {
 	slot  int    // response_header: index of its accumulator in the window's slots
 
 	latest atomic.Pointer[reading] // prometheus, http: the latest reading
+	good   atomic.Pointer[reading] // prometheus, http: the latest successful reading
 	errors atomic.Uint64           // failed reads (and bad header values)
 
 	// Sampler state, guarded by Controller.sampleMu.
@@ -127,8 +128,10 @@ func (c *Controller) poll(x *signal) {
 	if c.ctx.Err() != nil {
 		return // stopping: not the signal's failure
 	}
-	if err == nil && (math.IsNaN(v) || math.IsInf(v, 0)) {
-		err = fmt.Errorf("not a number: %v", v)
+	if err == nil && (math.IsNaN(v) || math.IsInf(v, 0) || v < 0) {
+		// A negative reading is no load (exporters say −1 for unknown):
+		// never read as healthy.
+		err = fmt.Errorf("not a load (a number ≥ 0): %v", v)
 	}
 	if err != nil {
 		if errors.Is(err, context.DeadlineExceeded) {
@@ -136,8 +139,17 @@ func (c *Controller) poll(x *signal) {
 		}
 		x.errors.Add(1)
 	}
-	x.latest.Store(&reading{v: v, err: err, at: c.now()})
+	r := &reading{v: v, err: err, at: c.now()}
+	x.latest.Store(r)
+	if err == nil {
+		x.good.Store(r)
+	}
 }
+
+// maxHeaderValue is the largest number a response_header signal takes from
+// a response: far above any threshold, far below what a window's sum can
+// hold.
+const maxHeaderValue = 1e12
 
 // runProbe polls a remote signal until the controller stops.
 func (c *Controller) runProbe(x *signal) {
@@ -169,6 +181,14 @@ func (c *Controller) readSignal(x *signal, now time.Time, dt time.Duration, requ
 		case now.Sub(r.at) > 2*x.cfg.Interval+x.cfg.Timeout:
 			err = fmt.Errorf("no reading since %s", r.at.Format(time.RFC3339))
 		case r.err != nil:
+			// One failed read is not a streak: the last good reading
+			// stands until the next read is due and late (two intervals
+			// and a timeout old at most), so a read that times out now
+			// and then does not throw the factor down.
+			if g := x.good.Load(); g != nil && now.Sub(g.at) <= 2*x.cfg.Interval+x.cfg.Timeout {
+				v = g.v
+				break
+			}
 			err = r.err
 		default:
 			v = r.v
@@ -179,8 +199,10 @@ func (c *Controller) readSignal(x *signal, now time.Time, dt time.Duration, requ
 		sum, n := c.win.headerStats(x.slot)
 		need := uint64(max(c.cfg.MinRequests, 1))
 		switch {
-		case n >= need:
+		case n >= need && !math.IsNaN(sum) && !math.IsInf(sum, 0):
 			v = sum / float64(n)
+		case n >= need:
+			err = fmt.Errorf("the values of %s over the latency window do not sum to a number", x.hdr)
 		case n == 0 && requests >= need:
 			err = fmt.Errorf("none of the %d responses over the latency window carried a number in %s", requests, x.hdr)
 		default:
@@ -274,7 +296,9 @@ func (c *Controller) RecordHeaders(h http.Header) {
 			continue
 		}
 		f, err := strconv.ParseFloat(strings.TrimSpace(vs[0]), 64)
-		if err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
+		// Not a load: not a number, negative (it would mask the others
+		// in the average), or absurdly large (it would overflow it).
+		if err != nil || math.IsNaN(f) || !(f >= 0 && f <= maxHeaderValue) {
 			x.errors.Add(1)
 			continue
 		}

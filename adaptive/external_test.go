@@ -241,10 +241,17 @@ func TestExternalUnreadable(t *testing.T) {
 			}
 			p.err = errors.New("connection refused")
 			var s Status
-			for range 90 {
+			for i := range 90 {
 				s = h.tick()
-				if sig := s.Signals[0]; sig.Err == nil || sig.Measured || sig.Counts != tc.counts || (tc.counts && sig.Pressure != 1) {
-					t.Fatalf("unreadable signal reported as %+v", sig)
+				sig := s.Signals[0]
+				if i < 4 && sig.Err == nil && sig.Measured {
+					// Two intervals and a timeout (4s) after the last
+					// good reading: it stands, a single failure is no
+					// streak.
+					continue
+				}
+				if sig.Err == nil || sig.Measured || sig.Counts != tc.counts || (tc.counts && sig.Pressure != 1) {
+					t.Fatalf("tick %d: unreadable signal reported as %+v", i, sig)
 				}
 			}
 			if !tc.wantFactor(s.Factor) || s.Level != tc.wantLevel {
@@ -259,7 +266,9 @@ func TestExternalUnreadable(t *testing.T) {
 			p.err = nil
 			h.tick()
 			p.err = errors.New("again")
-			h.tick()
+			for range 5 { // past the grace of one interval and a timeout
+				h.tick()
+			}
 			if n := h.logs.FilterMessage("adaptive: signal unreadable").Len(); n != 2 {
 				t.Errorf("a second streak logged %d failures in all, want 2", n)
 			}
@@ -462,5 +471,99 @@ func TestSignalLogFieldShowsUnreadable(t *testing.T) {
 	signalsField{{Name: "a", Signal: Signal{Value: 0.12345, Measured: true}}, {Name: "b", Err: errors.New("x")}, {Name: "c"}}.MarshalLogObject(enc)
 	if len(enc.Fields) != 2 || enc.Fields["a"] != 0.123 || enc.Fields["b"] != "unreadable" {
 		t.Fatalf("fields %v", enc.Fields)
+	}
+}
+
+// TestHeaderSignalRefusesNegative: a response with a negative number is
+// no reading; it does not mask a critical upstream for the whole window.
+func TestHeaderSignalRefusesNegative(t *testing.T) {
+	cfg := Config{MinRequests: 10, LatencyWindow: 10 * time.Second, Signals: []SignalConfig{
+		{Name: "q", ResponseHeader: "x-queue-depth", Warn: 10, Critical: 20, OnError: OnErrorCritical},
+	}}
+	h := newExtHarness(t, cfg, nil)
+	h.tick()
+	for i := range 100 {
+		h.c.Record(time.Millisecond, 200)
+		v := "25" // critical
+		if i == 0 {
+			v = "-1e9"
+		}
+		h.c.RecordHeaders(http.Header{"X-Queue-Depth": {v}})
+	}
+	var s Status
+	for range 5 {
+		s = h.tick()
+	}
+	t.Logf("signal %+v factor %v level %v", s.Signals[0], s.Factor, s.Level)
+	if s.Factor == 1 {
+		t.Errorf("99 of 100 responses critical, one says -1e9: factor %v (healthy)", s.Factor)
+	}
+}
+
+// TestHeaderSignalRefusesHuge: absurdly large values (of either sign) are
+// no readings: the window's sum stays a number, and a NaN never freezes
+// the factor while another signal (CPU) is critical.
+func TestHeaderSignalRefusesHuge(t *testing.T) {
+	cfg := Config{MinRequests: 2, LatencyWindow: 10 * time.Second, Signals: []SignalConfig{
+		{Name: "q", ResponseHeader: "x-queue-depth", Warn: 10, Critical: 20, OnError: OnErrorIgnore},
+	}}
+	h := newHarness(t, cfg, Options{})
+	h.step(20)
+	rec := func(v string) {
+		h.c.Record(time.Millisecond, 200)
+		h.c.RecordHeaders(http.Header{"X-Queue-Depth": {v}})
+	}
+	rec("1.7e308")
+	rec("1.7e308")
+	h.step(20)
+	rec("-1.7e308")
+	rec("-1.7e308")
+	var s Status
+	for range 8 {
+		s = h.step(99) // CPU critical
+		t.Logf("cpu %v sig %v factor %v", s.CPU.Pressure, s.Signals[0].Value, s.Factor)
+	}
+	t.Logf("signal %+v factor %v level %v", s.Signals[0], s.Factor, s.Level)
+	if s.Factor > 0.3 {
+		t.Errorf("CPU critical for 8s: factor %v (NaN from a header froze it)", s.Factor)
+	}
+}
+
+// TestOneFailedReadIsNoStreak: one failed read of a 5s remote signal
+// with on_error critical does not throw the factor down: the last good
+// reading stands until the failures last longer than an interval and a
+// timeout.
+func TestOneFailedReadIsNoStreak(t *testing.T) {
+	p := &pool{v: 0.3}
+	h := newExtHarness(t, Config{Signals: []SignalConfig{poolSignal(OnErrorCritical)}}, map[string]Probe{"pg_pool": p})
+	for range 10 {
+		h.tick()
+	}
+	p.err = errors.New("timeout")
+	h.tick()
+	p.err = nil
+	lo := 1.0
+	for range 30 {
+		s := h.tick()
+		lo = math.Min(lo, s.Factor)
+	}
+	s := h.tick()
+	t.Logf("min factor %v, factor 30s later %v", lo, s.Factor)
+	if lo < 0.5 {
+		t.Errorf("a single failed scrape of a healthy (30%%) pool took the factor to %v", lo)
+	}
+}
+
+// TestNegativeRatioIsUnreadable: a negative divisor (a −1 "unknown" gauge)
+// makes the ratio unreadable, never a healthy reading.
+func TestNegativeRatioIsUnreadable(t *testing.T) {
+	pp, err := newPrometheusProbe(nil, &PrometheusSignal{URL: "http://x/metrics", Metric: "in_use", DivideBy: "size"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := pp.eval([]byte("# TYPE in_use gauge\nin_use 95\n# TYPE size gauge\nsize -1\n"))
+	t.Logf("v=%v err=%v", v, err)
+	if err == nil {
+		t.Errorf("ratio of 95 in use to a size of -1 read as %v, want an error", v)
 	}
 }

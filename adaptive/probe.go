@@ -112,8 +112,8 @@ func (p *prometheusProbe) eval(body []byte) (float64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("%s: %w", p.url, err)
 	}
-	if d == 0 {
-		return 0, fmt.Errorf("%s: %s is 0: cannot divide by it", p.url, p.den)
+	if !(d > 0) {
+		return 0, fmt.Errorf("%s: %s is %v: a ratio needs a positive divisor", p.url, p.den, d)
 	}
 	return v / d, nil
 }
@@ -149,9 +149,11 @@ func (s *selector) value(families map[string]*dto.MetricFamily) (float64, error)
 		return 0, fmt.Errorf("metric %s not found", s.name)
 	}
 	switch mf.GetType() {
-	case dto.MetricType_GAUGE, dto.MetricType_COUNTER, dto.MetricType_UNTYPED:
+	case dto.MetricType_GAUGE, dto.MetricType_UNTYPED:
 	default:
-		return 0, fmt.Errorf("metric %s is a %s: select a gauge", s.name, strings.ToLower(mf.GetType().String()))
+		// A counter only grows: read as a level it would end critical
+		// for good.
+		return 0, fmt.Errorf("metric %s is a %s: select a gauge (a level, not a running total)", s.name, strings.ToLower(mf.GetType().String()))
 	}
 	var found *dto.Metric
 	n := 0

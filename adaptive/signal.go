@@ -262,8 +262,8 @@ func (s SignalConfig) validate() []error {
 		switch {
 		case s.Interval < 10*time.Millisecond:
 			bad("interval %v is too short (minimum 10ms)", s.Interval)
-		case s.Timeout <= 0 || s.Timeout > s.Interval:
-			bad("timeout %v must be positive and at most the interval (%v)", s.Timeout, s.Interval)
+		case s.Timeout < time.Millisecond || s.Timeout > s.Interval:
+			bad("timeout %v must be at least 1ms and at most the interval (%v)", s.Timeout, s.Interval)
 		}
 	} else if kind != "" && (s.Interval != 0 || s.Timeout != 0) {
 		bad("interval and timeout apply to prometheus and http signals only (a %s signal is read at every sample)", kind)

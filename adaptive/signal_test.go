@@ -75,7 +75,7 @@ func TestSignalValidate(t *testing.T) {
 		{"bad on_error", prom(func(s *SignalConfig) { s.OnError = "healthy" }), `on_error "healthy": use ignore or critical`},
 		{"on_error on in_flight", prom(func(s *SignalConfig) { s.Prometheus, s.InFlight = nil, 10 }), "an in_flight signal cannot fail; remove on_error"},
 		{"interval too short", prom(func(s *SignalConfig) { s.Interval = time.Millisecond }), "interval 1ms is too short"},
-		{"timeout above interval", prom(func(s *SignalConfig) { s.Interval, s.Timeout = time.Second, 2*time.Second }), "timeout 2s must be positive and at most the interval (1s)"},
+		{"timeout above interval", prom(func(s *SignalConfig) { s.Interval, s.Timeout = time.Second, 2*time.Second }), "timeout 2s must be at least 1ms and at most the interval (1s)"},
 		{"interval on a header", prom(func(s *SignalConfig) { s.Prometheus, s.ResponseHeader, s.Interval = nil, "X-A", time.Second }), "interval and timeout apply to prometheus and http signals only"},
 		{"negative smoothing", prom(func(s *SignalConfig) { s.Smoothing = -time.Second }), "smoothing -1s must not be negative"},
 		{"duplicate names", Config{Signals: []SignalConfig{poolSignal(OnErrorIgnore), poolSignal(OnErrorIgnore)}}, `signals[1]: name "pg_pool" is used twice`},

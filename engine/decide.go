@@ -99,14 +99,15 @@ type Decision struct {
 	// full, never taking a slot it could not give back.
 	Untracked bool
 
-	lenient    string       // the mode of the trees that apply and do not enforce (warn over shadow)
-	localShare float64      // with Local, the share of each limit decided on
-	unwidened  []rate.Limit // with Config.MaxWait, the limits before reserve widened them
-	slots      bool         // a concurrency slot may be held: Done gives it back
-	record     store.Bucket // the idempotency record decided with the path (Key "" for none)
-	recorded   bool         // the record was written by this decision: Done ends its flight
-	scratch    *scratch     // nil until Begin takes one
-	used       int          // buckets of scratch written to
+	lenient    string             // the mode of the trees that apply and do not enforce (warn over shadow)
+	localShare float64            // with Local, the share of each limit decided on
+	unwidened  []rate.Limit       // with Config.MaxWait, the limits before reserve widened them
+	slots      bool               // a concurrency slot may be held: Done gives it back
+	full       []hierarchy.Bucket // with enforceOnly, the whole path (Buckets is then the enforcing trees')
+	record     store.Bucket       // the idempotency record decided with the path (Key "" for none)
+	recorded   bool               // the record was written by this decision: Done ends its flight
+	scratch    *scratch           // nil until Begin takes one
+	used       int                // buckets of scratch written to
 }
 
 // scratch is the memory of one decision's slices, reused across requests
@@ -143,7 +144,7 @@ func (d *Decision) Release() {
 	clear(sc.buckets[:n])
 	clear(sc.limits[:n])
 	clear(sc.values[:])
-	d.scratch, d.Buckets, d.Limits, d.Costs, d.Results = nil, nil, nil, nil, nil
+	d.scratch, d.Buckets, d.Limits, d.Costs, d.Results, d.full = nil, nil, nil, nil, nil, nil
 	scratchPool.Put(sc)
 }
 
@@ -295,6 +296,9 @@ func (e *Engine) Strike(ctx context.Context, d *Decision) {
 // back what d's decision charged (Refund) because the path's capacity
 // changed meanwhile (held requests gave their reservations back).
 func (e *Engine) Redecide(ctx context.Context, d *Decision, estimates []int64) error {
+	if d.full != nil { // the whole path again, not its enforcing trees alone
+		d.Buckets, d.full = d.full, nil
+	}
 	d.Decision = store.Decision{}
 	d.Wait, d.Retry, d.Reason, d.Blocked, d.Closest = 0, 0, "", "", -1
 	d.Replayed, d.slots, d.recorded, d.Scaled, d.Local, d.unwidened = false, false, false, false, false, nil
@@ -419,16 +423,7 @@ func (e *Engine) settle(ctx context.Context, d *Decision, sc *scratch) error {
 	if err == nil && d.record.Key != "" {
 		res = e.readRecord(d, res)
 		if d.Replayed && tookSlots(d.Limits) {
-			// A retry let through still takes its concurrency slots
-			// (nothing else: its other costs are 0), in a second call.
-			if d.unleased() && e.unleased != nil {
-				res, err = e.unleased.DecideUnleased(ctx, d.Limits)
-			} else {
-				res, err = e.cfg.Store.Decide(ctx, d.Limits)
-			}
-			if err == nil && !res.Allowed {
-				d.Replayed, d.Reason = false, "" // refused for want of a slot, as any request
-			}
+			res, err = e.replaySlots(ctx, d, res)
 		}
 	}
 	if err != nil {
@@ -483,6 +478,43 @@ func (e *Engine) settle(ctx context.Context, d *Decision, sc *scratch) error {
 		}
 	}
 	return nil
+}
+
+// replaySlots takes the concurrency slots of a retry let through without a
+// charge (res, its decision), in a second store call of those buckets
+// alone, and returns the path's decision: refused, as any request, when
+// the slots are taken (the retry still counts as one of its record's).
+func (e *Engine) replaySlots(ctx context.Context, d *Decision, res store.Decision) (store.Decision, error) {
+	var idx []int
+	var slots []store.Bucket
+	for i, b := range d.Limits {
+		if holdsSlot(b) {
+			idx, slots = append(idx, i), append(slots, b)
+		}
+	}
+	var got store.Decision
+	var err error
+	if e.unleased != nil {
+		got, err = e.unleased.DecideUnleased(ctx, slots)
+	} else {
+		got, err = e.cfg.Store.Decide(ctx, slots)
+	}
+	if err != nil {
+		return got, err
+	}
+	for k, i := range idx {
+		res.Results[i] = got.Results[k]
+	}
+	// The slots' time: what giving them back names (their other buckets
+	// were charged nothing).
+	res.At, res.Times = got.At, nil
+	if !got.Allowed {
+		d.Replayed, d.Reason = false, "" // refused for want of a slot, as any request
+		out := store.Combine(res.Results)
+		out.At = got.At
+		return out, nil
+	}
+	return res, nil
 }
 
 // unleased reports whether d must be decided without a lease: its charge
@@ -623,6 +655,9 @@ func (e *Engine) enforceOnly(ctx context.Context, d *Decision) error {
 	}
 	if ce := e.cfg.Logger.Check(zap.DebugLevel, "rate limited by a tree that does not enforce"); ce != nil {
 		ce.Write(zap.String("blocked_by", d.Blocked), zap.String("reason", d.Reason))
+	}
+	if d.full == nil {
+		d.full = d.Buckets // the whole path, for Redecide
 	}
 	d.Buckets, d.Limits, d.Costs, d.Blocked, d.Retry = buckets, limits, costs, "", 0
 	d.Decision = store.Decision{}

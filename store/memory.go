@@ -484,7 +484,7 @@ func (m *Memory) makeRoom(sh *memoryShard, now int64) {
 		if e.expires-now > rate.ForeverTTL/2 {
 			continue // slots in flight: dropping them would over-admit
 		}
-		if e.record { // an idempotency record goes first
+		if e.record && e.state.A <= float64(now) { // a record whose request has ended goes first
 			victim, seen = h, 1
 			break
 		}

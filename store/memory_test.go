@@ -266,7 +266,7 @@ func TestMemoryEvictsRecordsFirst(t *testing.T) {
 	defer m.Close()
 	ctx := context.Background()
 	record := func(i int) []store.Bucket {
-		return []store.Bucket{{Key: fmt.Sprintf("r%d", i), Limit: rate.Limit{Algorithm: rate.Idempotent, Count: 60e6, Period: 24 * time.Hour, Burst: 3}, Cost: 1}}
+		return []store.Bucket{{Key: fmt.Sprintf("r%d", i), Limit: rate.Limit{Algorithm: rate.Idempotent, Count: 1, Period: 24 * time.Hour, Burst: 3}, Cost: 1}} // in flight 1µs: ended at once
 	}
 	for i := range 600 {
 		m.Decide(ctx, record(i))
