@@ -116,6 +116,8 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	            ttl           <duration>            # how long a lease may be spent (1s)
 //	        }]
 //	    }
+//	    store redis <name> { ... }                  # a further store, for route
+//	    route <tier> <value...> <store> [{ on_store_error deny|allow|local }] # these tenants' paths live in that store
 //	    charge_on      status <code...>|{ status <code...>; header <field> [<value>] } # charge only matching responses
 //	    max_wait       <duration>                    # hold a request that fits its GCRA limits within it, instead of refusing
 //	    max_queued     <n>                           # requests held at once (default 1000)
@@ -168,6 +170,8 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			err = h.parseCost(d)
 		case "store":
 			err = h.parseStore(d)
+		case "route":
+			err = h.parseRoute(d)
 		case "charge_on":
 			if h.ChargeOn != nil {
 				return d.Err("charge_on given twice: write one, with every status and header it needs")
@@ -268,7 +272,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				d.RemainingArgs()
 			}
 		default:
-			return d.Errf("unknown rate_limit option %q: expected tree, zone, cost, store, on_store_error, mode, headers, status_code, forwarded, priority, shed_at_floor, use_error_routes, jitter, sweep_interval, log_key, denial_log or disable_metrics", d.Val())
+			return d.Errf("unknown rate_limit option %q: expected tree, zone, cost, store, route, on_store_error, mode, headers, status_code, forwarded, priority, shed_at_floor, use_error_routes, jitter, sweep_interval, log_key, denial_log or disable_metrics", d.Val())
 		}
 		if err != nil {
 			return err
@@ -838,10 +842,26 @@ func (h *Handler) parseStore(d *caddyfile.Dispenser) error {
 	if !d.NextArg() {
 		return d.Errf("usage: store memory|redis { ... }")
 	}
+	kind := d.Val()
+	if d.NextArg() { // store redis <name> { ... }: a store for routes
+		name := d.Val()
+		if kind != "redis" {
+			return d.Errf("store %s %s: only redis stores are named (for route): a memory store is this process's", kind, name)
+		}
+		if h.Stores[name] != nil {
+			return d.Errf("store redis %s given twice", name)
+		}
+		if h.Stores == nil {
+			h.Stores = map[string]*StoreConfig{}
+		}
+		r := &RedisStoreConfig{}
+		h.Stores[name] = &StoreConfig{Redis: r}
+		return parseRedis(d, r)
+	}
 	if h.Store != nil {
 		return d.Errf("store already configured")
 	}
-	switch d.Val() {
+	switch kind {
 	case "memory":
 		m := &MemoryStoreConfig{}
 		h.Store = &StoreConfig{Memory: m}

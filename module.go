@@ -169,6 +169,12 @@ type Handler struct {
 	// 1000 with MaxWait); beyond it a request that would wait is refused.
 	MaxQueued int `json:"max_queued,omitempty"`
 
+	// Stores are further stores by name, for Routes.
+	Stores map[string]*StoreConfig `json:"stores,omitempty"`
+	// Routes send the paths of some tenants to one of Stores (see
+	// StoreRoute): their load and their store's failures stay theirs.
+	Routes []*StoreRoute `json:"routes,omitempty"`
+
 	// Idempotency, when set, charges a request with an idempotency key
 	// once: its retries on the same path are admitted without a charge,
 	// and a duplicate while it is in flight gets 409 (see
@@ -207,6 +213,7 @@ type Handler struct {
 	storeErrors      *atomic.Int64 // failures not yet logged
 	storeErrorLogged *atomic.Int64 // when the last one was (unix ns)
 
+	routeKeys  []string // the pool keys of the stores routes use
 	unregister func()
 	pending    *held         // decisions waiting for a usage report (Forwarded)
 	local      *store.Memory // on_store_error local's store
@@ -418,9 +425,24 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if hc == nil {
 		hc = &HeadersConfig{}
 	}
+	routes, routedLocal, err := h.provisionRoutes(ctx)
+	if err != nil {
+		return fmt.Errorf("rate_limit: %w", err)
+	}
 	var local store.Store
 	share := 1.0
 	var instances func() int64
+	if routedLocal && h.OnStoreError != "local" {
+		// Only routed tenants decide locally: on their limits' local
+		// share, as counted by the handler's store or given.
+		h.local = store.NewMemory(store.MemoryOptions{})
+		local = h.local
+		share = 1 / float64(max(h.LocalInstances, 1))
+		if h.LocalInstances == 0 && o.presence != nil {
+			o.presence.Start()
+			instances = o.presence.Count
+		}
+	}
 	if h.OnStoreError == "local" {
 		if h.Store == nil || h.Store.Redis == nil {
 			return errors.New("rate_limit: on_store_error local decides in memory when Redis cannot: it needs store redis (the memory store does not fail)")
@@ -434,7 +456,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		}
 	}
 	h.engine = engine.New(engine.Config{
-		Local: local, LocalShare: share, LocalInstances: instances,
+		Local: local, LocalShare: share, LocalInstances: instances, Routes: routes,
 		Trees: h.etrees, Dimensions: dims,
 		Store: o.Store, StoreName: o.name, Runtime: o.runtime, Top: o.top,
 		Controller: h.controller, Priority: h.priority,
@@ -600,6 +622,9 @@ func (h *Handler) Cleanup() error {
 	if h.waitsKey != "" {
 		_, _ = waitlists.Delete(h.waitsKey)
 	}
+	for _, k := range h.routeKeys {
+		_, _ = stores.Delete(k)
+	}
 	if h.poolKey != "" {
 		_, err := stores.Delete(h.poolKey)
 		return err
@@ -683,7 +708,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 
 	if d.Reason == engine.ReasonStoreError {
 		h.logStoreError(err)
-		if h.onStoreError() == "allow" || !d.Enforcing {
+		policy := d.OnStoreError // a routed tenant's store's
+		if policy == "" {
+			policy = h.onStoreError()
+		}
+		if policy == "allow" || !d.Enforcing {
 			return h.pass(w, r, next)
 		}
 		w.Header().Set("Retry-After", "1")

@@ -139,6 +139,10 @@ func inspect(r *http.Request, e *engine.Engine, tree string, given map[string]st
 	if err != nil {
 		return nil, caddy.APIError{HTTPStatus: http.StatusServiceUnavailable, Err: err}
 	}
+	out.Store = e.StoreName()
+	if p.Store != "" {
+		out.Store = p.Store
+	}
 	var retry int64
 	for i, b := range p.Buckets {
 		now, asked := p.Now.Results[i], p.Asked.Results[i]

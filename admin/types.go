@@ -66,6 +66,9 @@ type Buckets struct {
 	Tree string `json:"tree"`
 	// Path is the tiers' values the path was resolved from, root first.
 	Path []PathValue `json:"path"`
+	// Store names the store that holds the path: the handler's, or the
+	// one its tenant is routed to.
+	Store string `json:"store"`
 	// Cost is the request the RetryAfter values are for, per dimension.
 	Cost map[string]int64 `json:"cost"`
 	// Allowed tells whether a request of that cost would be admitted now;

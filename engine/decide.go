@@ -93,6 +93,9 @@ type Decision struct {
 	// decide again (Refund, Redecide), keeps a refusal from counting
 	// towards a penalty box; Strike counts it if it stands.
 	Tentative bool
+	// OnStoreError, when the store of the path's route failed, is that
+	// route's failure policy ("deny" or "allow"; "" the front end's own).
+	OnStoreError string
 	// Untracked, set by a front end that never learns when a request ends
 	// (Envoy's rate limit service, a decision endpoint), makes the path's
 	// concurrency limits only looked at: a request refused when they are
@@ -104,6 +107,7 @@ type Decision struct {
 	unwidened  []rate.Limit       // with Config.MaxWait, the limits before reserve widened them
 	slots      bool               // a concurrency slot may be held: Done gives it back
 	full       []hierarchy.Bucket // with enforceOnly, the whole path (Buckets is then the enforcing trees')
+	route      int                // the store of the path: 0 Config.Store, r Config.Routes[r−1]
 	record     store.Bucket       // the idempotency record decided with the path (Key "" for none)
 	recorded   bool               // the record was written by this decision: Done ends its flight
 	scratch    *scratch           // nil until Begin takes one
@@ -244,6 +248,7 @@ func (e *Engine) DecideCosts(ctx context.Context, d *Decision) error {
 		d.Scaled = d.Scaled || scaled
 	}
 	d.Limits = sb
+	d.route = e.routeOf(d.Buckets)
 	d.record = store.Bucket{}
 	if d.Idempotency != "" && e.cfg.Idempotency.TTL > 0 {
 		d.record = e.recordOf(d)
@@ -413,13 +418,7 @@ func (e *Engine) settle(ctx context.Context, d *Decision, sc *scratch) error {
 		// bucket (its hash tag), which decides first.
 		limits = append(d.Limits[:len(d.Limits):len(d.Limits)], d.record)
 	}
-	if d.unleased() && e.unleased != nil {
-		res, err = e.unleased.DecideUnleased(ctx, limits)
-	} else if e.into != nil && sc != nil && d.record.Key == "" {
-		res, err = e.into.DecideInto(ctx, limits, sc.results[:])
-	} else {
-		res, err = e.cfg.Store.Decide(ctx, limits)
-	}
+	res, err = e.decideIn(ctx, d, limits, sc)
 	if err == nil && d.record.Key != "" {
 		res = e.readRecord(d, res)
 		if d.Replayed && tookSlots(d.Limits) {
@@ -427,7 +426,12 @@ func (e *Engine) settle(ctx context.Context, d *Decision, sc *scratch) error {
 		}
 	}
 	if err != nil {
-		if e.cfg.Local == nil {
+		policy := ""
+		if d.route > 0 {
+			policy = e.cfg.Routes[d.route-1].OnError
+		}
+		if policy != "" && policy != "local" || e.cfg.Local == nil {
+			d.OnStoreError = policy
 			return err
 		}
 		d.record = store.Bucket{} // a local decision keeps no record
@@ -492,13 +496,7 @@ func (e *Engine) replaySlots(ctx context.Context, d *Decision, res store.Decisio
 			idx, slots = append(idx, i), append(slots, b)
 		}
 	}
-	var got store.Decision
-	var err error
-	if e.unleased != nil {
-		got, err = e.unleased.DecideUnleased(ctx, slots)
-	} else {
-		got, err = e.cfg.Store.Decide(ctx, slots)
-	}
+	got, err := e.decideIn(ctx, d, slots, nil)
 	if err != nil {
 		return got, err
 	}
@@ -515,6 +513,24 @@ func (e *Engine) replaySlots(ctx context.Context, d *Decision, res store.Decisio
 		return out, nil
 	}
 	return res, nil
+}
+
+// decideIn decides limits in the store of d's route: without a lease when
+// d must be (unleased), into sc's memory when the store can.
+func (e *Engine) decideIn(ctx context.Context, d *Decision, limits []store.Bucket, sc *scratch) (store.Decision, error) {
+	st, into, ul := e.cfg.Store, e.into, e.unleased
+	if d.route > 0 {
+		st = e.cfg.Routes[d.route-1].Store
+		into, _ = st.(decideInto)
+		ul, _ = st.(unleased)
+	}
+	switch {
+	case (d.unleased() || sc == nil && d.Replayed) && ul != nil:
+		return ul.DecideUnleased(ctx, limits)
+	case into != nil && sc != nil && d.record.Key == "":
+		return into.DecideInto(ctx, limits, sc.results[:])
+	}
+	return st.Decide(ctx, limits)
 }
 
 // unleased reports whether d must be decided without a lease: its charge
@@ -749,15 +765,16 @@ func (e *Engine) countStrike(ctx context.Context, d *Decision, box int) bool {
 	count := []store.Bucket{{Key: key, Limit: strikes.Rate(), Cost: 1}}
 	var res store.Decision
 	var err error
-	if e.unleased != nil {
-		res, err = e.unleased.DecideUnleased(ctx, count) // a count no lease may hold
+	st := e.storeAt(d.route)
+	if ul, ok := st.(unleased); ok {
+		res, err = ul.DecideUnleased(ctx, count) // a count no lease may hold
 	} else {
-		res, err = e.cfg.Store.Decide(ctx, count)
+		res, err = st.Decide(ctx, count)
 	}
 	boxed := err == nil && res.Allowed && res.Results[0].Remaining == 0
 	if boxed {
 		debt := d.Buckets[box].Limit.Penalty().Debt(d.Results[box].Remaining)
-		err = e.cfg.Store.Adjust(ctx, []store.Bucket{{Key: d.Buckets[box].Key, Limit: d.Limits[box].Limit, Cost: debt}})
+		err = st.Adjust(ctx, []store.Bucket{{Key: d.Buckets[box].Key, Limit: d.Limits[box].Limit, Cost: debt}})
 	}
 	if err != nil {
 		e.cfg.Logger.Warn("rate limit penalty: counting a refusal failed", zap.String("key", key), zap.Error(err))

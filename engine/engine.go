@@ -62,6 +62,11 @@ type Config struct {
 	Local          store.Store
 	LocalShare     float64
 	LocalInstances func() int64
+	// Routes are further stores, each deciding the paths of the tenants it
+	// lists: every store call for such a path (decisions, refunds, give-
+	// backs, strikes, the admin API's) goes to its route's store, so a
+	// tenant's failure or load stays in its store. Other paths go to Store.
+	Routes []Route
 	// Runtime is the store's runtime state (overrides and modes); nil for
 	// none.
 	Runtime *control.Runtime
@@ -93,6 +98,20 @@ type Config struct {
 	Logger    *zap.Logger
 	// Reconciled, when set, is told of each reconciliation's outcome.
 	Reconciled func(error)
+}
+
+// Route is a further store and the tenants whose paths it decides.
+type Route struct {
+	// Name names the store in logs, metrics and the admin API.
+	Name  string
+	Store store.Store
+	// Tenants are hash tags, "{<tree>|<tier>=<escaped value>}": the
+	// tenants' subtrees (see hierarchy.Tree.Resolve).
+	Tenants map[string]bool
+	// OnError is what a failure of this store does: "local" decides on
+	// Config.Local (which must then be set); "deny" or "allow" is the
+	// front end's to apply (Decision.OnStoreError); "" as Store's.
+	OnError string
 }
 
 // Idempotency configures the records of requests with idempotency keys.

@@ -90,6 +90,9 @@ type Peeked struct {
 	// Now is each bucket as it is (at cost 0: what remains, when full
 	// again); Asked at the cost asked about (whether it fits, else when).
 	Now, Asked store.Decision
+	// Store names the route's store that holds the path (Config.Routes),
+	// "" for Config.Store.
+	Store string
 }
 
 // Peek reads the buckets of t's path of values without charging them: in
@@ -114,9 +117,13 @@ func (e *Engine) Peek(ctx context.Context, t *Tree, values []string, costOf map[
 		}
 		peek[n+i] = store.Bucket{Key: b.Key, Limit: l, Cost: cost}
 	}
-	d, err := store.Peek(ctx, e.cfg.Store, peek)
+	route := e.routeOf(plan.Buckets)
+	d, err := store.Peek(ctx, e.storeAt(route), peek)
 	if err != nil {
 		return nil, err
+	}
+	if route > 0 {
+		out.Store = e.cfg.Routes[route-1].Name
 	}
 	out.Now, out.Asked = d, d
 	out.Now.Results, out.Asked.Results = d.Results[:n], d.Results[n:]
@@ -134,11 +141,29 @@ func (e *Engine) Reset(ctx context.Context, t *Tree, values []string, below bool
 	var n int
 	var err error
 	if below {
+		// A subtree may span routes: every store is reset.
 		glob, match := t.Subtree(values)
 		n, err = rs.ResetMatching(ctx, store.KeyMatch{Glob: glob, Match: match})
+		for _, r := range e.cfg.Routes {
+			if err != nil {
+				break
+			}
+			rr, ok := r.Store.(store.Resetter)
+			if !ok {
+				return 0, ErrCannotReset
+			}
+			var m int
+			m, err = rr.ResetMatching(ctx, store.KeyMatch{Glob: glob, Match: match})
+			n += m
+		}
 	} else {
 		var plan hierarchy.Plan
 		t.Resolve(values, &plan)
+		if route := e.routeOf(plan.Buckets); route > 0 {
+			if rs, ok = e.cfg.Routes[route-1].Store.(store.Resetter); !ok {
+				return 0, ErrCannotReset
+			}
+		}
 		last := t.Tiers[len(values)-1]
 		var keys []string
 		for _, b := range plan.Buckets {

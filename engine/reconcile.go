@@ -3,10 +3,12 @@ package engine
 import (
 	"context"
 	"slices"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
 
+	"github.com/caddy-cascade/cascade/hierarchy"
 	"github.com/caddy-cascade/cascade/rate"
 	"github.com/caddy-cascade/cascade/store"
 )
@@ -32,18 +34,57 @@ func (e *Engine) Reconcile(d *Decision, usage ...Usage) []store.Bucket {
 	}
 	adjust := h.corrections(e.cfg.Dimensions, usage)
 	if len(adjust) > 0 {
-		e.adjustIn(e.storeFor(h.local), adjust)
+		e.adjustIn(e.storeFor(h.local, h.route), adjust)
 	}
 	return adjust
 }
 
 // storeFor is the store that charged a decision: the local one when it
-// was decided there (Decision.Local).
-func (e *Engine) storeFor(local bool) store.Store {
+// was decided there (Decision.Local), else its route's.
+func (e *Engine) storeFor(local bool, route int) store.Store {
 	if local {
 		return e.cfg.Local
 	}
-	return e.cfg.Store
+	return e.storeAt(route)
+}
+
+// storeAt is the store of a route: Config.Store for 0, Config.Routes[r−1]'s
+// otherwise.
+func (e *Engine) storeAt(route int) store.Store {
+	if route == 0 {
+		return e.cfg.Store
+	}
+	return e.cfg.Routes[route-1].Store
+}
+
+// routeOf is the route of a path: that of the first of its buckets whose
+// hash tag (its tenant) a route lists, else 0 (Config.Store). Every store
+// call for the path goes there: all of its buckets live in one store.
+func (e *Engine) routeOf(buckets []hierarchy.Bucket) int {
+	if len(e.cfg.Routes) == 0 {
+		return 0
+	}
+	for _, b := range buckets {
+		tag := b.Key
+		if i := strings.IndexByte(tag, '}'); i >= 0 {
+			tag = tag[:i+1]
+		}
+		for r, route := range e.cfg.Routes {
+			if route.Tenants[tag] {
+				return r + 1
+			}
+		}
+	}
+	return 0
+}
+
+// RouteName is the name of the store that decides d's path (Config.Routes),
+// "" for Config.Store.
+func (e *Engine) RouteName(d *Decision) string {
+	if d.route == 0 {
+		return ""
+	}
+	return e.cfg.Routes[d.route-1].Name
 }
 
 // Held is what reconciling a decision later needs, kept apart from the
@@ -54,6 +95,7 @@ type Held struct {
 	dims      []string       // each bucket's dimension
 	estimates []int64        // per Config.Dimensions
 	local     bool           // charged by Config.Local
+	route     int            // else by this route's store
 }
 
 // Hold keeps what reconciling d needs, or returns nil when d charged
@@ -62,7 +104,7 @@ func (e *Engine) Hold(d *Decision) *Held {
 	if !d.Allowed || d.Replayed || len(d.Estimates) != len(e.cfg.Dimensions) || len(e.cfg.Dimensions) == 0 {
 		return nil // nothing was estimated, so nothing was charged
 	}
-	h := &Held{estimates: slices.Clone(d.Estimates), local: d.Local}
+	h := &Held{estimates: slices.Clone(d.Estimates), local: d.Local, route: d.route}
 	for i, b := range d.Buckets {
 		if slices.Contains(e.cfg.Dimensions, b.Limit.Dimension) && !holdsSlot(d.Limits[i]) {
 			h.buckets = append(h.buckets, store.Bucket{Key: b.Key, Limit: d.Limits[i].Limit, Charged: d.ChargedAt(i)})
@@ -80,7 +122,7 @@ func (e *Engine) ReconcileHeld(ctx context.Context, h *Held, usage ...Usage) ([]
 	if len(adjust) == 0 {
 		return nil, nil
 	}
-	err := e.storeFor(h.local).Adjust(ctx, adjust)
+	err := e.storeFor(h.local, h.route).Adjust(ctx, adjust)
 	if e.cfg.Reconciled != nil {
 		e.cfg.Reconciled(err)
 	}
@@ -160,7 +202,7 @@ func (e *Engine) Refund(ctx context.Context, d *Decision) error {
 	if len(adjust) == 0 {
 		return nil
 	}
-	err := e.storeFor(d.Local).Adjust(ctx, adjust)
+	err := e.storeFor(d.Local, d.route).Adjust(ctx, adjust)
 	if e.cfg.Reconciled != nil {
 		e.cfg.Reconciled(err)
 	}
@@ -197,7 +239,7 @@ func (e *Engine) Done(ctx context.Context, d *Decision) error {
 		end = append(end, r)
 	}
 	d.slots, d.recorded = false, false
-	err := e.storeFor(d.Local).Adjust(ctx, end)
+	err := e.storeFor(d.Local, d.route).Adjust(ctx, end)
 	if err != nil {
 		e.cfg.Logger.Warn("rate limit: ending a request in the store failed; its concurrency slots stay taken until the store drops them, its idempotency record in flight until its time is up", zap.Error(err))
 	}
@@ -230,7 +272,7 @@ func (e *Engine) AdjustPath(ctx context.Context, d *Decision, costs []int64) err
 	if len(adjust) == 0 {
 		return nil
 	}
-	err := e.cfg.Store.Adjust(ctx, adjust)
+	err := e.storeAt(e.routeOf(d.Buckets)).Adjust(ctx, adjust)
 	if e.cfg.Reconciled != nil {
 		e.cfg.Reconciled(err)
 	}

@@ -1,0 +1,128 @@
+package cascade
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+
+	"github.com/caddy-cascade/cascade/engine"
+	"github.com/caddy-cascade/cascade/hierarchy"
+)
+
+// StoreRoute sends the paths of some tenants to a store of their own
+// (Handler.Stores): every bucket of such a path lives there, and every
+// store call for it goes there, so that one tenant's load or a failure of
+// its store stays with that tenant.
+type StoreRoute struct {
+	// Tier is a tenant tier: the first tier of a tree whose key has a
+	// placeholder (its value names the tenant; its subtree is one hash
+	// tag). Every tree with a tenant tier of this name is routed.
+	Tier string `json:"tier"`
+	// Values are the tenants routed.
+	Values []string `json:"values"`
+	// Store names one of Handler.Stores.
+	Store string `json:"store"`
+	// OnStoreError is what a failure of that store does to these tenants'
+	// requests: deny (503), allow, or local (decided in memory on each
+	// limit's local share); default the handler's on_store_error.
+	OnStoreError string `json:"on_store_error,omitempty"`
+}
+
+// provisionRoutes opens the stores that routes name and returns the
+// engine's routes. It needs the trees compiled. The stores' pool keys are
+// kept for Cleanup.
+func (h *Handler) provisionRoutes(ctx caddy.Context) ([]engine.Route, bool, error) {
+	if len(h.Routes) == 0 {
+		if len(h.Stores) > 0 {
+			return nil, false, fmt.Errorf("stores %v are named but no route uses them: add route <tier> <value...> <store>", keysOf(h.Stores))
+		}
+		return nil, false, nil
+	}
+	var routes []engine.Route
+	local := false
+	for _, rt := range h.Routes {
+		sc := h.Stores[rt.Store]
+		if sc == nil {
+			return nil, false, fmt.Errorf("route %s %s: no store named %q: name one with store redis %s { ... } (stores: %v)", rt.Tier, strings.Join(rt.Values, " "), rt.Store, rt.Store, keysOf(h.Stores))
+		}
+		switch rt.OnStoreError {
+		case "", "deny", "allow":
+		case "local":
+			if sc.Redis == nil {
+				return nil, false, fmt.Errorf("route %s: on_store_error local decides in memory when Redis cannot: store %s is no Redis store", rt.Store, rt.Store)
+			}
+			local = true
+		default:
+			return nil, false, fmt.Errorf("route %s: on_store_error %q: use deny, allow or local", rt.Store, rt.OnStoreError)
+		}
+		if len(rt.Values) == 0 {
+			return nil, false, fmt.Errorf("route %s: give the values of tier %s to route", rt.Store, rt.Tier)
+		}
+		tenants := map[string]bool{}
+		for _, t := range h.trees {
+			tier := tenantTier(&t.Tree)
+			if tier == nil || tier.Name != rt.Tier {
+				continue
+			}
+			for _, v := range rt.Values {
+				tenants["{"+t.Name+"|"+rt.Tier+"="+hierarchy.Escape(v)+"}"] = true
+			}
+		}
+		if len(tenants) == 0 {
+			return nil, false, fmt.Errorf("route %s: no tree's tenant tier is named %s (a tree's tenant tier is its first tier keyed by a placeholder: its value names the tenant, whose whole subtree a store holds)", rt.Store, rt.Tier)
+		}
+		o, err := sc.open(ctx, time.Duration(h.SweepInterval))
+		if err != nil {
+			return nil, false, fmt.Errorf("store %s: %w", rt.Store, err)
+		}
+		h.routeKeys = append(h.routeKeys, o.poolKey)
+		routes = append(routes, engine.Route{Name: rt.Store + " (" + o.name + ")", Store: o.Store, Tenants: tenants, OnError: rt.OnStoreError})
+	}
+	return routes, local, nil
+}
+
+// tenantTier is a tree's first tier keyed by a placeholder, nil if none.
+func tenantTier(t *hierarchy.Tree) *hierarchy.Tier {
+	for _, tier := range t.Tiers {
+		if tier.Dynamic() {
+			return tier
+		}
+	}
+	return nil
+}
+
+func keysOf[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	return out
+}
+
+// parseRoute reads `route <tier> <value...> <store> [{ on_store_error deny|allow|local }]`.
+func (h *Handler) parseRoute(d *caddyfile.Dispenser) error {
+	args := d.RemainingArgs()
+	if len(args) < 3 {
+		return d.Err("usage: route <tier> <value...> <store>, e.g. route org acme bigco enterprise")
+	}
+	rt := &StoreRoute{Tier: args[0], Values: args[1 : len(args)-1], Store: args[len(args)-1]}
+	for n := d.Nesting(); d.NextBlock(n); {
+		switch d.Val() {
+		case "on_store_error":
+			if !d.NextArg() {
+				return d.ArgErr()
+			}
+			rt.OnStoreError = d.Val()
+			if d.NextArg() {
+				return d.Errf("route on_store_error takes one value: deny, allow or local")
+			}
+		default:
+			return d.Errf("route: unknown option %q: expected on_store_error", d.Val())
+		}
+	}
+	h.Routes = append(h.Routes, rt)
+	return nil
+}

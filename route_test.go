@@ -1,0 +1,153 @@
+package cascade
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/caddy-cascade/cascade/admin"
+	"github.com/caddy-cascade/cascade/internal/redistest"
+)
+
+// TestStoreRoutes: a tenant routed to a Redis of its own has every bucket
+// there (the others' in the handler's store), is exact in it, shows it in
+// the admin API, and when its store stops (SIGSTOP) follows its route's
+// on_store_error while the other tenants keep their latency and their
+// exactness.
+func TestStoreRoutes(t *testing.T) {
+	shared, own := redistest.Start(t), redistest.Start(t)
+	port, adminPort := freePort(t), freePort(t)
+	prefix := fmt.Sprintf("routes%d:", testSeq.Add(1))
+	cfg, err := adapt(t, fmt.Sprintf(`{
+	admin 127.0.0.1:%d
+	skip_install_trust
+	auto_https off
+	persist_config off
+}
+http://127.0.0.1:%d {
+	rate_limit {
+		tree api {
+			tier global fixed {
+				limit 1000/min
+			}
+			tier org {header.X-Org} {
+				limit 5/min
+			}
+			tier user {header.X-User} {
+				limit 100/min
+			}
+		}
+		store redis {
+			address %s
+			key_prefix %s
+			timeout 1s
+		}
+		store redis enterprise {
+			address %s
+			key_prefix %s
+			timeout 1s
+			breaker off
+		}
+		route org bigco enterprise {
+			on_store_error deny
+		}
+		on_store_error allow
+	}
+	respond "ok"
+}
+`, adminPort, port, shared.Addr(), prefix, own.Addr(), prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := caddy.Load(cfg, true); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = caddy.Stop() })
+	url, api := fmt.Sprintf("http://127.0.0.1:%d/", port), fmt.Sprintf("http://127.0.0.1:%d", adminPort)
+
+	// Exact in each store: 5 a minute each.
+	for _, org := range []string{"acme", "bigco"} {
+		if got := admitN(t, 7, url, "X-Org: "+org, "X-User: u"); got != 5 {
+			t.Fatalf("%s: %d of 7 admitted, want 5", org, got)
+		}
+	}
+	// Every bucket of a routed path lives in its store (the global
+	// ceiling's too), the others' in the handler's.
+	keys := func(s *redistest.Server) []string {
+		c := redis.NewClient(&redis.Options{Addr: s.Addr()})
+		defer c.Close()
+		ks, err := c.Keys(context.Background(), prefix+"*").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ks
+	}
+	sk, ok := keys(shared), keys(own)
+	if len(ok) != 3 || slices.ContainsFunc(ok, func(k string) bool { return strings.Contains(k, "acme") }) {
+		t.Fatalf("the routed store holds %v, want bigco's 3 buckets", ok)
+	}
+	if len(sk) != 3 || slices.ContainsFunc(sk, func(k string) bool { return strings.Contains(k, "bigco") }) {
+		t.Fatalf("the handler's store holds %v, want acme's 3 buckets", sk)
+	}
+	// The admin API says where a path lives.
+	var b admin.Buckets
+	if code, body := call(t, "GET", api+"/rate_limit/buckets?tree=api&global=fixed&org=bigco&user=u", nil, &b); code != 200 || !strings.HasPrefix(b.Store, "enterprise") || b.Buckets[1].Remaining != 0 {
+		t.Fatalf("inspect bigco: %d %s (store %q)", code, body, b.Store)
+	}
+	if code, body := call(t, "GET", api+"/rate_limit/buckets?tree=api&global=fixed&org=acme&user=u", nil, &b); code != 200 || strings.HasPrefix(b.Store, "enterprise") {
+		t.Fatalf("inspect acme: %d %s (store %q)", code, body, b.Store)
+	}
+
+	// The routed tenant's store stops: its requests follow their route's
+	// policy (deny), the others keep deciding on theirs, without waiting.
+	own.Pause()
+	defer own.Resume()
+	start := time.Now()
+	if r := do(t, "GET", url, "X-Org: bigco", "X-User: v"); r.status != http.StatusServiceUnavailable {
+		t.Fatalf("bigco with its store stopped: %d, want 503 (its route's on_store_error deny, not the handler's allow)", r.status)
+	}
+	t.Logf("bigco refused after %v (its store's timeout 1s)", time.Since(start).Round(time.Millisecond))
+	var slowest time.Duration
+	for i := range 40 {
+		org := fmt.Sprintf("t%d", i%8)
+		start := time.Now()
+		r := do(t, "GET", url, "X-Org: "+org, "X-User: w")
+		took := time.Since(start)
+		slowest = max(slowest, took)
+		if r.status != 200 {
+			t.Fatalf("%s while bigco's store is stopped: %d", org, r.status)
+		}
+	}
+	if slowest >= time.Second {
+		t.Fatalf("another tenant's request took %v: it waited for the stopped store", slowest)
+	}
+	if got := admitN(t, 3, url, "X-Org: acme", "X-User: u"); got != 0 {
+		t.Fatalf("acme, spent, while bigco's store is stopped: %d admitted, want 0 (still exact)", got)
+	}
+	t.Logf("the other tenants' slowest request while bigco's store was stopped: %v", slowest.Round(time.Microsecond))
+}
+
+// TestStoreRouteErrors: routes' configuration errors name the fix.
+func TestStoreRouteErrors(t *testing.T) {
+	for _, tt := range []struct{ name, handler, want string }{
+		{"unknown store", "store redis {\n address 127.0.0.1:1\n }\n route k a nowhere", `no store named "nowhere"`},
+		{"not a tenant tier", "store redis {\n address 127.0.0.1:1\n }\n store redis own {\n address 127.0.0.1:2\n }\n route other a own", "no tree's tenant tier is named other"},
+		{"unused store", "store redis {\n address 127.0.0.1:1\n }\n store redis own {\n address 127.0.0.1:2\n }", "no route uses them"},
+		{"bad policy", "store redis {\n address 127.0.0.1:1\n }\n store redis own {\n address 127.0.0.1:2\n }\n route k a own {\n on_store_error maybe\n }", `on_store_error "maybe"`},
+		{"named memory", "store memory own", "only redis stores are named"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			err := configError(t, "", tt.handler)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("error %v, want one saying %q", err, tt.want)
+			}
+		})
+	}
+}
