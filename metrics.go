@@ -21,6 +21,10 @@ type metrics struct {
 	reconcileErrors prometheus.Counter
 	local           prometheus.Counter
 	held            *prometheus.CounterVec
+	// Per store, recorded only by handlers with routes (a label lookup
+	// per request the others need not pay).
+	storeDecisions *prometheus.CounterVec
+	storeDuration  *prometheus.HistogramVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -50,6 +54,15 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Namespace: "cascade", Name: "held_requests_total",
 			Help: "Requests admitted to wait their turn (max_wait), by how the wait ended: released, queue_full (refused, max_queued held), gone (the client left), yielded (a batch request refused while interactive ones wait on its limits), preempted (a held batch request whose place an interactive one took).",
 		}, []string{"outcome"}),
+		storeDecisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "cascade", Name: "store_decisions_total",
+			Help: "Decisions of handlers with routes, by the store that decided (the handler's or a route's) and result (ok, limited, store_error, …).",
+		}, []string{"store", "result"}),
+		storeDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: "cascade", Name: "store_decision_duration_seconds",
+			Help:    "Time to decide one request of a handler with routes, by the store that decided.",
+			Buckets: []float64{.00001, .00005, .0001, .00025, .0005, .001, .0025, .005, .01, .05, .25, 1},
+		}, []string{"store"}),
 		local: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: "cascade", Name: "local_decisions_total",
 			Help: "Decisions made in memory on each limit's local share because Redis could not decide (on_store_error local).",
@@ -76,6 +89,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			return nil, err
 		}
 		if m.held, err = register(reg, m.held); err != nil {
+			return nil, err
+		}
+		if m.storeDecisions, err = register(reg, m.storeDecisions); err != nil {
+			return nil, err
+		}
+		if m.storeDuration, err = register(reg, m.storeDuration); err != nil {
 			return nil, err
 		}
 		if _, err = register(reg, newStateCollector()); err != nil {
@@ -121,6 +140,16 @@ func (m *metrics) observe(d *decision, took time.Duration) {
 	if d.Reason != engine.ReasonMissingKey && d.Reason != "bad_cost" {
 		m.duration.Observe(took.Seconds())
 	}
+}
+
+// observeStore counts one decision of a handler with routes by the store
+// that decided it.
+func (m *metrics) observeStore(store string, d *decision, took time.Duration) {
+	if m == nil || d.Reason == engine.ReasonMissingKey || d.Reason == "bad_cost" || len(d.Buckets) == 0 {
+		return
+	}
+	m.storeDecisions.WithLabelValues(store, d.Reason).Inc()
+	m.storeDuration.WithLabelValues(store).Observe(took.Seconds())
 }
 
 // heldEnded counts a held request's wait, ended by outcome.

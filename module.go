@@ -703,7 +703,15 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	defer d.Release()
 	status, err := h.decide(r, repl, d)
 	defer h.done(r, d) // concurrency slots and idempotency records, ended with the response
-	h.metrics.observe(d, time.Since(start))
+	took := time.Since(start)
+	h.metrics.observe(d, took)
+	if len(h.Routes) > 0 {
+		name := h.engine.RouteName(&d.Decision)
+		if name == "" {
+			name = h.engine.StoreName()
+		}
+		h.metrics.observeStore(name, d, took)
+	}
 	h.setPlaceholders(r, repl, d)
 
 	if d.Reason == engine.ReasonStoreError {
