@@ -179,3 +179,45 @@ func TestStoreRouteErrors(t *testing.T) {
 		})
 	}
 }
+
+// TestStoreRoutesThreeInstances: three Caddy processes sharing two Redis
+// servers, one tenant routed to the second: 256 concurrent clients of each
+// tenant against 100 units at 7 each admit exactly floor(100/7) = 14, in
+// each store.
+func TestStoreRoutesThreeInstances(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs Caddy processes")
+	}
+	shared, own := redistest.Start(t), redistest.Start(t)
+	ps := startRateLimited(t, 3, fmt.Sprintf(`
+			tree api {
+				tier org {header.X-Org} {
+					limit 100 units/day
+				}
+			}
+			cost units 7
+			store redis {
+				address %s
+				key_prefix routes3:
+			}
+			store redis enterprise {
+				address %s
+				key_prefix routes3:
+			}
+			route org bigco enterprise`, shared.Addr(), own.Addr()))
+	var urls []string
+	for _, p := range ps {
+		urls = append(urls, p.site)
+	}
+	for _, org := range []string{"acme", "bigco"} {
+		got := concurrentStatuses(t, urls, 256, "X-Org: "+org)
+		if got[200] != 14 || got[200]+got[429] != 256 {
+			t.Fatalf("%s: %v, want exactly 14 admitted of 256", org, got)
+		}
+	}
+	c := redis.NewClient(&redis.Options{Addr: own.Addr()})
+	defer c.Close()
+	if ks, _ := c.Keys(context.Background(), "routes3:{*").Result(); len(ks) != 1 || !strings.Contains(ks[0], "bigco") {
+		t.Fatalf("the routed store holds %v, want bigco's bucket", ks)
+	}
+}
