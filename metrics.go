@@ -148,7 +148,11 @@ func (m *metrics) observeStore(store string, d *decision, took time.Duration) {
 	if m == nil || d.Reason == engine.ReasonMissingKey || d.Reason == "bad_cost" || len(d.Buckets) == 0 {
 		return
 	}
-	m.storeDecisions.WithLabelValues(store, d.Reason).Inc()
+	result := d.Reason
+	if d.Local {
+		result = "local" // the store failed: decided in memory (on_store_error local)
+	}
+	m.storeDecisions.WithLabelValues(store, result).Inc()
 	m.storeDuration.WithLabelValues(store).Observe(took.Seconds())
 }
 

@@ -432,6 +432,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	var local store.Store
 	share := 1.0
 	var instances func() int64
+	if routedLocal && h.Store.Redis == nil && h.LocalInstances == 0 {
+		return errors.New("rate_limit: a route's on_store_error local divides each limit among the instances sharing it: give local_instances <n>, or use a Redis store for the handler (whose heartbeats count them)")
+	}
 	if routedLocal && h.OnStoreError != "local" {
 		// Only routed tenants decide locally: on their limits' local
 		// share, as counted by the handler's store or given.
@@ -456,7 +459,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		}
 	}
 	h.engine = engine.New(engine.Config{
-		Local: local, LocalShare: share, LocalInstances: instances, Routes: routes,
+		Local: local, LocalShare: share, LocalInstances: instances, Routes: routes, OnError: h.onStoreError(),
 		Trees: h.etrees, Dimensions: dims,
 		Store: o.Store, StoreName: o.name, Runtime: o.runtime, Top: o.top,
 		Controller: h.controller, Priority: h.priority,
@@ -556,7 +559,8 @@ func (h *Handler) Validate() error {
 	default:
 		return fmt.Errorf("rate_limit: on_store_error %q: use deny, allow or local", h.OnStoreError)
 	}
-	if h.LocalInstances < 0 || (h.LocalInstances > 0 && h.OnStoreError != "local") {
+	routesLocal := slices.ContainsFunc(h.Routes, func(r *StoreRoute) bool { return r.OnStoreError == "local" })
+	if h.LocalInstances < 0 || (h.LocalInstances > 0 && h.OnStoreError != "local" && !routesLocal) {
 		return fmt.Errorf("rate_limit: local_instances %d: give a positive number, with on_store_error local", h.LocalInstances)
 	}
 	switch h.Mode {
@@ -716,16 +720,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 
 	if d.Reason == engine.ReasonStoreError {
 		h.logStoreError(err)
-		policy := d.OnStoreError // a routed tenant's store's
-		if policy == "" {
-			policy = h.onStoreError()
-		}
-		if policy == "allow" || !d.Enforcing {
-			return h.pass(w, r, next)
-		}
-		w.Header().Set("Retry-After", "1")
-		return h.problem(w, http.StatusServiceUnavailable, problemUnavailable, "Rate limit unavailable",
-			"the rate limit store could not decide this request; try again shortly", d)
+		return h.storeFailed(w, r, next, d)
 	}
 	if status != 0 { // a client error before any decision (bad cost, a matcher's error)
 		if !d.Enforcing { // no tree enforces: never change what clients get
@@ -752,9 +747,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			return h.refuseBatch(w, outcome, retry, d)
 		case "redecided": // decided again: answered as any decision below
 			if d.Reason == engine.ReasonStoreError {
-				w.Header().Set("Retry-After", "1")
-				return h.problem(w, http.StatusServiceUnavailable, problemUnavailable, "Rate limit unavailable",
-					"the rate limit store could not decide this request; try again shortly", d)
+				return h.storeFailed(w, r, next, d)
 			}
 		case "queue_full":
 			retry := strconv.FormatInt(engine.CeilSeconds(d.Wait), 10)
@@ -1094,6 +1087,22 @@ func resolveCost(repl *caddy.Replacer, tmpl string, def *int64) (int64, error) {
 		return 0, fmt.Errorf("%q is not a non-negative integer", truncate(s, 32))
 	}
 	return n, nil
+}
+
+// storeFailed answers a request its store could not decide, by the
+// policy of the store its path lives in: a routed tenant's route's, else
+// the handler's (on_store_error local was decided in memory, not here).
+func (h *Handler) storeFailed(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, d *decision) error {
+	policy := d.OnStoreError
+	if policy == "" {
+		policy = h.onStoreError()
+	}
+	if policy == "allow" || !d.Enforcing {
+		return h.pass(w, r, next)
+	}
+	w.Header().Set("Retry-After", "1")
+	return h.problem(w, http.StatusServiceUnavailable, problemUnavailable, "Rate limit unavailable",
+		"the rate limit store could not decide this request; try again shortly", d)
 }
 
 func (h *Handler) onStoreError() string {

@@ -61,7 +61,7 @@ func (h *Handler) decideWaiting(ctx context.Context, d *decision, estimates []in
 	var keys []string
 	for i, r := range d.Results {
 		if held && r.Remaining == 0 || refused && !r.Allowed {
-			keys = append(keys, d.Limits[i].Key)
+			keys = append(keys, h.waitKey(d, d.Limits[i].Key))
 		}
 	}
 	var victims []*waiting.Entry
@@ -105,9 +105,10 @@ func (h *Handler) line(d *decision) (e *waiting.Entry, busy time.Duration, victi
 		if b.Cost <= 0 {
 			continue
 		}
-		keys = append(keys, b.Key)
+		key := h.waitKey(d, b.Key)
+		keys = append(keys, key)
 		if i < len(d.Results) && d.Results[i].Remaining == 0 { // a bucket it waits for
-			waits = append(waits, b.Key)
+			waits = append(waits, key)
 		}
 	}
 	now := time.Now()
@@ -119,6 +120,20 @@ func (h *Handler) line(d *decision) (e *waiting.Entry, busy time.Duration, victi
 		h.logger.Debug("rate limit: an interactive request preempted held batch requests", zap.Int("preempted", len(victims)))
 	}
 	return e, 0, victims
+}
+
+// waitKey names a bucket in the waitlist: by its key, and by its store
+// when the path was routed to a store of its own. A limit above the
+// tenants (a ceiling) has a bucket in each store, under one key: requests
+// decided in different stores never wait for the same bucket.
+func (h *Handler) waitKey(d *decision, key string) string {
+	if len(h.Routes) == 0 {
+		return key
+	}
+	if name := h.engine.RouteName(&d.Decision); name != "" {
+		return name + "\x00" + key
+	}
+	return key
 }
 
 // refuseBatch answers a batch request that gave way to interactive ones:

@@ -19,7 +19,9 @@ import (
 type StoreRoute struct {
 	// Tier is a tenant tier: the first tier of a tree whose key has a
 	// placeholder (its value names the tenant; its subtree is one hash
-	// tag). Every tree with a tenant tier of this name is routed.
+	// tag). Every tree of the handler must have this tenant tier, keyed by
+	// the same placeholder: a request's buckets across its trees are
+	// decided in one store.
 	Tier string `json:"tier"`
 	// Values are the tenants routed.
 	Values []string `json:"values"`
@@ -43,10 +45,14 @@ func (h *Handler) provisionRoutes(ctx caddy.Context) ([]engine.Route, bool, erro
 	}
 	var routes []engine.Route
 	local := false
+	routed := map[string]string{} // tenant tag → store
 	for _, rt := range h.Routes {
 		sc := h.Stores[rt.Store]
 		if sc == nil {
 			return nil, false, fmt.Errorf("route %s %s: no store named %q: name one with store redis %s { ... } (stores: %v)", rt.Tier, strings.Join(rt.Values, " "), rt.Store, rt.Store, keysOf(h.Stores))
+		}
+		if sc.Redis == nil {
+			return nil, false, fmt.Errorf("store %s: a route's store is a Redis store (a memory store is this process's: nothing to isolate)", rt.Store)
 		}
 		switch rt.OnStoreError {
 		case "", "deny", "allow":
@@ -61,18 +67,33 @@ func (h *Handler) provisionRoutes(ctx caddy.Context) ([]engine.Route, bool, erro
 		if len(rt.Values) == 0 {
 			return nil, false, fmt.Errorf("route %s: give the values of tier %s to route", rt.Store, rt.Tier)
 		}
+		// Every tree of the handler must have this tenant tier, keyed
+		// alike: a request's path across trees is decided in one store,
+		// and a bucket of a tree without it (another tenant's, an IP's)
+		// would live in one store for some requests and in another for
+		// others — counted twice.
 		tenants := map[string]bool{}
+		key := ""
 		for _, t := range h.trees {
 			tier := tenantTier(&t.Tree)
 			if tier == nil || tier.Name != rt.Tier {
-				continue
+				return nil, false, fmt.Errorf("route %s: tree %s's tenant tier is not %s (a tree's tenant tier is its first tier keyed by a placeholder: its value names the tenant, whose whole subtree a store holds); every tree of a handler with routes needs the same tenant tier", rt.Store, t.Name, rt.Tier)
 			}
+			if key != "" && tier.Key != key {
+				return nil, false, fmt.Errorf("route %s: the trees' %s tiers are keyed by %s and %s: routed tenants need one key", rt.Store, rt.Tier, key, tier.Key)
+			}
+			key = tier.Key
 			for _, v := range rt.Values {
-				tenants["{"+t.Name+"|"+rt.Tier+"="+hierarchy.Escape(v)+"}"] = true
+				tag := "{" + t.Name + "|" + rt.Tier + "=" + hierarchy.Escape(v) + "}"
+				if other, dup := routed[tag]; dup {
+					return nil, false, fmt.Errorf("route %s: %s %s is routed twice (to %s too)", rt.Store, rt.Tier, v, other)
+				}
+				routed[tag] = rt.Store
+				tenants[tag] = true
 			}
 		}
 		if len(tenants) == 0 {
-			return nil, false, fmt.Errorf("route %s: no tree's tenant tier is named %s (a tree's tenant tier is its first tier keyed by a placeholder: its value names the tenant, whose whole subtree a store holds)", rt.Store, rt.Tier)
+			return nil, false, fmt.Errorf("route %s: the handler has no tree", rt.Store)
 		}
 		o, err := sc.open(ctx, time.Duration(h.SweepInterval))
 		if err != nil {

@@ -107,6 +107,15 @@ http://127.0.0.1:%d {
 	if code, body := call(t, "GET", api+"/rate_limit/buckets?tree=api&global=fixed&org=acme&user=u", nil, &b); code != 200 || strings.HasPrefix(b.Store, "enterprise") {
 		t.Fatalf("inspect acme: %d %s (store %q)", code, body, b.Store)
 	}
+	// A ceiling above the tenants has a bucket in each store: resetting
+	// it resets both.
+	var reset admin.Reset
+	if code, body := call(t, "POST", api+"/rate_limit/reset?tree=api&global=fixed", nil, &reset); code != 200 || reset.Buckets != 2 {
+		t.Fatalf("reset the ceiling: %d %s, want 2 buckets reset (one per store)", code, body)
+	}
+	if sk, ok := keys(shared), keys(own); len(sk) != 2 || len(ok) != 2 {
+		t.Fatalf("after resetting the ceiling: the stores hold %v and %v, want 2 buckets each", sk, ok)
+	}
 
 	// The other tenants' decision latency before the routed store stops.
 	p99 := func() (time.Duration, time.Duration) {
@@ -166,13 +175,40 @@ http://127.0.0.1:%d {
 func TestStoreRouteErrors(t *testing.T) {
 	for _, tt := range []struct{ name, handler, want string }{
 		{"unknown store", "store redis {\n address 127.0.0.1:1\n }\n route k a nowhere", `no store named "nowhere"`},
-		{"not a tenant tier", "store redis {\n address 127.0.0.1:1\n }\n store redis own {\n address 127.0.0.1:2\n }\n route other a own", "no tree's tenant tier is named other"},
+		{"not a tenant tier", "store redis {\n address 127.0.0.1:1\n }\n store redis own {\n address 127.0.0.1:2\n }\n route other a own", "tree t's tenant tier is not other"},
 		{"unused store", "store redis {\n address 127.0.0.1:1\n }\n store redis own {\n address 127.0.0.1:2\n }", "no route uses them"},
 		{"bad policy", "store redis {\n address 127.0.0.1:1\n }\n store redis own {\n address 127.0.0.1:2\n }\n route k a own {\n on_store_error maybe\n }", `on_store_error "maybe"`},
 		{"named memory", "store memory own", "only redis stores are named"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			err := configError(t, "", tt.handler)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("error %v, want one saying %q", err, tt.want)
+			}
+		})
+	}
+}
+
+// TestStoreRouteTreeErrors: a handler with routes decides a request's
+// path across all its trees in one store, so every tree must have the
+// routed tenant tier, keyed alike, and a tenant is routed once.
+func TestStoreRouteTreeErrors(t *testing.T) {
+	const stores = "store redis {\n address 127.0.0.1:1\n }\n store redis own {\n address 127.0.0.1:2\n }\n store redis other {\n address 127.0.0.1:3\n }\n"
+	for _, tt := range []struct{ name, handler, want string }{
+		{"tree without the tier", "tree a {\n tier org {header.X-Org} {\n limit 1/s\n }\n }\n tree b {\n tier ip {remote_host} {\n limit 1/s\n }\n }\n" + stores + "route org x own\n route org y other",
+			"tree b's tenant tier is not org"},
+		{"keyed differently", "tree a {\n tier org {header.X-Org} {\n limit 1/s\n }\n }\n tree b {\n tier org {header.X-Team} {\n limit 1/s\n }\n }\n" + stores + "route org x own\n route org y other",
+			"routed tenants need one key"},
+		{"routed twice", "tree a {\n tier org {header.X-Org} {\n limit 1/s\n }\n }\n" + stores + "route org x own\n route org x other",
+			"org x is routed twice"},
+		{"local without instances", "tree a {\n tier org {header.X-Org} {\n limit 1/s\n }\n }\n store redis own {\n address 127.0.0.1:2\n }\n route org x own {\n on_store_error local\n }",
+			"give local_instances"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg, err := adapt(t, fmt.Sprintf(globalOptions, "")+"http://127.0.0.1:1 {\n rate_limit {\n "+tt.handler+"\n }\n}")
+			if err == nil {
+				err = caddy.Validate(mustConfig(t, cfg))
+			}
 			if err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Fatalf("error %v, want one saying %q", err, tt.want)
 			}

@@ -426,11 +426,14 @@ func (e *Engine) settle(ctx context.Context, d *Decision, sc *scratch) error {
 		}
 	}
 	if err != nil {
-		policy := ""
-		if d.route > 0 {
+		policy := e.cfg.OnError
+		if d.route > 0 && e.cfg.Routes[d.route-1].OnError != "" {
 			policy = e.cfg.Routes[d.route-1].OnError
 		}
-		if policy != "" && policy != "local" || e.cfg.Local == nil {
+		if policy == "" && e.cfg.Local != nil {
+			policy = "local" // no policy given: Local is there to be used
+		}
+		if policy != "local" || e.cfg.Local == nil {
 			d.OnStoreError = policy
 			return err
 		}

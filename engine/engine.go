@@ -62,6 +62,10 @@ type Config struct {
 	Local          store.Store
 	LocalShare     float64
 	LocalInstances func() int64
+	// OnError is what a failure of Store does: "local" decides on Local;
+	// "deny" or "allow" is the front end's to apply (it is set as
+	// Decision.OnStoreError); "" decides on Local when it is set.
+	OnError string
 	// Routes are further stores, each deciding the paths of the tenants it
 	// lists: every store call for such a path (decisions, refunds, give-
 	// backs, strikes, the admin API's) goes to its route's store, so a
@@ -108,9 +112,8 @@ type Route struct {
 	// Tenants are hash tags, "{<tree>|<tier>=<escaped value>}": the
 	// tenants' subtrees (see hierarchy.Tree.Resolve).
 	Tenants map[string]bool
-	// OnError is what a failure of this store does: "local" decides on
-	// Config.Local (which must then be set); "deny" or "allow" is the
-	// front end's to apply (Decision.OnStoreError); "" as Store's.
+	// OnError is what a failure of this store does, as Config.OnError;
+	// "" as Store's.
 	OnError string
 }
 
@@ -159,6 +162,8 @@ type Engine struct {
 	headerCache *headerCache
 	denials     *logsample.Sampler
 	adjusting   sync.WaitGroup // reconciliations under way
+	closing     sync.RWMutex   // orders adjusting.Add before Close's Wait
+	closed      bool
 	applying    sync.Mutex     // orders applyRuntime's calls
 	unsubscribe func()
 	localLogged atomic.Int64 // when deciding locally was last logged (Unix ns)
@@ -212,6 +217,9 @@ func (e *Engine) Close() {
 	if e.unsubscribe != nil {
 		e.unsubscribe()
 	}
+	e.closing.Lock()
+	e.closed = true
+	e.closing.Unlock()
 	e.adjusting.Wait()
 }
 

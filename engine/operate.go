@@ -159,7 +159,8 @@ func (e *Engine) Reset(ctx context.Context, t *Tree, values []string, below bool
 	} else {
 		var plan hierarchy.Plan
 		t.Resolve(values, &plan)
-		if route := e.routeOf(plan.Buckets); route > 0 {
+		route := e.routeOf(plan.Buckets)
+		if route > 0 {
 			if rs, ok = e.cfg.Routes[route-1].Store.(store.Resetter); !ok {
 				return 0, ErrCannotReset
 			}
@@ -176,6 +177,22 @@ func (e *Engine) Reset(ctx context.Context, t *Tree, values []string, below bool
 			}
 		}
 		n, err = rs.Reset(ctx, keys)
+		if route == 0 {
+			// No routed tenant on the path (a ceiling above the tenants):
+			// each store holds a copy of its buckets.
+			for _, r := range e.cfg.Routes {
+				if err != nil {
+					break
+				}
+				rr, ok := r.Store.(store.Resetter)
+				if !ok {
+					return 0, ErrCannotReset
+				}
+				var m int
+				m, err = rr.Reset(ctx, keys)
+				n += m
+			}
+		}
 	}
 	if err != nil {
 		return 0, err

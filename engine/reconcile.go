@@ -155,15 +155,18 @@ func (h *Held) corrections(dims []string, usage []Usage) []store.Bucket {
 	return adjust
 }
 
-// Adjust applies corrections (refunds, debts) to buckets in the store in
-// the background, in one store call; Close waits for those under way.
-func (e *Engine) Adjust(adjust []store.Bucket) { e.adjustIn(e.cfg.Store, adjust) }
-
 // adjustIn applies corrections to st in the background.
 func (e *Engine) adjustIn(st store.Store, adjust []store.Bucket) {
-	e.adjusting.Add(1)
+	e.closing.RLock()
+	tracked := !e.closed // a request finishing while the engine closes: its correction still goes
+	if tracked {
+		e.adjusting.Add(1)
+	}
+	e.closing.RUnlock()
 	go func() {
-		defer e.adjusting.Done()
+		if tracked {
+			defer e.adjusting.Done()
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		err := st.Adjust(ctx, adjust)
