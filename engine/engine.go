@@ -164,7 +164,7 @@ type Engine struct {
 	adjusting   sync.WaitGroup // reconciliations under way
 	closing     sync.RWMutex   // orders adjusting.Add before Close's Wait
 	closed      bool
-	applying    sync.Mutex     // orders applyRuntime's calls
+	applying    sync.Mutex // orders applyRuntime's calls
 	unsubscribe func()
 	localLogged atomic.Int64 // when deciding locally was last logged (Unix ns)
 	holders     atomic.Int64 // the last concurrency slot holder given out
