@@ -110,6 +110,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	        timeout       <duration>
 //	        breaker       <failures> [<cooldown>]|off # 3 1s: fail at once after 3 failures in a row
 //	        slot_ttl      <duration>                # a concurrency slot of a vanished instance frees after it (30s)
+//	        tenant_in_flight <n>                    # one tenant's decisions waiting for Redis at most (no cap)
 //	        lease [{                                # decide most requests in memory on capacity leased from Redis
 //	            max_share     <fraction>            # of what remains, per lease (0.1)
 //	            min_remaining <fraction>|<n>%       # below it no lease: per-request decisions (5%)
@@ -920,6 +921,8 @@ func parseRedis(d *caddyfile.Dispenser, r *RedisStoreConfig) error {
 			r.DB, err = intArg(d)
 		case "pool_size":
 			r.PoolSize, err = intArg(d)
+		case "tenant_in_flight":
+			r.TenantInFlight, err = intArg(d)
 		case "key_prefix":
 			err = strArg(d, &r.KeyPrefix)
 		case "dial_timeout", "read_timeout", "write_timeout", "timeout", "slot_ttl":

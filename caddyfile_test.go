@@ -58,6 +58,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 			key_prefix rl:
 			breaker 5 2s
 			slot_ttl 10s
+			tenant_in_flight 64
 			lease {
 				max_share 20%
 				min_remaining 0.01
@@ -81,7 +82,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 		`{"count":100000,"per":"month","timezone":"Europe/Paris"}`, `{"count":4,"algorithm":"concurrent"}`, `"adaptive":true`,
 		`"costs":[{"dimension":"tokens","value":"{header.X-Tokens}"}]`,
 		`"addresses":["{$REDIS:localhost:6379}","10.0.0.2:6379"],"cluster":true`, `"db":2`,
-		`"tls":{"server_name":"redis.internal","insecure_skip_verify":true}`, `"timeout":150000000`, `"key_prefix":"rl:"`, `"breaker":{"failures":5,"cooldown":2000000000}`, `"slot_ttl":10000000000`,
+		`"tls":{"server_name":"redis.internal","insecure_skip_verify":true}`, `"timeout":150000000`, `"key_prefix":"rl:"`, `"breaker":{"failures":5,"cooldown":2000000000}`, `"slot_ttl":10000000000`, `"tenant_in_flight":64`,
 		`"lease":{"max_share":0.2,"min_remaining":0.01,"ttl":500000000}`,
 		`"on_store_error":"allow"`, `"mode":"warn"`, `"headers":{"ietf":true,"x_ratelimit":false,"retry_after":false,"openai":true}`,
 		`"jitter":1.5`,
@@ -161,6 +162,7 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"bad tz", "rate_limit {\n tree t {\n  tier a k {\n   limit 5/day calendar tz Mars/Base\n  }\n }\n}", "timezone \"Mars/Base\""},
 		{"concurrent with a period", "rate_limit {\n tree t {\n  tier a k {\n   limit 5 concurrent 1m\n  }\n }\n}", "a concurrency limit takes no period"},
 		{"bad slot_ttl", "rate_limit {\n store redis {\n  slot_ttl -1s\n }\n}", "slot_ttl \"-1s\""},
+		{"bad tenant_in_flight", "rate_limit {\n store redis {\n  tenant_in_flight -3\n }\n}", "tenant_in_flight \"-3\": use a non-negative whole number"},
 		{"redis URL", "rate_limit {\n store redis {\n  address redis://127.0.0.1:6379\n }\n}", "is a URL: write host:port"},
 		{"redis address without port", "rate_limit {\n store redis {\n  address 127.0.0.1\n }\n}", "missing port in address"},
 		{"redis addresses joined", "rate_limit {\n store redis {\n  address a:1,b:2\n }\n}", "give several addresses as separate arguments"},

@@ -257,3 +257,76 @@ func TestStoreRoutesThreeInstances(t *testing.T) {
 		t.Fatalf("the routed store holds %v, want bigco's bucket", ks)
 	}
 }
+
+// TestTenantInFlight: with tenant_in_flight 1, a tenant's second decision
+// while its first waits for a stalled Redis fails at once (on_store_error
+// applies to it), another tenant's does not, and both waiting decisions
+// are answered once Redis is back.
+func TestTenantInFlight(t *testing.T) {
+	srv := redistest.Start(t)
+	port := freePort(t)
+	startCaddy(t, fmt.Sprintf(`http://127.0.0.1:%d {
+	rate_limit {
+		tree api {
+			tier org {header.X-Org} {
+				limit 100/min
+			}
+		}
+		store redis {
+			address %s
+			key_prefix inflight%d:
+			timeout 5s
+			breaker off
+			tenant_in_flight 1
+		}
+		on_store_error deny
+	}
+	respond "ok"
+}`, port, srv.Addr(), testSeq.Add(1)))
+	url := fmt.Sprintf("http://127.0.0.1:%d/", port)
+	if got := admitN(t, 1, url, "X-Org: a"); got != 1 { // scripts loaded
+		t.Fatalf("before: %d admitted", got)
+	}
+	get := func(org string) <-chan int {
+		ch := make(chan int, 1)
+		go func() {
+			req, _ := http.NewRequest("GET", url, nil)
+			req.Header.Set("X-Org", org)
+			res, err := client.Do(req)
+			if err != nil {
+				ch <- -1
+				return
+			}
+			res.Body.Close()
+			ch <- res.StatusCode
+		}()
+		return ch
+	}
+	srv.Pause()
+	resumed := false
+	defer func() {
+		if !resumed {
+			srv.Resume()
+		}
+	}()
+	first := get("a")
+	time.Sleep(200 * time.Millisecond) // a's first decision is on its way to the stopped Redis (setting up, not timing)
+	other := get("b")
+	if r := do(t, "GET", url, "X-Org: a"); r.status != http.StatusServiceUnavailable {
+		t.Fatalf("a's second request while its first waits: %d, want 503 (its tenant's cap)", r.status)
+	}
+	select {
+	case code := <-first:
+		t.Fatalf("a's first request answered %d before Redis came back: the second was not shed while it waited", code)
+	case code := <-other:
+		t.Fatalf("b's request answered %d before Redis came back: another tenant must not be shed", code)
+	default:
+	}
+	srv.Resume()
+	resumed = true
+	for name, ch := range map[string]<-chan int{"a's first": first, "b's": other} {
+		if code := <-ch; code != http.StatusOK {
+			t.Fatalf("%s request after Redis came back: %d, want 200", name, code)
+		}
+	}
+}

@@ -82,6 +82,14 @@ type RedisStoreConfig struct {
 	// its requests in flight every third of it, so the slots of an
 	// instance that crashed come back within SlotTTL. Default 30s.
 	SlotTTL caddy.Duration `json:"slot_ttl,omitempty"`
+	// TenantInFlight caps one tenant's decisions queued for or on their
+	// way to this Redis (per server; per master of a Cluster): beyond it a
+	// decision fails at once, and on_store_error applies to it. Tenants
+	// take turns in each batch of decisions whether or not it is set, so
+	// one tenant's flood delays its own decisions, not others'; the cap
+	// also sheds the flood's excess at once rather than at its timeout.
+	// Default 0: no cap.
+	TenantInFlight int `json:"tenant_in_flight,omitempty"`
 	// Lease, when set, decides most requests in memory on capacity leased
 	// from Redis (package lease): never more admitted than the limits,
 	// bounded under-admission, strict decisions near exhaustion.
@@ -367,6 +375,11 @@ func (c *RedisStoreConfig) options(logger *zap.Logger) (store.RedisOptions, erro
 		Timeout:      time.Duration(c.Timeout),
 		SlotTTL:      time.Duration(c.SlotTTL),
 		Breaker:      store.BreakerOptions{Failures: 3, Cooldown: time.Second},
+
+		TenantInFlight: c.TenantInFlight,
+	}
+	if c.TenantInFlight < 0 {
+		return opts, fmt.Errorf("redis tenant_in_flight %d: give a positive number of decisions, or 0 for no cap", c.TenantInFlight)
 	}
 	if b := c.Breaker; b != nil {
 		if b.Failures < 0 || b.Cooldown < 0 {

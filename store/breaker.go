@@ -75,7 +75,7 @@ func (b *breaker) record(err error) {
 		}
 		return
 	}
-	if errors.Is(err, context.Canceled) || errors.Is(err, ErrBreakerOpen) {
+	if errors.Is(err, context.Canceled) || errors.Is(err, ErrBreakerOpen) || overloaded(err) {
 		return
 	}
 	if b.failures.Add(1) < int64(b.opts.Failures) || !b.open.CompareAndSwap(false, true) {

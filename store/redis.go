@@ -93,6 +93,13 @@ type RedisOptions struct {
 	// SlotTTL is how long a concurrency slot lasts without its holder
 	// renewing it (see slots); zero means DefaultSlotTTL.
 	SlotTTL time.Duration
+	// TenantInFlight caps the decisions of one tenant queued for or on
+	// their way to Redis, per Redis server (per master of a Cluster); a
+	// decision beyond it fails at once with ErrOverloaded. Zero is no cap:
+	// tenants still take turns (see fairQueue), so a flood delays its own
+	// decisions, not others'; a cap also sheds the flood's excess at once
+	// rather than at its timeout.
+	TenantInFlight int
 
 	// Clock, for tests only, replaces Redis TIME with an injected clock
 	// (see package lua). Production leaves it nil so that every Caddy
@@ -272,7 +279,7 @@ func NewRedis(ctx context.Context, opts RedisOptions) (*Redis, error) {
 	}
 	r.cluster, _ = client.(*redis.ClusterClient)
 	r.slots = newSlots(r, opts.SlotTTL)
-	r.batch = newBatchers(client, lua.Decide, opts.Timeout)
+	r.batch = newBatchers(client, lua.Decide, opts.Timeout, opts.TenantInFlight)
 	r.breaker = newBreaker(opts.Breaker, r.Ping)
 	if !opts.LazyLoad {
 		if err := r.load(ctx); err != nil {

@@ -36,7 +36,7 @@ type batcher struct {
 	// master answers MOVED or ASK (a slot moved away: the script did not
 	// run, and the next decision must go to the new owner).
 	slots *redis.ClusterClient
-	queue chan *call
+	queue *fairQueue
 	stop  chan struct{}
 	done  sync.WaitGroup
 	once  sync.Once
@@ -47,22 +47,23 @@ type batcher struct {
 // stalled master holds up only the decisions whose slots it serves: its own
 // workers wait for it, never another master's.
 type batchers struct {
-	single  *batcher             // nil on a Cluster
-	cluster *redis.ClusterClient // nil unless a Cluster
-	script  *redis.Script
-	timeout time.Duration
+	single    *batcher             // nil on a Cluster
+	cluster   *redis.ClusterClient // nil unless a Cluster
+	script    *redis.Script
+	timeout   time.Duration
+	perTenant int // RedisOptions.TenantInFlight, per batcher
 
 	mu     sync.Mutex
 	byNode map[string]*batcher // by master address
 	closed bool
 }
 
-func newBatchers(client redis.UniversalClient, script *redis.Script, timeout time.Duration) *batchers {
-	bs := &batchers{script: script, timeout: timeout, byNode: map[string]*batcher{}}
+func newBatchers(client redis.UniversalClient, script *redis.Script, timeout time.Duration, perTenant int) *batchers {
+	bs := &batchers{script: script, timeout: timeout, perTenant: perTenant, byNode: map[string]*batcher{}}
 	if cc, ok := client.(*redis.ClusterClient); ok {
 		bs.cluster = cc
 	} else {
-		bs.single = newBatcher(client, script, timeout, false)
+		bs.single = newBatcher(client, script, timeout, false, perTenant)
 	}
 	return bs
 }
@@ -95,7 +96,7 @@ func (bs *batchers) forKey(ctx context.Context, deadline time.Time, key string) 
 	if b == nil {
 		// A node's calls of several slots are grouped by slot: one
 		// script call per slot, pipelined to the node.
-		b = newBatcher(node, bs.script, bs.timeout, true)
+		b = newBatcher(node, bs.script, bs.timeout, true, bs.perTenant)
 		b.slots = bs.cluster
 		bs.byNode[addr] = b
 	}
@@ -127,6 +128,7 @@ type call struct {
 	keys     []string // a key per bucket
 	logs     []string // an exact sliding window's log key per bucket ("" for others), or nil (see Redis.encode)
 	spec     []byte   // the decision's packed numbers (see package lua)
+	tenant   *tenantCalls
 	reply    string
 	err      error
 	done     chan struct{}
@@ -138,13 +140,13 @@ const (
 	batchMaxBuckets = 1024 // buckets in one batch at most: a bounded script run, and key indexes fit a uint16
 )
 
-func newBatcher(client redis.UniversalClient, script *redis.Script, timeout time.Duration, cluster bool) *batcher {
+func newBatcher(client redis.UniversalClient, script *redis.Script, timeout time.Duration, cluster bool, perTenant int) *batcher {
 	b := &batcher{
 		client:  client,
 		script:  script,
 		timeout: timeout,
 		cluster: cluster,
-		queue:   make(chan *call, 1024),
+		queue:   newFairQueue(perTenant),
 		stop:    make(chan struct{}),
 	}
 	for i := 0; i < batchWorkers; i++ {
@@ -162,25 +164,12 @@ func (b *batcher) do(ctx context.Context, deadline time.Time, keys, logs []strin
 	if err := ctx.Err(); err != nil {
 		return "", err
 	}
-	select {
-	case <-b.stop:
-		return "", redis.ErrClosed
-	default:
-	}
 	c := &call{ctx: ctx, deadline: deadline, keys: keys, logs: logs, spec: spec, done: make(chan struct{})}
+	if err := b.queue.push(c); err != nil {
+		return "", err
+	}
 	timeout := time.NewTimer(time.Until(deadline))
 	defer timeout.Stop()
-	select {
-	case b.queue <- c: // the common case: the queue has room
-	default:
-		select {
-		case b.queue <- c:
-		case <-b.stop:
-			return "", redis.ErrClosed
-		case <-timeout.C:
-			return "", context.DeadlineExceeded
-		}
-	}
 	select {
 	case <-c.done:
 		return c.reply, c.err
@@ -191,23 +180,16 @@ func (b *batcher) do(ctx context.Context, deadline time.Time, keys, logs []strin
 	}
 }
 
-// close stops the workers; calls still queued fail at once with
-// redis.ErrClosed (one that slips into the queue as it closes fails at its
-// deadline).
+// close stops the workers; calls still queued, and calls pushed from now
+// on, fail at once with redis.ErrClosed.
 func (b *batcher) close() {
 	b.once.Do(func() { close(b.stop) })
 	b.done.Wait()
-	for {
-		select {
-		case c := <-b.queue:
-			c.err = redis.ErrClosed
-			close(c.done)
-		default:
-			return
-		}
-	}
+	b.queue.close()
 }
 
+// work takes batches from the queue (see fairQueue: round robin across
+// tenants) and sends them, until the batcher stops.
 func (b *batcher) work() {
 	defer b.done.Done()
 	batch := make([]*call, 0, batchMax)
@@ -216,21 +198,20 @@ func (b *batcher) work() {
 		select {
 		case <-b.stop:
 			return
-		case c := <-b.queue:
-			batch = append(batch[:0], c)
+		default:
 		}
-		buckets := len(batch[0].keys)
-	fill:
-		for len(batch) < batchMax && buckets < batchMaxBuckets {
+		batch = b.queue.take(batch[:0], batchMax, batchMaxBuckets)
+		if len(batch) == 0 {
 			select {
-			case c := <-b.queue:
-				batch = append(batch, c)
-				buckets += len(c.keys)
-			default:
-				break fill
+			case <-b.stop:
+				return
+			case <-b.queue.wake:
 			}
+			continue
 		}
 		b.send(batch, m)
+		b.queue.finished(batch)
+		clear(batch) // the calls are answered: not kept alive by the next batch's slice
 	}
 }
 

@@ -89,7 +89,7 @@ func TestClosedBatcherFailsQueuedCalls(t *testing.T) {
 		defer client.Close()
 		release := make(chan struct{})
 		client.AddHook(until(release))
-		b := newBatcher(client, lua.Decide, 5*time.Second, false)
+		b := newBatcher(client, lua.Decide, 5*time.Second, false, 0)
 		deadline := time.Now().Add(5 * time.Second)
 		errs := make(chan error, 12)
 		for i := 0; i < 12; i++ {
