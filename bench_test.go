@@ -38,7 +38,10 @@ func benchHandlerOf(b *testing.B, tiers int, tier func(map[string]any), more map
 		}
 	}
 	tree["tiers"] = ts
-	cfg := map[string]any{"trees": []any{tree}, "store": map[string]any{"memory": map[string]any{"name": b.Name()}}}
+	cfg := map[string]any{"store": map[string]any{"memory": map[string]any{"name": b.Name()}}}
+	if tiers > 0 { // else more has the limits (mholt's zones)
+		cfg["trees"] = []any{tree}
+	}
 	for k, v := range more {
 		cfg[k] = v
 	}
@@ -244,6 +247,30 @@ func BenchmarkHandlerOverrides(b *testing.B) {
 			}
 			h.engine.Apply(control.NewSnapshot(os, nil, time.Now()))
 			runHandler(b, h, 4, caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error { return nil }))
+		})
+	}
+}
+
+// BenchmarkHandlerZone is the handler's own cost per admitted request of
+// a mholt/caddy-ratelimit zone (1,000 events a second per key of header
+// X-T0, 1,000 keys: an exact sliding window on the memory store), with
+// headers none (mholt's output on an admitted request) and with the
+// default headers: load.sh's MHOLT=1 workload without the network.
+func BenchmarkHandlerZone(b *testing.B) {
+	off := false
+	for _, tt := range []struct {
+		name    string
+		headers any
+	}{{"headers=none", map[string]any{"ietf": &off, "retry_after": &off}}, {"headers=default", nil}} {
+		b.Run(tt.name, func(b *testing.B) {
+			more := map[string]any{"rate_limits": map[string]any{"users": map[string]any{
+				"key": "{http.request.header.X-T0}", "window": int64(time.Second), "max_events": 1000}}}
+			if tt.headers != nil {
+				more["headers"] = tt.headers
+			}
+			h, done := benchHandlerOf(b, 0, nil, more)
+			defer done()
+			runHandler(b, h, 1, caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error { return nil }))
 		})
 	}
 }
