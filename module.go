@@ -687,19 +687,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			return h.serveReport(w, r)
 		}
 		if err := unforward(r); err != nil {
-			d := &decision{Decision: engine.Decision{Reason: "bad_forwarded", Closest: -1}}
-			h.metrics.observe(d, 0)
-			return h.problem(w, http.StatusBadRequest, d.Reason, "Bad Request", err.Error(), d)
+			return h.badForwarded(w, err)
 		}
 		next = answer
 	}
 	if h.ShedAtFloor && h.engine.ConfiguredMode() == engine.Enforce && h.atFloor() {
-		d := &decision{Decision: engine.Decision{Reason: "reduced_capacity", Closest: -1}}
-		h.metrics.observe(d, 0)
-		h.setPlaceholders(r, repl, d)
-		w.Header().Set("Retry-After", strconv.FormatInt(engine.CeilSeconds(h.controller.Config().Interval), 10))
-		return h.problem(w, http.StatusServiceUnavailable, "temporary_reduced_capacity", "Temporarily reduced capacity",
-			"the upstream is unhealthy and this traffic class is shed until it recovers", d)
+		return h.shed(w, r, repl)
 	}
 	start := time.Now()
 	var dv decision
@@ -723,14 +716,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return h.storeFailed(w, r, next, d)
 	}
 	if status != 0 { // a client error before any decision (bad cost, a matcher's error)
-		if !d.Enforcing { // no tree enforces: never change what clients get
-			h.logger.Debug("rate limit not decided", zap.String("reason", d.Reason), zap.Error(err))
-			return h.pass(w, r, next)
-		}
-		if ie := d.inputErr; ie != nil {
-			return h.problem(w, status, ie.Type, ie.Title, ie.Detail, d)
-		}
-		return h.problem(w, status, d.Reason, http.StatusText(status), err.Error(), d)
+		return h.undecided(w, r, next, d, status, err)
 	}
 
 	mode := d.Mode
@@ -738,57 +724,146 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return h.refuseInFlight(w, d)
 	}
 	if d.Allowed && d.Wait > 0 && mode == engine.Enforce {
-		outcome, retry := h.holdUntil(r, d)
-		h.metrics.heldEnded(outcome)
-		switch outcome {
-		case "gone":
-			return nil // the client went away while held: nothing to answer
-		case "preempted", "yielded":
-			return h.refuseBatch(w, outcome, retry, d)
-		case "redecided": // decided again: answered as any decision below
-			if d.Reason == engine.ReasonStoreError {
-				return h.storeFailed(w, r, next, d)
-			}
-		case "queue_full":
-			retry := strconv.FormatInt(engine.CeilSeconds(d.Wait), 10)
-			w.Header().Set("Retry-After", retry)
-			return h.problem(w, http.StatusTooManyRequests, "queue_full", "Too Many Requests",
-				"too many requests are waiting for their turn; retry in "+retry+" s", d)
+		if answered, err := h.wait(w, r, next, d); answered {
+			return err
 		}
 	}
 	if mode != engine.Shadow {
 		h.engine.WriteHeaders(w.Header(), &d.Decision)
 	}
-	var charged *decision // charge_on's copy of d, which must not escape: it is on the stack
 	if h.ChargeOn != nil && d.Allowed && len(d.Limits) > 0 {
-		charged = new(decision)
-		*charged = *d // shares d's pooled memory, released when ServeHTTP returns, after next
-		next = chargedNext{h: h, d: charged, next: next}
+		return h.passChargedOn(w, r, next, d)
 	}
 	// Only a charged request has estimates to reconcile: a path with no
 	// bucket (a tree whose matcher did not apply, tiers skipped or
 	// unlimited) was charged nothing and is passed through untouched.
 	if d.Allowed && len(d.Buckets) > 0 && d.Estimates != nil && len(h.Costs) > 0 {
-		if h.Forwarded != nil {
-			// The upstream's response is the front end's to report.
-			if h.Forwarded.Report != "" {
-				h.hold(w.Header(), d)
-			}
-			return h.pass(w, r, next)
-		}
-		t := h.tap(w, d.Buckets)
-		if len(t.taps) > 0 {
-			readableEncoding(r.Header)
-			err := h.pass(t.w, r, next)
-			if charged == nil || !charged.refunded {
-				h.reconcile(t, d)
-			}
+		if answered, err := h.passReconciled(w, r, next, d, nil); answered {
 			return err
 		}
 	}
 	if d.Allowed || d.Buckets == nil {
 		return h.pass(w, r, next)
 	}
+	return h.refuse(w, r, next, d, mode)
+}
+
+// passChargedOn passes an admitted request charged only if its response
+// matches charge_on (see chargedNext).
+//
+//go:noinline
+func (h *Handler) passChargedOn(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, d *decision) error {
+	// charge_on's copy of d (which is on ServeHTTP's stack and must not
+	// escape): it shares d's pooled memory, released when ServeHTTP
+	// returns, after next.
+	charged := new(decision)
+	*charged = *d
+	next = chargedNext{h: h, d: charged, next: next}
+	if d.Allowed && len(d.Buckets) > 0 && d.Estimates != nil && len(h.Costs) > 0 {
+		if answered, err := h.passReconciled(w, r, next, d, charged); answered {
+			return err
+		}
+	}
+	return h.pass(w, r, next)
+}
+
+// badForwarded answers a decision endpoint's request whose forwarded
+// request cannot be read.
+//
+//go:noinline
+func (h *Handler) badForwarded(w http.ResponseWriter, err error) error {
+	d := &decision{Decision: engine.Decision{Reason: "bad_forwarded", Closest: -1}}
+	h.metrics.observe(d, 0)
+	return h.problem(w, http.StatusBadRequest, d.Reason, "Bad Request", err.Error(), d)
+}
+
+// The rare paths of ServeHTTP are methods of their own, not inlined: their
+// temporaries would otherwise enlarge the frame of every request's
+// ServeHTTP, whose goroutine stack then grows (and is copied) again after
+// each collection has shrunk it.
+
+// shed answers a request of a traffic class shed at the adaptive floor.
+//
+//go:noinline
+func (h *Handler) shed(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer) error {
+	d := &decision{Decision: engine.Decision{Reason: "reduced_capacity", Closest: -1}}
+	h.metrics.observe(d, 0)
+	h.setPlaceholders(r, repl, d)
+	w.Header().Set("Retry-After", strconv.FormatInt(engine.CeilSeconds(h.controller.Config().Interval), 10))
+	return h.problem(w, http.StatusServiceUnavailable, "temporary_reduced_capacity", "Temporarily reduced capacity",
+		"the upstream is unhealthy and this traffic class is shed until it recovers", d)
+}
+
+// undecided answers a request that could not be decided for a client's
+// error (a bad cost, a matcher's error).
+//
+//go:noinline
+func (h *Handler) undecided(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, d *decision, status int, err error) error {
+	if !d.Enforcing { // no tree enforces: never change what clients get
+		h.logger.Debug("rate limit not decided", zap.String("reason", d.Reason), zap.Error(err))
+		return h.pass(w, r, next)
+	}
+	if ie := d.inputErr; ie != nil {
+		return h.problem(w, status, ie.Type, ie.Title, ie.Detail, d)
+	}
+	return h.problem(w, status, d.Reason, http.StatusText(status), err.Error(), d)
+}
+
+// wait holds an admitted request until its reserved time; answered tells
+// whether its wait ended with an answer (err), or it goes on as decided.
+//
+//go:noinline
+func (h *Handler) wait(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, d *decision) (answered bool, err error) {
+	outcome, retry := h.holdUntil(r, d)
+	h.metrics.heldEnded(outcome)
+	switch outcome {
+	case "gone":
+		return true, nil // the client went away while held: nothing to answer
+	case "preempted", "yielded":
+		return true, h.refuseBatch(w, outcome, retry, d)
+	case "redecided": // decided again: answered as any decision
+		if d.Reason == engine.ReasonStoreError {
+			return true, h.storeFailed(w, r, next, d)
+		}
+	case "queue_full":
+		retry := strconv.FormatInt(engine.CeilSeconds(d.Wait), 10)
+		w.Header().Set("Retry-After", retry)
+		return true, h.problem(w, http.StatusTooManyRequests, "queue_full", "Too Many Requests",
+			"too many requests are waiting for their turn; retry in "+retry+" s", d)
+	}
+	return false, nil
+}
+
+// passReconciled passes an admitted request whose costs are reconciled
+// with the upstream's response; answered is false when no cost of the
+// request is tapped (it passes as any other).
+//
+//go:noinline
+func (h *Handler) passReconciled(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, d, charged *decision) (answered bool, err error) {
+	if h.Forwarded != nil {
+		// The upstream's response is the front end's to report.
+		if h.Forwarded.Report != "" {
+			h.hold(w.Header(), d)
+		}
+		return true, h.pass(w, r, next)
+	}
+	t := h.tap(w, d.Buckets)
+	if len(t.taps) == 0 {
+		return false, nil
+	}
+	readableEncoding(r.Header)
+	err = h.pass(t.w, r, next)
+	if charged == nil || !charged.refunded {
+		h.reconcile(t, d)
+	}
+	return true, err
+}
+
+// refuse answers a request its limits refused (or passes it, in shadow
+// and warn modes).
+//
+//go:noinline
+func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, d *decision, mode string) error {
 	h.engine.NoteDenial(&d.Decision, r.URL.Path)
 	if mode == engine.Shadow || mode == engine.Warn {
 		return h.pass(w, r, next)
