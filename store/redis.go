@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math"
 	"net"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -139,6 +140,10 @@ type Redis struct {
 	batch   *batchers // send decisions, batched under load
 	breaker *breaker  // nil: none
 	slots   *slots    // the concurrency slots this instance holds
+	// adjusts bounds the corrections (refunds, debts, give-backs) on the
+	// wire at once below the connection pool's size: a flood of one
+	// tenant's refunds never takes the connections decisions need.
+	adjusts chan struct{}
 
 	refunding sync.WaitGroup // refunds after a partial denial on a Cluster
 	closing   sync.Mutex     // orders starting a refund before Close's wait
@@ -270,12 +275,17 @@ func NewRedis(ctx context.Context, opts RedisOptions) (*Redis, error) {
 		so.DialerRetries = dialAttempts
 		client = redis.NewClient(so)
 	}
+	pool := opts.PoolSize
+	if pool <= 0 {
+		pool = 10 * runtime.GOMAXPROCS(0) // go-redis's default
+	}
 	r := &Redis{
 		client:  client,
 		prefix:  opts.KeyPrefix,
 		timeout: opts.Timeout,
 		clock:   opts.Clock,
 		logger:  opts.Logger,
+		adjusts: make(chan struct{}, max(1, pool-batchWorkers-1)),
 	}
 	r.cluster, _ = client.(*redis.ClusterClient)
 	r.slots = newSlots(r, opts.SlotTTL)
@@ -407,6 +417,14 @@ func (r *Redis) Adjust(ctx context.Context, buckets []Bucket) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, r.timeout)
 	defer cancel()
+	select {
+	case r.adjusts <- struct{}{}:
+		defer func() { <-r.adjusts }()
+	case <-ctx.Done():
+		// This instance's own corrections filled its share of the pool:
+		// nothing is said of Redis (the breaker does not count it).
+		return fmt.Errorf("redis store: adjust: %w: %d corrections already on the wire: %w", ErrOverloaded, cap(r.adjusts), ctx.Err())
+	}
 	now, wall := r.now()
 	var groups [][]int
 	if r.cluster != nil {

@@ -10,13 +10,16 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// ErrOverloaded is the error of a decision this instance did not send to
-// Redis because too many of its own were already waiting: its tenant's
-// decisions in flight were at their cap (RedisOptions.TenantInFlight), or
-// the queue was full and this tenant had the most queued. It wraps
-// ErrUnavailable (the request's on_store_error applies), and it says
-// nothing of Redis's health: the circuit breaker does not count it.
-var ErrOverloaded = fmt.Errorf("%w: too many decisions of this tenant are waiting for Redis", ErrUnavailable)
+// ErrOverloaded is the error of a call this instance did not send to Redis
+// because too many of its own were already waiting: a decision whose
+// tenant's decisions in flight were at their cap
+// (RedisOptions.TenantInFlight), or that came when the queue was full and
+// its tenant had the most queued; a correction (Adjust) that found this
+// instance's share of the connection pool taken by other corrections until
+// its timeout. It wraps ErrUnavailable (the request's on_store_error
+// applies), and it says nothing of Redis's health: the circuit breaker does
+// not count it.
+var ErrOverloaded = fmt.Errorf("%w: too many of this instance's calls are waiting for Redis", ErrUnavailable)
 
 // queueMax bounds the decisions queued in one batcher, all tenants
 // together. Each is a request waiting for its answer; past this, the
@@ -86,7 +89,7 @@ func (q *fairQueue) push(c *call) error {
 	if q.perTenant > 0 && len(t.calls)+t.onWire >= q.perTenant {
 		q.forget(t)
 		q.mu.Unlock()
-		return ErrOverloaded
+		return fmt.Errorf("%w: tenant %s has %d decisions waiting (tenant_in_flight)", ErrOverloaded, name, q.perTenant)
 	}
 	if q.queued >= queueMax {
 		// The tenant with the most queued gives way: its newest call

@@ -1,11 +1,16 @@
 package store
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/caddy-cascade/cascade/internal/redistest"
+	"github.com/caddy-cascade/cascade/rate"
 )
 
 func queuedCall(tenant string, i int) *call {
@@ -138,5 +143,40 @@ func TestOverloadedIsNotAFailure(t *testing.T) {
 	}
 	if b.open.Load() || b.failures.Load() != 0 {
 		t.Fatalf("breaker open %v after shedding, %d failures; want neither", b.open.Load(), b.failures.Load())
+	}
+}
+
+// TestAdjustsLeaveDecisionsTheirConnections: corrections on the wire are
+// bounded below the pool's size; one beyond the bound waits for its turn
+// and, at its timeout, fails as this instance's overload (not Redis's
+// failure), while decisions go on.
+func TestAdjustsLeaveDecisionsTheirConnections(t *testing.T) {
+	s, err := NewRedis(context.Background(), RedisOptions{Addrs: []string{redistest.Shared(t).Addr()}, KeyPrefix: "adjusts:", PoolSize: 6,
+		Timeout: 100 * time.Millisecond, Breaker: BreakerOptions{Failures: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if cap(s.adjusts) != 3 {
+		t.Fatalf("pool 6: %d corrections at once, want 3 (the batch workers' 2 and one more left)", cap(s.adjusts))
+	}
+	lim := rate.Limit{Algorithm: rate.GCRA, Count: 100, Period: time.Hour}
+	b := []Bucket{{Key: "{t}k", Limit: lim, Cost: 1}}
+	for range cap(s.adjusts) { // the corrections on the wire
+		s.adjusts <- struct{}{}
+	}
+	err = s.Adjust(context.Background(), []Bucket{{Key: "{t}k", Limit: lim, Cost: -1}})
+	if !errors.Is(err, ErrOverloaded) || !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("a correction beyond the bound: %v, want ErrOverloaded", err)
+	}
+	if s.BreakerOpen() {
+		t.Fatal("the breaker opened on this instance's own overload")
+	}
+	if d, err := s.Decide(context.Background(), b); err != nil || !d.Allowed {
+		t.Fatalf("a decision while corrections fill their share: %v, %v", d.Allowed, err)
+	}
+	<-s.adjusts
+	if err := s.Adjust(context.Background(), []Bucket{{Key: "{t}k", Limit: lim, Cost: -1}}); err != nil {
+		t.Fatalf("a correction once one is done: %v", err)
 	}
 }
