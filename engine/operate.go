@@ -177,8 +177,8 @@ func (e *Engine) Reset(ctx context.Context, t *Tree, values []string, below bool
 			}
 		}
 		n, err = rs.Reset(ctx, keys)
-		if route == 0 {
-			// No routed tenant on the path (a ceiling above the tenants):
+		if route == 0 && !slices.ContainsFunc(t.Tiers[:len(values)], (*hierarchy.Tier).Dynamic) {
+			// A ceiling above the tenants:
 			// each store holds a copy of its buckets.
 			for _, r := range e.cfg.Routes {
 				if err != nil {

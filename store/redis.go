@@ -390,7 +390,7 @@ func (r *Redis) Decide(ctx context.Context, buckets []Bucket) (Decision, error) 
 	// context.WithTimeout: a derived context costs a request more than the
 	// rest of its Redis client work.
 	results := make([]rate.Result, len(buckets))
-	at, err := r.decide(ctx, time.Now().Add(r.timeout), buckets, now, wall, results)
+	at, err := r.decide(ctx, time.Now().Add(r.timeout), "", buckets, now, wall, results)
 	r.breaker.record(err)
 	if err != nil {
 		return Decision{}, fmt.Errorf("redis store: decide: %w: %w", ErrUnavailable, err)
@@ -457,13 +457,13 @@ func (r *Redis) now() (now, wall int64) {
 // decide decides buckets, which must share one slot on a Cluster, in one
 // lua.Decide call — its own, or a batch's (see batcher) — fills results
 // and returns the time Redis decided at. It waits until deadline at most.
-func (r *Redis) decide(ctx context.Context, deadline time.Time, buckets []Bucket, now, wall int64, results []rate.Result) (int64, error) {
+func (r *Redis) decide(ctx context.Context, deadline time.Time, tenant string, buckets []Bucket, now, wall int64, results []rate.Result) (int64, error) {
 	keys, logs, spec := r.encode(buckets, now, wall, false)
 	b, err := r.batch.forKey(ctx, deadline, keys[0])
 	if err != nil {
 		return 0, err
 	}
-	reply, err := b.do(ctx, deadline, keys, logs, spec)
+	reply, err := b.do(ctx, deadline, tenant, keys, logs, spec)
 	if err != nil {
 		return 0, err
 	}
@@ -633,6 +633,9 @@ func (r *Redis) decideSlots(ctx context.Context, buckets []Bucket, groups [][]in
 	// never inflates a ceiling that every tenant shares. If it refuses, the
 	// other slots are asked without being charged (a dry run), so that
 	// remaining counts and Retry-After still cover every limit.
+	// Every slot's call is the path's tenant's (the hash tag of its last
+	// bucket), a ceiling's too: a ceiling is not a tenant of its own.
+	tenant := tenantOf([]string{r.prefix + buckets[len(buckets)-1].Key})
 	leaf := 0
 	for g, idx := range groups {
 		if idx[len(idx)-1] == len(buckets)-1 {
@@ -647,7 +650,7 @@ func (r *Redis) decideSlots(ctx context.Context, buckets []Bucket, groups [][]in
 		res := make([]rate.Result, len(part))
 		deadline, _ := ctx.Deadline()
 		var at int64
-		if at, errs[g] = r.decide(ctx, deadline, part, now, wall, res); errs[g] == nil {
+		if at, errs[g] = r.decide(ctx, deadline, tenant, part, now, wall, res); errs[g] == nil {
 			for i, j := range groups[g] {
 				results[j], times[j] = res[i], at
 			}

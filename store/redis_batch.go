@@ -3,7 +3,9 @@ package store
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"sync"
 	"time"
@@ -128,7 +130,10 @@ type call struct {
 	keys     []string // a key per bucket
 	logs     []string // an exact sliding window's log key per bucket ("" for others), or nil (see Redis.encode)
 	spec     []byte   // the decision's packed numbers (see package lua)
+	name     string   // the tenant's, or "" for that of the last key
 	tenant   *tenantCalls
+	taken    bool      // by a worker (fairQueue.mu)
+	takenAt  time.Time // when
 	reply    string
 	err      error
 	done     chan struct{}
@@ -160,11 +165,11 @@ func newBatcher(client redis.UniversalClient, script *redis.Script, timeout time
 // reply, or until deadline. A request whose client has gone (ctx) still
 // waits for its reply, at most until deadline: its decision is on its way
 // to Redis either way.
-func (b *batcher) do(ctx context.Context, deadline time.Time, keys, logs []string, spec []byte) (string, error) {
+func (b *batcher) do(ctx context.Context, deadline time.Time, tenant string, keys, logs []string, spec []byte) (string, error) {
 	if err := ctx.Err(); err != nil {
 		return "", err
 	}
-	c := &call{ctx: ctx, deadline: deadline, keys: keys, logs: logs, spec: spec, done: make(chan struct{})}
+	c := &call{ctx: ctx, deadline: deadline, name: tenant, keys: keys, logs: logs, spec: spec, done: make(chan struct{})}
 	if err := b.queue.push(c); err != nil {
 		return "", err
 	}
@@ -174,6 +179,10 @@ func (b *batcher) do(ctx context.Context, deadline time.Time, keys, logs []strin
 	case <-c.done:
 		return c.reply, c.err
 	case <-timeout.C:
+		queued, takenAt := b.queue.abandon(c)
+		if queued || b.starved(c, takenAt) {
+			return "", ErrQueueTimeout
+		}
 		// The script may still run: as with any timed-out call, the
 		// request is then charged without being served.
 		return "", context.DeadlineExceeded
@@ -210,7 +219,6 @@ func (b *batcher) work() {
 			continue
 		}
 		b.send(batch, m)
-		b.queue.finished(batch)
 		clear(batch) // the calls are answered: not kept alive by the next batch's slice
 	}
 }
@@ -221,17 +229,17 @@ func (b *batcher) work() {
 // and a decision that joined a batch late is not failed early because an
 // older one was about to expire.
 func (b *batcher) send(batch []*call, m *merger) {
-	live := batch[:0]
+	live := make([]*call, 0, len(batch)) // not batch[:0]: batch is still the queue's to account for
 	now := time.Now()
 	var deadline time.Time
 	for _, c := range batch {
 		err := c.ctx.Err()
 		if err == nil && !now.Before(c.deadline) {
-			err = context.DeadlineExceeded
+			err = ErrQueueTimeout // never sent
 		}
 		if err != nil {
 			c.err = err
-			close(c.done)
+			b.answer([]*call{c})
 			continue
 		}
 		if d, ok := c.ctx.Deadline(); ok && d.Before(c.deadline) {
@@ -258,7 +266,7 @@ func (b *batcher) send(batch []*call, m *merger) {
 		keys, args := m.merge(live)
 		reply, err := b.script.Run(ctx, b.client, keys, args...).Text()
 		b.moved(err)
-		deliver(live, reply, err)
+		b.deliver(live, reply, err)
 		return
 	}
 	// Several slots of a Cluster master: one script call per slot,
@@ -279,7 +287,7 @@ func (b *batcher) send(batch []*call, m *merger) {
 			reply, err = b.script.Run(ctx, b.client, keys[i], args[i]...).Text()
 		}
 		b.moved(err)
-		deliver(g, reply, err)
+		b.deliver(g, reply, err)
 	}
 }
 
@@ -311,7 +319,7 @@ func (b *batcher) moved(err error) {
 // deliver cuts a batch's reply into each call's part (replySize: six
 // float64s per bucket, in order, then the decision's time) and wakes the
 // calls.
-func deliver(calls []*call, reply string, err error) {
+func (b *batcher) deliver(calls []*call, reply string, err error) {
 	if err == nil {
 		n := 0
 		for _, c := range calls {
@@ -324,10 +332,32 @@ func deliver(calls []*call, reply string, err error) {
 	for _, c := range calls {
 		if err != nil {
 			c.err = err
+			if (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded)) && b.starved(c, c.takenAt) {
+				c.err = ErrQueueTimeout
+			}
 		} else {
 			n := replySize(len(c.keys))
 			c.reply, reply = reply[:n], reply[n:]
 		}
+	}
+	b.answer(calls)
+}
+
+// starved tells whether a call taken at takenAt had too little of its time
+// left for Redis (less than half the timeout) to blame Redis for its
+// timeout: its time went waiting in this instance's queue.
+func (b *batcher) starved(c *call, takenAt time.Time) bool {
+	return !takenAt.IsZero() && c.deadline.Sub(takenAt) < b.timeout/2
+}
+
+// answer wakes calls whose reply or err is set, once the queue no longer
+// counts them in flight: a caller that decides again at once is not
+// refused for its own answered call.
+func (b *batcher) answer(calls []*call) {
+	if b.queue != nil {
+		b.queue.finished(calls)
+	}
+	for _, c := range calls {
 		close(c.done)
 	}
 }

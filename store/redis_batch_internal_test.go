@@ -95,7 +95,7 @@ func TestClosedBatcherFailsQueuedCalls(t *testing.T) {
 		for i := 0; i < 12; i++ {
 			keys, logs, spec := r.encode([]Bucket{{Key: fmt.Sprintf("{b%d}k%d", run, i), Limit: lim, Cost: 1}}, 0, WallClock(), false)
 			go func() {
-				_, err := b.do(context.Background(), deadline, keys, logs, spec)
+				_, err := b.do(context.Background(), deadline, "", keys, logs, spec)
 				errs <- err
 			}()
 			if i < 2 {

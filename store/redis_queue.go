@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -75,7 +76,10 @@ func tenantOf(keys []string) string {
 // push queues c, or fails with ErrOverloaded (its tenant at its cap, or the
 // queue full with no bigger tenant to give way) or redis.ErrClosed.
 func (q *fairQueue) push(c *call) error {
-	name := tenantOf(c.keys)
+	name := c.name
+	if name == "" {
+		name = tenantOf(c.keys)
+	}
 	q.mu.Lock()
 	if q.closed {
 		q.mu.Unlock()
@@ -131,7 +135,7 @@ func (q *fairQueue) push(c *call) error {
 
 // forget drops a tenant with nothing queued or on the wire. q.mu is held.
 func (q *fairQueue) forget(t *tenantCalls) {
-	if len(t.calls) == 0 && t.onWire == 0 {
+	if len(t.calls) == 0 && t.onWire == 0 && q.tenants[t.name] == t {
 		delete(q.tenants, t.name)
 	}
 }
@@ -141,11 +145,13 @@ func (q *fairQueue) forget(t *tenantCalls) {
 // reached) or nothing is queued. It takes at least one call if any is
 // queued.
 func (q *fairQueue) take(batch []*call, maxCalls, maxBuckets int) []*call {
+	now := time.Now()
 	q.mu.Lock()
 	buckets := 0
 	for q.queued > 0 && len(batch) < maxCalls && (len(batch) == 0 || buckets < maxBuckets) {
 		t := q.ring[q.turn]
 		c := t.calls[0]
+		c.taken, c.takenAt = true, now
 		t.calls[0] = nil
 		t.calls = t.calls[1:]
 		t.onWire++
@@ -178,8 +184,10 @@ func (q *fairQueue) take(batch []*call, maxCalls, maxBuckets int) []*call {
 func (q *fairQueue) finished(batch []*call) {
 	q.mu.Lock()
 	for _, c := range batch {
-		c.tenant.onWire--
-		q.forget(c.tenant)
+		if c.tenant != nil {
+			c.tenant.onWire--
+			q.forget(c.tenant)
+		}
 	}
 	q.mu.Unlock()
 }
@@ -199,6 +207,42 @@ func (q *fairQueue) close() {
 	q.ring, q.queued = nil, 0
 	clear(q.tenants)
 	q.mu.Unlock()
+}
+
+// ErrQueueTimeout is the error of a decision whose deadline passed while
+// it still waited in this instance's queue: it never reached Redis, so
+// it says nothing of Redis's health (the breaker does not count it).
+var ErrQueueTimeout = fmt.Errorf("%w (its deadline passed in this instance's queue)", ErrOverloaded)
+
+// abandon takes c out of the queue if no worker has taken it yet, and
+// tells whether it did.
+func (q *fairQueue) abandon(c *call) (bool, time.Time) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	t := c.tenant
+	if t == nil || c.taken || q.closed {
+		return false, c.takenAt
+	}
+	i := slices.Index(t.calls, c)
+	if i < 0 { // displaced: already answered
+		return false, c.takenAt
+	}
+	t.calls = slices.Delete(t.calls, i, i+1)
+	q.queued--
+	if len(t.calls) == 0 {
+		t.calls = nil
+		t.assigned = false
+		r := slices.Index(q.ring, t)
+		q.ring = slices.Delete(q.ring, r, r+1)
+		if r < q.turn {
+			q.turn--
+		}
+		if q.turn >= len(q.ring) {
+			q.turn = 0
+		}
+		q.forget(t)
+	}
+	return true, time.Time{}
 }
 
 // overloaded tells whether err is a decision this instance shed itself.
