@@ -143,18 +143,12 @@ func (e *Engine) Reset(ctx context.Context, t *Tree, values []string, below bool
 	if below {
 		// A subtree may span routes: every store is reset.
 		glob, match := t.Subtree(values)
-		n, err = rs.ResetMatching(ctx, store.KeyMatch{Glob: glob, Match: match})
-		for _, r := range e.cfg.Routes {
-			if err != nil {
-				break
-			}
-			rr, ok := r.Store.(store.Resetter)
-			if !ok {
-				return 0, ErrCannotReset
-			}
-			var m int
-			m, err = rr.ResetMatching(ctx, store.KeyMatch{Glob: glob, Match: match})
-			n += m
+		reset := func(rs store.Resetter) (int, error) {
+			return rs.ResetMatching(ctx, store.KeyMatch{Glob: glob, Match: match})
+		}
+		n, err = reset(rs)
+		if err == nil {
+			n, err = e.resetRoutes(n, reset)
 		}
 	} else {
 		var plan hierarchy.Plan
@@ -177,21 +171,10 @@ func (e *Engine) Reset(ctx context.Context, t *Tree, values []string, below bool
 			}
 		}
 		n, err = rs.Reset(ctx, keys)
-		if route == 0 && !slices.ContainsFunc(t.Tiers[:len(values)], (*hierarchy.Tier).Dynamic) {
-			// A ceiling above the tenants:
-			// each store holds a copy of its buckets.
-			for _, r := range e.cfg.Routes {
-				if err != nil {
-					break
-				}
-				rr, ok := r.Store.(store.Resetter)
-				if !ok {
-					return 0, ErrCannotReset
-				}
-				var m int
-				m, err = rr.Reset(ctx, keys)
-				n += m
-			}
+		if err == nil && route == 0 && !slices.ContainsFunc(t.Tiers[:len(values)], (*hierarchy.Tier).Dynamic) {
+			// A ceiling above the tenants: each store holds a copy of
+			// its buckets.
+			n, err = e.resetRoutes(n, func(rs store.Resetter) (int, error) { return rs.Reset(ctx, keys) })
 		}
 	}
 	if err != nil {
@@ -259,4 +242,21 @@ func (e *Engine) NoteDenial(d *Decision, what string) {
 		fields = append(fields, zap.String("key", b.Key))
 	}
 	e.cfg.Logger.Info("rate limited", fields...)
+}
+
+// resetRoutes resets in every route's store too, adding to the n buckets
+// already reset.
+func (e *Engine) resetRoutes(n int, reset func(store.Resetter) (int, error)) (int, error) {
+	for _, r := range e.cfg.Routes {
+		rs, ok := r.Store.(store.Resetter)
+		if !ok {
+			return 0, ErrCannotReset
+		}
+		m, err := reset(rs)
+		n += m
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
 }
