@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -19,7 +20,15 @@ import (
 // flood's decisions that wait out their timeout in this instance's queue
 // say nothing of Redis: the breaker must not open, and a quiet tenant must
 // never be refused with ErrBreakerOpen.
+//
+// It is a load test, run by hand (CASCADE_FLOOD=1 go test -run Flood
+// ./store/): on a machine loaded by other tests or the race detector, the
+// 3,000 callers starve the batcher's own goroutines of CPU, and decisions
+// then time out on the wire too — which the breaker rightly counts.
 func TestFloodDoesNotOpenTheBreaker(t *testing.T) {
+	if os.Getenv("CASCADE_FLOOD") == "" {
+		t.Skip("a load test: set CASCADE_FLOOD=1 to run it on an otherwise idle machine")
+	}
 	srv := redistest.Shared(t)
 	s, err := NewRedis(context.Background(), RedisOptions{
 		Addrs: []string{srv.Addr()}, KeyPrefix: fmt.Sprintf("flood%d:", time.Now().UnixNano()),
