@@ -132,8 +132,7 @@ type call struct {
 	spec     []byte   // the decision's packed numbers (see package lua)
 	name     string   // the tenant's, or "" for that of the last key
 	tenant   *tenantCalls
-	taken    bool      // by a worker (fairQueue.mu)
-	takenAt  time.Time // when
+	takenAt  time.Time // when a worker took it (fairQueue.mu); zero while queued
 	reply    string
 	err      error
 	done     chan struct{}

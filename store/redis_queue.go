@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -62,16 +61,9 @@ func newFairQueue(perTenant int) *fairQueue {
 	return &fairQueue{tenants: map[string]*tenantCalls{}, perTenant: perTenant, wake: make(chan struct{}, 1)}
 }
 
-// tenantOf names the tenant of a call from its keys.
-func tenantOf(keys []string) string {
-	k := keys[len(keys)-1]
-	if i := strings.IndexByte(k, '{'); i >= 0 {
-		if j := strings.IndexByte(k[i+1:], '}'); j > 0 {
-			return k[i+1 : i+1+j]
-		}
-	}
-	return k
-}
+// tenantOf names the tenant of a call from its keys: the hash tag of the
+// last.
+func tenantOf(keys []string) string { return hashTag(keys[len(keys)-1]) }
 
 // push queues c, or fails with ErrOverloaded (its tenant at its cap, or the
 // queue full with no bigger tenant to give way) or redis.ErrClosed.
@@ -151,7 +143,7 @@ func (q *fairQueue) take(batch []*call, maxCalls, maxBuckets int) []*call {
 	for q.queued > 0 && len(batch) < maxCalls && (len(batch) == 0 || buckets < maxBuckets) {
 		t := q.ring[q.turn]
 		c := t.calls[0]
-		c.taken, c.takenAt = true, now
+		c.takenAt = now
 		t.calls[0] = nil
 		t.calls = t.calls[1:]
 		t.onWire++
@@ -159,12 +151,7 @@ func (q *fairQueue) take(batch []*call, maxCalls, maxBuckets int) []*call {
 		batch = append(batch, c)
 		buckets += len(c.keys)
 		if len(t.calls) == 0 {
-			t.calls = nil
-			t.assigned = false
-			q.ring = slices.Delete(q.ring, q.turn, q.turn+1)
-			if q.turn >= len(q.ring) {
-				q.turn = 0
-			}
+			q.leave(q.turn)
 		} else {
 			q.turn = (q.turn + 1) % len(q.ring)
 		}
@@ -178,6 +165,21 @@ func (q *fairQueue) take(batch []*call, maxCalls, maxBuckets int) []*call {
 		}
 	}
 	return batch
+}
+
+// leave takes the tenant at ring index i, with nothing left queued, out
+// of the ring; the turn stays with the tenant whose turn it was (the next
+// one, if it was this one's). q.mu is held.
+func (q *fairQueue) leave(i int) {
+	t := q.ring[i]
+	t.calls, t.assigned = nil, false
+	q.ring = slices.Delete(q.ring, i, i+1)
+	if i < q.turn {
+		q.turn--
+	}
+	if q.turn >= len(q.ring) {
+		q.turn = 0
+	}
 }
 
 // finished tells the queue a batch's calls are answered.
@@ -220,7 +222,7 @@ func (q *fairQueue) abandon(c *call) (bool, time.Time) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	t := c.tenant
-	if t == nil || c.taken || q.closed {
+	if t == nil || !c.takenAt.IsZero() || q.closed {
 		return false, c.takenAt
 	}
 	i := slices.Index(t.calls, c)
@@ -230,16 +232,7 @@ func (q *fairQueue) abandon(c *call) (bool, time.Time) {
 	t.calls = slices.Delete(t.calls, i, i+1)
 	q.queued--
 	if len(t.calls) == 0 {
-		t.calls = nil
-		t.assigned = false
-		r := slices.Index(q.ring, t)
-		q.ring = slices.Delete(q.ring, r, r+1)
-		if r < q.turn {
-			q.turn--
-		}
-		if q.turn >= len(q.ring) {
-			q.turn = 0
-		}
+		q.leave(slices.Index(q.ring, t))
 		q.forget(t)
 	}
 	return true, time.Time{}

@@ -45,13 +45,13 @@ func TestFairQueueTakesTurns(t *testing.T) {
 	}
 	batch := q.take(nil, 8, 1024)
 	got := fmt.Sprint(tenantsOf(batch))
-	if want := "[api|org=noisy api|org=quiet api|org=calm api|org=noisy api|org=quiet api|org=noisy api|org=noisy api|org=noisy]"; got != want {
+	if want := "[p:{api|org=noisy} p:{api|org=quiet} p:{api|org=calm} p:{api|org=noisy} p:{api|org=quiet} p:{api|org=noisy} p:{api|org=noisy} p:{api|org=noisy}]"; got != want {
 		t.Fatalf("first batch %s, want %s", got, want)
 	}
 	// Within a tenant, first in first out.
 	var order []*call
 	for _, c := range batch {
-		if tenantOf(c.keys) == "api|org=noisy" {
+		if tenantOf(c.keys) == "p:{api|org=noisy}" {
 			order = append(order, c)
 		}
 	}
