@@ -410,7 +410,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("rate_limit: store: %w", err)
 	}
 	h.poolKey = o.poolKey
-	if err := h.provisionWaiting(); err != nil {
+	if err := h.provisionWaiting(o.redis); err != nil {
 		return fmt.Errorf("rate_limit: max_wait: %w", err)
 	}
 	h.applyStore = new(atomic.Pointer[func()])

@@ -11,6 +11,7 @@ import (
 
 	"github.com/caddy-cascade/cascade/adaptive"
 	"github.com/caddy-cascade/cascade/engine"
+	"github.com/caddy-cascade/cascade/store"
 	"github.com/caddy-cascade/cascade/waiting"
 )
 
@@ -21,13 +22,27 @@ import (
 // old ones still hold.
 var waitlists = caddy.NewUsagePool()
 
+// waitingChannel is the Redis Pub/Sub channel, after the key prefix, on
+// which the instances sharing a Redis store tell each other what requests
+// they hold.
+const waitingChannel = "waiting"
+
 // provisionWaiting joins the waitlist of the handler's store (max_wait).
-func (h *Handler) provisionWaiting() error {
+// On a Redis store the waitlist is linked to those of the other instances
+// sharing it (a store.Bus on the channel "waiting"), so that priority
+// holds between instances too.
+func (h *Handler) provisionWaiting(redis *store.Redis) error {
 	if h.MaxWait <= 0 {
 		return nil
 	}
 	key := "waiting/" + h.poolKey
-	v, _, err := waitlists.LoadOrNew(key, func() (caddy.Destructor, error) { return waiting.New(), nil })
+	v, _, err := waitlists.LoadOrNew(key, func() (caddy.Destructor, error) {
+		reg := waiting.New()
+		if redis != nil {
+			reg.Connect(redis.OpenBus(waitingChannel, reg.Receive))
+		}
+		return reg, nil
+	})
 	if err != nil {
 		return err
 	}

@@ -3,6 +3,8 @@ package cascade
 import (
 	"fmt"
 	"net/http"
+	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -11,6 +13,8 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+
+	"github.com/caddy-cascade/cascade/internal/redistest"
 )
 
 // prioritySite runs two routes on one tree and store, both with max_wait:
@@ -31,8 +35,19 @@ func prioritySite(t *testing.T, limits, storeBlock string) (url, api string) {
 // body.
 func priorityConfig(t *testing.T, limits, storeBlock, body string, port, adminPort int) []byte {
 	t.Helper()
+	cf := priorityCaddyfile(limits, storeBlock, body, port, adminPort)
+	cfg, err := adapt(t, cf)
+	if err != nil {
+		t.Fatalf("adapting: %v\n%s", err, cf)
+	}
+	return cfg
+}
+
+// priorityCaddyfile is priorityConfig's Caddyfile, with /__health outside
+// the limits (for caddyProcess).
+func priorityCaddyfile(limits, storeBlock, body string, port, adminPort int) string {
 	// The README's form: one snippet of limits, imported by both routes.
-	cf := fmt.Sprintf(`{
+	return fmt.Sprintf(`{
 	admin 127.0.0.1:%d
 	skip_install_trust
 	auto_https off
@@ -52,6 +67,9 @@ func priorityConfig(t *testing.T, limits, storeBlock, body string, port, adminPo
 	%s
 }
 http://127.0.0.1:%d {
+	handle /__health {
+		respond "up"
+	}
 	handle /batch {
 		rate_limit {
 			import api_limits
@@ -67,11 +85,6 @@ http://127.0.0.1:%d {
 	}
 }
 `, adminPort, limits, storeBlock, port, body, body)
-	cfg, err := adapt(t, cf)
-	if err != nil {
-		t.Fatalf("adapting: %v\n%s", err, cf)
-	}
-	return cfg
 }
 
 // answered is a response and when it came, from the scenario's start.
@@ -296,5 +309,115 @@ func TestPriorityRefusedInteractiveLeavesBatch(t *testing.T) {
 	}
 	if preempted > 0 {
 		t.Errorf("a refused interactive request preempted %d held batch requests", preempted)
+	}
+}
+
+// TestPriorityAcrossInstances: priority holds between Caddy instances
+// sharing a Redis store. Instance B holds batch requests (2/s, max_wait
+// 3s: two go at once, four are held until 0.5–2 s); an interactive
+// request on instance A at 0.2 s preempts them — B answers them 429
+// #preempted — and goes at 0.5 s, not 2.5 s; a batch request on B while
+// it waits is refused at once. No more requests go than the limit allows.
+// On a standalone Redis and on the 3-master Cluster.
+func TestPriorityAcrossInstances(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs Caddy processes")
+	}
+	bin := buildCaddy(t)
+	for _, tt := range []struct {
+		name  string
+		addrs func(t *testing.T) []string
+	}{
+		{"standalone", func(t *testing.T) []string { return []string{redistest.Shared(t).Addr()} }},
+		{"cluster", func(t *testing.T) []string { return redistest.SharedCluster(t).Addrs() }},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			storeBlock := fmt.Sprintf("store redis {\n address %s\n key_prefix across%d:\n }", strings.Join(tt.addrs(t), " "), testSeq.Add(1))
+			priorityAcrossInstances(t, bin, storeBlock)
+		})
+	}
+}
+
+func priorityAcrossInstances(t *testing.T, bin, storeBlock string) {
+	var ps []*caddyProcess
+	for range 2 {
+		dir := t.TempDir()
+		port, adminPort := freePort(t), freePort(t)
+		p := &caddyProcess{bin: bin, config: filepath.Join(dir, "Caddyfile"),
+			site: fmt.Sprintf("http://127.0.0.1:%d/", port), api: fmt.Sprintf("http://127.0.0.1:%d", adminPort)}
+		if err := os.WriteFile(p.config, []byte(priorityCaddyfile("limit 2/s", storeBlock, "ok", port, adminPort)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		p.start(t)
+		ps = append(ps, p)
+	}
+	a, b := ps[0], ps[1]
+
+	for i := range 2 {
+		if r := do(t, "GET", b.site+"batch", "X-User: ann"); r.status != 200 {
+			t.Fatalf("batch %d within the burst: %d %s", i, r.status, r.body)
+		}
+	}
+	start := time.Now()
+	var mu sync.Mutex
+	var all []answered
+	var wg sync.WaitGroup
+	send := func(name, url string) {
+		wg.Go(func() {
+			r := do(t, "GET", url, "X-User: ann")
+			mu.Lock()
+			all = append(all, answered{name, r, time.Since(start)})
+			mu.Unlock()
+		})
+	}
+	for i := range 4 {
+		send("held batch "+strconv.Itoa(i), b.site+"batch")
+	}
+	time.Sleep(200 * time.Millisecond)
+	send("interactive", a.site)
+	time.Sleep(100 * time.Millisecond)
+	sent := time.Since(start)
+	send("late batch", b.site+"batch")
+	wg.Wait()
+	slices.SortFunc(all, func(x, y answered) int { return int(x.at - y.at) })
+	t.Logf("answered: %v", all)
+
+	preempted := 0
+	var released []time.Duration
+	for _, r := range all {
+		switch {
+		case r.name == "interactive":
+			if r.status != 200 || r.at < 450*time.Millisecond || r.at > 650*time.Millisecond {
+				t.Errorf("the interactive request on A: %d after %v, want 200 at 0.5 s (ahead of B's held batch requests, not at 2.5 s)", r.status, r.at)
+			}
+			released = append(released, r.at)
+		case r.name == "late batch":
+			if r.status != http.StatusTooManyRequests || !strings.Contains(r.body, "#preempted") || r.at-sent > 150*time.Millisecond {
+				t.Errorf("a batch request on B while A's interactive one waits: %d after %v, %s; want 429 #preempted at once", r.status, r.at-sent, r.body)
+			}
+		default:
+			if r.status == 200 {
+				released = append(released, r.at)
+				continue
+			}
+			if r.status != http.StatusTooManyRequests || !strings.Contains(r.body, "#preempted") {
+				t.Errorf("%s: %d %s, want 429 #preempted", r.name, r.status, r.body)
+				continue
+			}
+			preempted++
+			if r.header.Get("Retry-After") != "1" {
+				t.Errorf("%s: Retry-After %q, want 1 s (the interactive request that preempted it goes at 0.5 s)", r.name, r.header.Get("Retry-After"))
+			}
+		}
+	}
+	if preempted != 4 {
+		t.Errorf("%d of B's held batch requests preempted by A's interactive one, want 4", preempted)
+	}
+	// Exact: by any time, at most the burst (2, at the start) plus 2/s went.
+	slices.Sort(released)
+	for i, at := range released {
+		if allowed := int(2 * (at + 30*time.Millisecond).Seconds()); i+1 > allowed {
+			t.Errorf("%d requests went by %v after the burst, the limit allows %d", i+1, at, allowed)
+		}
 	}
 }

@@ -16,6 +16,10 @@
 // that before deciding. Exactly one of a held request's release (Go) and
 // its preemption happens.
 //
+// Processes sharing a store (Caddy instances on one Redis) Connect their
+// Registries over a Link (store.Bus), so that this holds between them too
+// (see remote.go).
+//
 // "Interactive" here is every class but batch: critical requests wait as
 // interactive ones do (they neither preempt nor yield to each other).
 package waiting
@@ -29,11 +33,15 @@ import (
 )
 
 // Registry is the requests held by the handlers of one store, in one
-// process.
+// process, and — once Connected — those other processes sharing the store
+// hold (see remote.go).
 type Registry struct {
 	mu      sync.Mutex
 	keys    map[string]*waiters
 	batches atomic.Int64 // batch entries held
+	seq     uint64       // the last entry's id
+
+	remoteState
 }
 
 // waiters are the entries held on one bucket, by class.
@@ -41,12 +49,25 @@ type waiters struct {
 	high, batch map[*Entry]struct{}
 }
 
-// New returns an empty registry.
-func New() *Registry { return &Registry{keys: map[string]*waiters{}} }
+// New returns an empty registry, not connected to other processes.
+func New() *Registry {
+	r := &Registry{keys: map[string]*waiters{}}
+	r.remoteState.init()
+	return r
+}
 
-// Destruct lets a Registry live in a caddy.UsagePool; it holds nothing to
-// release.
-func (*Registry) Destruct() error { return nil }
+// Destruct lets a Registry live in a caddy.UsagePool: it closes its Link,
+// if it has one.
+func (r *Registry) Destruct() error {
+	r.mu.Lock()
+	l := r.link
+	r.link = nil
+	r.mu.Unlock()
+	if l != nil {
+		return l.Close()
+	}
+	return nil
+}
 
 // state is where an entry's wait stands.
 type state uint8
@@ -60,6 +81,7 @@ const (
 // Entry is one held request.
 type Entry struct {
 	r       *Registry
+	id      uint64 // names it to other processes
 	batch   bool
 	keys    []string  // the buckets it waits on
 	all     []string  // batch: all of its buckets
@@ -76,9 +98,10 @@ type Entry struct {
 	by        *Entry // a batch entry preempted by a pending entry: that entry
 }
 
-// BatchHeld reports whether any batch request is held: the one check an
-// interactive request makes before its decision, without a lock.
-func (r *Registry) BatchHeld() bool { return r.batches.Load() > 0 }
+// BatchHeld reports whether any batch request is held, here or (as far as
+// this process has heard) by another process sharing the store: the one
+// check an interactive request makes before its decision, without a lock.
+func (r *Registry) BatchHeld() bool { return r.batches.Load() > 0 || r.remoteBatches.Load() > 0 }
 
 // Preempt preempts the batch requests held on any of keys (the buckets of
 // an interactive request about to be decided), so that their reservations
@@ -92,7 +115,8 @@ func (r *Registry) Preempt(keys []string, until time.Time) (*Entry, []*Entry) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	victims := r.batchOn(keys, nil)
-	if len(victims) == 0 {
+	peers, peerKeys := r.remoteBatchOn(keys)
+	if len(victims) == 0 && len(peers) == 0 {
 		return nil, nil
 	}
 	e := &Entry{r: r, until: until, settled: make(chan struct{})}
@@ -103,8 +127,16 @@ func (r *Registry) Preempt(keys []string, until time.Time) (*Entry, []*Entry) {
 			}
 		}
 	}
+	for _, k := range peerKeys {
+		if !slices.Contains(e.keys, k) {
+			e.keys = append(e.keys, k)
+		}
+	}
 	r.add(e)
 	r.preemptAll(victims, e, until)
+	if len(peers) > 0 {
+		victims = append(victims, r.preemptRemote(e, keys, peers, until))
+	}
 	return e, victims
 }
 
@@ -132,7 +164,7 @@ func (r *Registry) Hold(e *Entry, batch bool, keys, waits []string, until time.T
 	} else if e == nil || e.state != holding {
 		e = &Entry{r: r}
 	} else {
-		r.remove(e)
+		r.unindex(e) // re-added below: announced again, not left
 	}
 	e.keys, e.until = slices.Clone(waits), until
 	r.add(e)
@@ -140,6 +172,9 @@ func (r *Registry) Hold(e *Entry, batch bool, keys, waits []string, until time.T
 		e.settle()
 		victims = r.batchOn(keys, nil)
 		r.preemptAll(victims, nil, until)
+		if peers, _ := r.remoteBatchOn(keys); len(peers) > 0 {
+			victims = append(victims, r.preemptRemote(e, keys, peers, until))
+		}
 	}
 	return e, time.Time{}, victims
 }
@@ -159,10 +194,9 @@ func (r *Registry) batchOn(keys []string, out []*Entry) []*Entry {
 }
 
 // busy is when the last interactive request waiting on any of keys goes,
-// and whether there is one.
+// and whether there is one, here or in another process.
 func (r *Registry) busy(keys []string) (time.Time, bool) {
-	var last time.Time
-	found := false
+	last, found := r.remoteBusy(keys)
 	for _, k := range keys {
 		if w := r.keys[k]; w != nil {
 			for e := range w.high {
@@ -201,6 +235,11 @@ func (e *Entry) settle() {
 }
 
 func (r *Registry) add(e *Entry) {
+	if e.id == 0 {
+		r.seq++
+		e.id = r.seq
+	}
+	r.announce(e)
 	if e.batch {
 		r.batches.Add(1)
 	}
@@ -222,6 +261,12 @@ func (r *Registry) add(e *Entry) {
 }
 
 func (r *Registry) remove(e *Entry) {
+	r.denounce(e)
+	r.unindex(e)
+}
+
+// unindex removes e from r's keys (r.mu held).
+func (r *Registry) unindex(e *Entry) {
 	if e.batch {
 		r.batches.Add(-1)
 	}
@@ -293,7 +338,9 @@ func (e *Entry) Retry(ctx context.Context) time.Time {
 func (e *Entry) GaveBack() { close(e.done) }
 
 // Wait waits until the preempted entries gave their reservations back, or
-// ctx is done.
+// ctx is done. An entry standing for another process's batch requests
+// (preemptRemote) is done when every such process said its requests gave
+// theirs back, or after remoteAckTimeout.
 func Wait(ctx context.Context, victims []*Entry) error {
 	for _, v := range victims {
 		select {

@@ -1,0 +1,252 @@
+package waiting
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// hub links registries as Redis Pub/Sub does (store.Bus): every message
+// published reaches every registry, the sender's included, in order,
+// asynchronously. flush waits until all were delivered.
+type hub struct {
+	mu      sync.Mutex
+	regs    []*Registry
+	pending sync.WaitGroup
+	lose    atomic.Bool // drop every message published while set
+}
+
+type hubLink struct {
+	h  *hub
+	ch chan []byte
+}
+
+func (l *hubLink) Publish(msg []byte) bool {
+	if l.h.lose.Load() {
+		return true
+	}
+	l.h.pending.Add(1)
+	l.ch <- msg
+	return true
+}
+
+func (l *hubLink) Close() error { return nil }
+
+// link returns n registries linked by a hub, their clock at now.
+func link(t *testing.T, n int, now *atomic.Pointer[time.Time]) (*hub, []*Registry) {
+	h := &hub{}
+	for range n {
+		r := New()
+		r.now = func() time.Time { return *now.Load() }
+		r.ackTimeout = 200 * time.Millisecond
+		h.regs = append(h.regs, r)
+	}
+	for _, r := range h.regs {
+		l := &hubLink{h: h, ch: make(chan []byte, 1024)}
+		r.Connect(l)
+		go func() { // one sender's messages, in order
+			for msg := range l.ch {
+				for _, to := range h.regs {
+					to.Receive(msg)
+				}
+				h.pending.Done()
+			}
+		}()
+		t.Cleanup(func() { close(l.ch) })
+	}
+	return h, h.regs
+}
+
+func clockAt(ms int) *atomic.Pointer[time.Time] {
+	p := new(atomic.Pointer[time.Time])
+	tm := at(ms)
+	p.Store(&tm)
+	return p
+}
+
+// TestRemoteBatchYields: a batch request on one instance is refused while
+// an interactive request another instance holds waits on one of its
+// buckets, and told when that one goes; held again once it left, or once
+// its time is up (its leave lost on the way).
+func TestRemoteBatchYields(t *testing.T) {
+	clock := clockAt(0)
+	h, regs := link(t, 2, clock)
+	a, b := regs[0], regs[1]
+
+	ia, _, _ := a.Hold(nil, false, []string{"org", "u:ann"}, []string{"u:ann"}, at(700))
+	h.pending.Wait()
+	if e, busy, _ := b.Hold(nil, true, []string{"u:ann"}, nil, at(500)); e != nil || !busy.Equal(at(700)) {
+		t.Fatalf("batch beside another instance's interactive request: held %v, busy until %v; want refused until 700 ms", e != nil, busy.Sub(t0))
+	}
+	if e, _, _ := b.Hold(nil, true, []string{"org", "u:bob"}, nil, at(500)); e == nil {
+		t.Fatal("a batch request on buckets the interactive one does not wait on was refused")
+	} else {
+		e.Leave()
+	}
+	if !ia.Go() {
+		t.Fatal("the interactive request could not go")
+	}
+	h.pending.Wait()
+	e, _, _ := b.Hold(nil, true, []string{"u:ann"}, nil, at(500))
+	if e == nil {
+		t.Fatal("batch refused after the interactive request left")
+	}
+	e.Leave()
+
+	// A leave lost: the interactive request counts until its time is up.
+	ia, _, _ = a.Hold(nil, false, []string{"u:ann"}, nil, at(900))
+	h.pending.Wait()
+	h.lose.Store(true)
+	ia.Leave()
+	h.lose.Store(false)
+	if e, _, _ := b.Hold(nil, true, []string{"u:ann"}, nil, at(950)); e != nil {
+		t.Fatal("batch held while the interactive request (whose leave was lost) still counts")
+	}
+	later := at(901)
+	clock.Store(&later)
+	if e, _, _ := b.Hold(nil, true, []string{"u:ann"}, nil, at(950)); e == nil {
+		t.Fatal("batch still refused after the lost interactive request's time was up")
+	} else {
+		e.Leave()
+	}
+}
+
+// TestRemotePreempt: an interactive request on one instance preempts the
+// batch requests another instance holds on its buckets, and its wait ends
+// only once their holder gave their reservations back; batch requests on
+// other buckets are left alone; the preempted one is told to retry when
+// the interactive request will have gone.
+func TestRemotePreempt(t *testing.T) {
+	clock := clockAt(0)
+	h, regs := link(t, 2, clock)
+	a, b := regs[0], regs[1]
+
+	onAnn, _, _ := b.Hold(nil, true, []string{"org", "u:ann"}, []string{"u:ann"}, at(2000))
+	onBob, _, _ := b.Hold(nil, true, []string{"org", "u:bob"}, []string{"u:bob"}, at(2000))
+	h.pending.Wait()
+	if !a.BatchHeld() {
+		t.Fatal("another instance's held batch requests are not seen")
+	}
+	e, victims := a.Preempt([]string{"org", "u:ann"}, at(500))
+	if e == nil || len(victims) != 1 {
+		t.Fatalf("preempting another instance's batch request: entry %v, %d victims; want one (standing for the instance)", e != nil, len(victims))
+	}
+	h.pending.Wait()
+	if !preemptedNow(onAnn) || preemptedNow(onBob) {
+		t.Fatalf("preempted: ann's %v (want true), bob's %v (want false)", preemptedNow(onAnn), preemptedNow(onBob))
+	}
+	if onAnn.Go() {
+		t.Fatal("a preempted batch request could still go")
+	}
+	if err := Wait(cancelled, victims); err == nil {
+		t.Fatal("the interactive request's wait ended before the batch request gave its reservation back")
+	}
+	onAnn.GaveBack()
+	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Millisecond) // within the ack timeout (200 ms)
+	defer cancel()
+	if err := Wait(ctx, victims); err != nil {
+		t.Fatalf("the interactive request's wait did not end once the batch request gave back: %v", err)
+	}
+	// The pending interactive request is known to b: a batch request there yields.
+	if e, busy, _ := b.Hold(nil, true, []string{"u:ann"}, nil, at(600)); e != nil || !busy.Equal(at(500)) {
+		t.Fatalf("batch beside a pending interactive request: held %v, busy until %v", e != nil, busy.Sub(t0))
+	}
+	// The preempted request's Retry waits for the interactive request's
+	// decision: held until 400 ms, not the 500 ms it said at the latest.
+	retry := make(chan time.Time, 1)
+	go func() { retry <- onAnn.Retry(context.Background()) }()
+	select {
+	case r := <-retry:
+		t.Fatalf("the preempted request's Retry (%v) did not wait for the interactive request's decision", r.Sub(t0))
+	case <-time.After(50 * time.Millisecond):
+	}
+	held, _, more := a.Hold(e, false, []string{"org", "u:ann"}, []string{"u:ann"}, at(400))
+	if held == nil || len(more) != 0 {
+		t.Fatalf("the interactive request once decided: held %v, %d more victims", held != nil, len(more))
+	}
+	if r := <-retry; !r.Equal(at(400)) {
+		t.Fatalf("the preempted request retries at %v, want 400 ms", r.Sub(t0))
+	}
+	held.Leave()
+	onBob.Leave()
+	h.pending.Wait()
+	if a.BatchHeld() {
+		t.Fatal("batch requests still seen after every one left")
+	}
+}
+
+// TestRemotePreemptWhenHeld: an interactive request held on buckets on
+// which another instance holds batch requests (decided while it was)
+// preempts them, as it does its own instance's.
+func TestRemotePreemptWhenHeld(t *testing.T) {
+	clock := clockAt(0)
+	h, regs := link(t, 2, clock)
+	a, b := regs[0], regs[1]
+	batch, _, _ := b.Hold(nil, true, []string{"u:ann"}, nil, at(2000))
+	h.pending.Wait()
+	e, _, victims := a.Hold(nil, false, []string{"u:ann"}, nil, at(800))
+	if e == nil || len(victims) != 1 {
+		t.Fatalf("held interactive: %v, %d victims; want 1", e != nil, len(victims))
+	}
+	h.pending.Wait()
+	if !preemptedNow(batch) {
+		t.Fatal("the other instance's batch request was not preempted")
+	}
+	batch.GaveBack()
+	if err := Wait(context.Background(), victims); err != nil {
+		t.Fatal(err)
+	}
+	e.Leave()
+}
+
+// TestRemoteAckLost: an instance that never answers (gone, or its answer
+// lost) holds an interactive request's wait for the ack timeout, no
+// longer; with no batch request held anywhere no preemption is asked.
+func TestRemoteAckLost(t *testing.T) {
+	clock := clockAt(0)
+	h, regs := link(t, 2, clock)
+	a, b := regs[0], regs[1]
+	_, _, _ = b.Hold(nil, true, []string{"u:ann"}, nil, at(2000))
+	h.pending.Wait()
+	h.lose.Store(true) // b's answer is lost
+	start := time.Now()
+	_, victims := a.Preempt([]string{"u:ann"}, at(500))
+	if len(victims) != 1 {
+		t.Fatalf("%d victims, want 1", len(victims))
+	}
+	if err := Wait(context.Background(), victims); err != nil {
+		t.Fatal(err)
+	}
+	if waited := time.Since(start); waited < 150*time.Millisecond {
+		t.Fatalf("the wait ended after %v with no answer, before the ack timeout (200 ms)", waited)
+	}
+	h.lose.Store(false)
+
+	c := New() // unlinked: nothing held elsewhere, nothing asked
+	if e, v := c.Preempt([]string{"u:ann"}, at(500)); e != nil || v != nil {
+		t.Fatal("an unlinked registry preempted")
+	}
+}
+
+// TestReceiveIgnores: a registry ignores its own messages and malformed
+// ones.
+func TestReceiveIgnores(t *testing.T) {
+	r := New()
+	for _, msg := range []string{``, `{`, `[]`, `{"k":"hold","keys":["u:ann"],"d":1000000000}`,
+		`{"k":"hold","f":"` + r.self + `","i":1,"b":true,"keys":["u:ann"],"d":1000000000}`} {
+		r.Receive([]byte(msg))
+	}
+	if r.BatchHeld() || len(r.remote) != 0 {
+		t.Fatalf("messages kept: %d", len(r.remote))
+	}
+	r.Receive([]byte(`{"k":"hold","f":"peer","i":1,"b":true,"keys":["u:ann"],"d":1000000000}`))
+	if !r.BatchHeld() {
+		t.Fatal("a peer's batch request not kept")
+	}
+	r.Receive([]byte(`{"k":"leave","f":"peer","i":1}`))
+	if r.BatchHeld() || len(r.byKey) != 0 {
+		t.Fatal("a peer's batch request kept after it left")
+	}
+}
