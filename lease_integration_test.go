@@ -398,3 +398,72 @@ http://127.0.0.1:%d {
 		t.Fatalf("after the reload: %d admitted, want the 90 left of 100", got)
 	}
 }
+
+// TestLeaseResetAcrossInstances: a reset through one instance's admin API
+// revokes the leases another instance holds on the reset bucket (told
+// over Redis Pub/Sub), so that the two admit exactly the fresh capacity
+// afterwards: without it the other would spend what its lease held (a
+// lease here lasts 30 s), charged before the reset and wiped by it.
+func TestLeaseResetAcrossInstances(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs Caddy processes")
+	}
+	for _, dep := range leaseDeployments {
+		t.Run(dep.name, func(t *testing.T) {
+			addrs := strings.Join(dep.addrs(t), " ")
+			ps := startRateLimited(t, 2, fmt.Sprintf(`
+			tree acme {
+				tier user {header.X-User} {
+					limit 100/day
+				}
+			}
+			store redis {
+				address %s
+				key_prefix leasereset%d:
+				lease {
+					ttl 30s
+					max_share 0.5
+				}
+			}`, addrs, testSeq.Add(1)))
+			a, b := ps[0], ps[1]
+			metric := func(p *caddyProcess, name string) float64 {
+				return scrape(t, p.api+"/metrics")[name+`{store="redis/`+strings.Join(dep.addrs(t), ",")+`"}`]
+			}
+			for range 30 {
+				if r := do(t, "GET", b.site, "X-User: ann"); r.status != 200 {
+					t.Fatalf("b: %d %s", r.status, r.body)
+				}
+			}
+			if metric(b, "cascade_lease_grants_total") == 0 {
+				t.Fatal("b took no lease")
+			}
+			var reset struct{ Buckets int }
+			if code, body := call(t, "POST", a.api+"/rate_limit/reset?tree=acme&user=ann", nil, &reset); code != 200 {
+				t.Fatalf("reset through a: %d %s", code, body)
+			}
+			deadline := time.Now().Add(10 * time.Second)
+			for metric(b, "cascade_lease_peer_resets_total") == 0 {
+				if time.Now().After(deadline) {
+					t.Fatal("b was not told of a's reset within 10 s")
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			admitted := 0
+			for i, refused := 0, 0; refused < 6; i++ {
+				p := ps[i%2]
+				switch r := do(t, "GET", p.site, "X-User: ann"); r.status {
+				case 200:
+					admitted++
+					refused = 0
+				case 429:
+					refused++
+				default:
+					t.Fatalf("status %d: %s", r.status, r.body)
+				}
+			}
+			if admitted != 100 {
+				t.Fatalf("after the reset the two instances admitted %d, want exactly the fresh capacity, 100", admitted)
+			}
+		})
+	}
+}

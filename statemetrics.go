@@ -15,6 +15,7 @@ import (
 type stateCollector struct {
 	keys, evictions, overrides, mode, breakerOpen, breakerTrips *prometheus.Desc
 	leaseDecisions, leaseGrants, leaseReleases, instances       *prometheus.Desc
+	leasePeerResets                                             *prometheus.Desc
 }
 
 func newStateCollector() *stateCollector {
@@ -39,6 +40,8 @@ func newStateCollector() *stateCollector {
 			[]string{"store"}, nil),
 		leaseReleases: prometheus.NewDesc("cascade_lease_releases_total", "Leases that ended and gave back their unspent capacity.",
 			[]string{"store"}, nil),
+		leasePeerResets: prometheus.NewDesc("cascade_lease_peer_resets_total", "Resets made through other instances sharing a Redis store with leases, which revoked this instance's leases on the reset buckets.",
+			[]string{"store"}, nil),
 	}
 }
 
@@ -53,6 +56,7 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.leaseDecisions
 	ch <- c.leaseGrants
 	ch <- c.leaseReleases
+	ch <- c.leasePeerResets
 	ch <- c.instances
 }
 
@@ -85,6 +89,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(c.leaseDecisions, prometheus.CounterValue, float64(st.Strict), p.name, "strict")
 			ch <- prometheus.MustNewConstMetric(c.leaseGrants, prometheus.CounterValue, float64(st.Leased), p.name)
 			ch <- prometheus.MustNewConstMetric(c.leaseReleases, prometheus.CounterValue, float64(st.Released), p.name)
+			ch <- prometheus.MustNewConstMetric(c.leasePeerResets, prometheus.CounterValue, float64(st.PeerResets), p.name)
 		}
 		if p.runtime != nil {
 			ch <- prometheus.MustNewConstMetric(c.overrides, prometheus.GaugeValue, float64(len(p.runtime.Snapshot().Overrides())), p.name)

@@ -139,12 +139,18 @@ type pooled struct {
 	store.Store
 	redis    *store.Redis    // the Redis store (under the leases, if any); nil for memory
 	lease    *lease.Store    // the lease store wrapping it, when leases are on
+	leaseBus *store.Bus      // tells the other instances' lease stores of resets
 	presence *store.Presence // the instances sharing the Redis store (started by on_store_error local)
 	settings *memorySettings // a memory store's, per configuration
 	runtime  *control.Runtime
 	top      *topk.Sketch
 	name     string // for logs, metrics and the admin API: "memory/default", "redis/host:port"
 }
+
+// leaseChannel is the Redis Pub/Sub channel, after the key prefix, on
+// which the lease stores of the instances sharing a Redis store tell each
+// other of resets.
+const leaseChannel = "leases"
 
 // topKeys is how many of the most-denied keys a store's sketch tracks.
 const topKeys = 1000
@@ -230,6 +236,9 @@ func (s *memorySettings) add(config <-chan struct{}, name string, maxKeys int, s
 }
 
 func (p pooled) Destruct() error {
+	if p.leaseBus != nil {
+		_ = p.leaseBus.Close()
+	}
 	if p.presence != nil {
 		p.presence.Close()
 	}
@@ -310,6 +319,10 @@ func (c *StoreConfig) open(ctx caddy.Context, sweep time.Duration) (opened, erro
 					return nil, err
 				}
 				p.Store, p.lease = ls, ls
+				// Another instance's reset revokes this one's leases on
+				// the reset buckets at once, not at their TTL.
+				p.leaseBus = s.OpenBus(leaseChannel, ls.Receive)
+				ls.Connect(p.leaseBus)
 			}
 			return p, nil
 		})

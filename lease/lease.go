@@ -134,6 +134,9 @@ type Store struct {
 	life   sync.RWMutex
 	closed bool
 
+	peersMu sync.Mutex
+	peers   peers // the other instances, told of resets (peers.go)
+
 	stats    counters
 	stop     chan struct{}
 	done     chan struct{}
@@ -183,6 +186,7 @@ type held struct {
 // counters are the Store's statistics.
 type counters struct {
 	local, grants, leased, strict, releases, released atomic.Int64
+	revokedByPeers                                    atomic.Int64
 }
 
 // Stats are counts since the Store was made.
@@ -197,6 +201,8 @@ type Stats struct {
 	// Releases counts calls that gave back ended leases; Released, the
 	// leases given back (with a grant or on their own).
 	Releases, Released int64
+	// PeerResets counts the resets other instances told of (see Connect).
+	PeerResets int64
 }
 
 // StoreCalls is the number of calls to the store: grants, strict decisions
@@ -208,6 +214,7 @@ func (s *Store) Stats() Stats {
 	return Stats{
 		Local: s.stats.local.Load(), Grants: s.stats.grants.Load(), Leased: s.stats.leased.Load(),
 		Strict: s.stats.strict.Load(), Releases: s.stats.releases.Load(), Released: s.stats.released.Load(),
+		PeerResets: s.stats.revokedByPeers.Load(),
 	}
 }
 
@@ -731,18 +738,22 @@ func (s *Store) Reset(ctx context.Context, keys []string) (int, error) {
 	for _, k := range keys {
 		set[k] = true
 	}
-	return s.reset(func(k string) bool { return set[k] }, func() (int, error) { return rs.Reset(ctx, keys) })
+	return s.reset(keys, false, func(k string) bool { return set[k] }, func() (int, error) { return rs.Reset(ctx, keys) })
 }
 
 // reset revokes this instance's leases on the selected keys around the
 // store's reset: before it, so no lease is spent on a reset bucket, and
 // after it, in case a grant in flight was installed meanwhile; and no
 // grant in flight during it is installed (see grant).
-func (s *Store) reset(selected func(key string) bool, inner func() (int, error)) (int, error) {
+//
+// The other instances are told once the store's reset returned (failed
+// too: some buckets may have been reset), so that they revoke theirs.
+func (s *Store) reset(keys []string, all bool, selected func(key string) bool, inner func() (int, error)) (int, error) {
 	s.gen.Add(1)
 	defer func() {
 		s.gen.Add(1)
 		s.revoke(selected)
+		s.announceReset(keys, all)
 	}()
 	s.revoke(selected)
 	return inner()
@@ -754,7 +765,7 @@ func (s *Store) ResetMatching(ctx context.Context, m store.KeyMatch) (int, error
 	if !ok {
 		return 0, errors.New("lease: the store cannot reset buckets")
 	}
-	return s.reset(m.Match, func() (int, error) { return rs.ResetMatching(ctx, m) })
+	return s.reset(nil, true, m.Match, func() (int, error) { return rs.ResetMatching(ctx, m) })
 }
 
 // Close waits for the grants in flight, gives back every lease (waiting at

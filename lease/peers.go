@@ -1,0 +1,94 @@
+package lease
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"slices"
+)
+
+// A reset (the admin API's) wipes buckets in the store, and the charges of
+// every lease on them with it: this instance revokes its own leases on
+// them (reset), but the other instances sharing the store would go on
+// spending theirs — capacity no longer charged anywhere — until each runs
+// out or ends (TTL). So each reset is told to the other instances' Stores
+// over a Link (store.Bus), and they revoke their leases on those buckets
+// when it arrives: what a reset bucket may admit beyond its fresh capacity
+// is then what other instances spend in the moment the message takes,
+// not in a lease's TTL. A grant in flight there when it arrives is not
+// installed (its charge may have been wiped). A message lost (Redis away
+// between the reset and its publishing) leaves the old bound: the TTL.
+
+// Link carries a Store's messages to the Stores of the other instances
+// sharing its store, without waiting (store.Bus).
+type Link interface {
+	Publish(msg []byte) bool
+	Close() error
+}
+
+// resetMessage says that buckets were reset: Keys, or every bucket some
+// pattern selected (All: a pattern's matches are not listed, so every
+// lease is revoked — leases are granted again with the next requests).
+type resetMessage struct {
+	From string   `json:"f"`
+	Keys []string `json:"keys,omitempty"`
+	All  bool     `json:"all,omitempty"`
+}
+
+// peers is a Store's link to the other instances (guarded by its mutex).
+type peers struct {
+	self string
+	link Link
+}
+
+// Connect links s to the other instances sharing its store: from now on
+// its resets are told to them, and theirs (Receive) revoke its leases.
+func (s *Store) Connect(l Link) {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	s.peersMu.Lock()
+	defer s.peersMu.Unlock()
+	s.peers = peers{self: hex.EncodeToString(b[:]), link: l}
+}
+
+// announceReset tells the other instances that keys (all: the buckets a
+// pattern selected) were reset.
+func (s *Store) announceReset(keys []string, all bool) {
+	s.peersMu.Lock()
+	p := s.peers
+	s.peersMu.Unlock()
+	if p.link == nil || !all && len(keys) == 0 {
+		return
+	}
+	b, err := json.Marshal(resetMessage{From: p.self, Keys: keys, All: all})
+	if err == nil {
+		p.link.Publish(b)
+	}
+}
+
+// Receive takes a message from the Link: another instance's reset revokes
+// this instance's leases on the reset buckets. Its own messages, and
+// malformed ones, are ignored.
+func (s *Store) Receive(msg []byte) {
+	var m resetMessage
+	if json.Unmarshal(msg, &m) != nil || m.From == "" || !m.All && len(m.Keys) == 0 {
+		return
+	}
+	s.peersMu.Lock()
+	self := s.peers.self
+	s.peersMu.Unlock()
+	if m.From == self {
+		return
+	}
+	selected := func(string) bool { return true }
+	if !m.All {
+		slices.Sort(m.Keys)
+		selected = func(k string) bool { _, found := slices.BinarySearch(m.Keys, k); return found }
+	}
+	// As around this instance's own resets: a grant in flight now is not
+	// installed, and leases installed before are revoked.
+	s.gen.Add(1)
+	s.revoke(selected)
+	s.gen.Add(1)
+	s.stats.revokedByPeers.Add(1)
+}

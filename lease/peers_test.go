@@ -1,0 +1,152 @@
+package lease_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/caddy-cascade/cascade/internal/redistest"
+
+	"github.com/caddy-cascade/cascade/lease"
+	"github.com/caddy-cascade/cascade/store"
+	"github.com/caddy-cascade/cascade/store/storetest"
+)
+
+// link joins lease stores as a store.Bus does: each message reaches every
+// store, the sender's included (here at once).
+type link struct{ to []*lease.Store }
+
+func (l *link) Publish(msg []byte) bool {
+	for _, s := range l.to {
+		s.Receive(msg)
+	}
+	return true
+}
+
+func (*link) Close() error { return nil }
+
+// TestLeaseResetToldToPeers: an admin reset on one instance revokes the
+// leases another instance holds on the reset bucket, at once: after the
+// reset the two instances together admit exactly the fresh capacity
+// (without the message the other would also spend what its lease held,
+// charged before the reset and wiped by it). A reset of other buckets
+// leaves the lease alone; a reset by pattern revokes every lease.
+func TestLeaseResetToldToPeers(t *testing.T) {
+	eachStore(t, func(t *testing.T, kind string) {
+		c := storetest.NewClock(start)
+		in := inner(t, kind, c.Now)
+		a := newLease(t, in, c.Now, lease.Options{TTL: time.Minute, MaxShare: 0.5})
+		b := newLease(t, in, c.Now, lease.Options{TTL: time.Minute, MaxShare: 0.5})
+		l := &link{to: []*lease.Store{a, b}}
+		a.Connect(l)
+		b.Connect(l)
+		daily := gcra(100, 24*time.Hour) // refills 0.07 a minute: nothing during the test
+		bs := path("ann", 1, daily, daily)
+		for range 20 { // b leases, and grows its lease
+			decide(t, b, bs)
+			c.Advance(time.Millisecond)
+		}
+		if st := b.Stats(); st.Leased == 0 || st.Local == 0 {
+			t.Fatalf("b's stats %+v, want leases spent", st)
+		}
+		// A reset of another user's bucket: b's lease stands.
+		if _, err := a.Reset(context.Background(), []string{path("bob", 1, daily, daily)[1].Key}); err != nil {
+			t.Fatal(err)
+		}
+		before := b.Stats().Local
+		decide(t, b, bs)
+		if b.Stats().Local != before+1 || b.Stats().PeerResets != 1 {
+			t.Fatalf("b's stats %+v after a reset of bob: want its lease on ann still spent, one peer reset", b.Stats())
+		}
+
+		if _, err := a.Reset(context.Background(), []string{bs[0].Key, bs[1].Key}); err != nil {
+			t.Fatal(err)
+		}
+		admitted := 0
+		for i := 0; i < 300; i++ {
+			s := a
+			if i%2 == 1 {
+				s = b
+			}
+			if decide(t, s, bs).Allowed {
+				admitted++
+			}
+			c.Advance(time.Millisecond)
+		}
+		if admitted != 100 {
+			t.Fatalf("after the reset the two instances admitted %d, want exactly the fresh capacity, 100", admitted)
+		}
+
+		// A reset by pattern revokes every lease of the other instance.
+		c.Advance(24 * time.Hour)
+		for range 20 {
+			decide(t, b, bs)
+			c.Advance(time.Millisecond)
+		}
+		if _, err := a.ResetMatching(context.Background(), store.KeyMatch{Glob: "nothing:*", Match: func(string) bool { return false }}); err != nil {
+			t.Fatal(err)
+		}
+		before = b.Stats().Local
+		decide(t, b, bs)
+		if b.Stats().Local != before {
+			t.Fatalf("b's lease was spent after another instance's reset by pattern: %+v", b.Stats())
+		}
+	})
+}
+
+// TestLeaseResetToldOverRedis is TestLeaseResetToldToPeers's reset
+// between two instances each with its own connection to a real Redis, told
+// over its Pub/Sub (store.Bus), as Caddy instances are.
+func TestLeaseResetToldOverRedis(t *testing.T) {
+	c := storetest.NewClock(start)
+	prefix := fmt.Sprintf("leasebus:%x:", rand.Uint32())
+	open := func() *lease.Store {
+		r, err := store.NewRedis(context.Background(), store.RedisOptions{
+			Addrs: []string{redistest.Shared(t).Addr()}, KeyPrefix: prefix, Clock: c.Now, Timeout: 10 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := newLease(t, r, c.Now, lease.Options{TTL: time.Minute, MaxShare: 0.5})
+		bus := r.OpenBus("leases", s.Receive)
+		s.Connect(bus)
+		t.Cleanup(func() { bus.Close(); r.Close() })
+		return s
+	}
+	a, b := open(), open()
+	daily := gcra(100, 24*time.Hour)
+	bs := path("ann", 1, daily, daily)
+	for range 20 {
+		decide(t, b, bs)
+		c.Advance(time.Millisecond)
+	}
+	if st := b.Stats(); st.Local == 0 {
+		t.Fatalf("b's stats %+v, want leases spent", st)
+	}
+	// The subscriptions are made in the background: reset until b hears one.
+	deadline := time.Now().Add(10 * time.Second)
+	for b.Stats().PeerResets == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("b heard of no reset within 10 s")
+		}
+		if _, err := a.Reset(context.Background(), []string{bs[0].Key, bs[1].Key}); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	admitted := 0
+	for i := 0; i < 300; i++ {
+		s := a
+		if i%2 == 1 {
+			s = b
+		}
+		if decide(t, s, bs).Allowed {
+			admitted++
+		}
+		c.Advance(time.Millisecond)
+	}
+	if admitted != 100 {
+		t.Fatalf("after the reset the two instances admitted %d, want exactly the fresh capacity, 100", admitted)
+	}
+}
