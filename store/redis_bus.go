@@ -7,76 +7,239 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
 )
 
 // Bus carries short messages between the processes sharing a Redis store,
 // over Redis Pub/Sub on one channel (under the store's key prefix): what
 // one Caddy instance's held requests are, so that another's may give way
-// to them (package waiting). Delivery is at most once and in order per
-// sender; a message published while Redis is away, or while a receiver is
-// reconnecting, is lost — which is why what travels on a Bus must expire
-// by itself (a held request says how long it may be held).
+// to them (package waiting), and which buckets were reset under other
+// instances' leases (package lease). Delivery is at most once and in order
+// per sender; a message published while Redis is away, or while a
+// receiver is reconnecting, is lost — which is why what travels on a Bus
+// must expire by itself.
 //
 // On a Cluster the channel is a sharded one (SPUBLISH, SSUBSCRIBE; Redis
 // 7): its messages all pass through the master of the channel's slot, so
 // they keep their order (a plain PUBLISH goes to any node and reaches the
-// others over the cluster bus, which reorders them).
+// others over the cluster bus, which reorders them). When that slot moves
+// (resharding, a failover) the node ends the subscription on a connection
+// it keeps open, which go-redis does not redo by itself: the Bus
+// subscribes again, at the slot's new master.
 type Bus struct {
 	r       *Redis
 	channel string
-	ps      *redis.PubSub
 	out     chan []byte
 	dropped atomic.Int64
+	logged  atomic.Int64 // unix ns of the last drop logged
+	// unheard is when (unix ns) the oldest message published since the
+	// Bus last heard one was published (0: none): every message published
+	// is heard by its sender too.
+	unheard atomic.Int64
+
+	mu     sync.Mutex
+	ps     *redis.PubSub // the subscription in use
+	closed bool
+
+	quiet atomic.Int64 // quietAfter (ns), but in tests
 
 	closeOnce sync.Once
 	stop      chan struct{}
 	done      sync.WaitGroup
 }
 
-// busQueue is how many messages may wait to be published; beyond it a
-// message is dropped (counted by Dropped): a request never waits on the
-// Bus.
-const busQueue = 1024
+const (
+	// busQueue is how many messages may wait to be published; beyond it
+	// a message is dropped (counted by Dropped): a request never waits on
+	// the Bus.
+	busQueue = 1024
+	// busCloseWait bounds Close: go-redis holds a subscription's lock
+	// while it reconnects (up to its dial timeout, many seconds when Redis
+	// hangs), and a Caddy reload must not wait for that.
+	busCloseWait = time.Second
+	// busRetry is the longest wait between two attempts to subscribe.
+	busRetry = 2 * time.Second
+)
 
 // OpenBus subscribes to the channel name (after the key prefix) and
 // delivers every message published on it — this process's own included —
-// to deliver, one at a time, in the order received, until Close.
+// to deliver, one at a time, in the order received, until Close. It does
+// not wait for Redis: the subscription is made (and made again when lost)
+// in the background.
 func (r *Redis) OpenBus(name string, deliver func([]byte)) *Bus {
 	b := &Bus{r: r, channel: r.prefix + name, out: make(chan []byte, busQueue), stop: make(chan struct{})}
-	if r.cluster != nil {
-		b.ps = r.cluster.SSubscribe(context.Background(), b.channel)
-	} else {
-		b.ps = r.client.Subscribe(context.Background(), b.channel)
-	}
-	in := b.ps.Channel(redis.WithChannelSize(busQueue))
+	b.quiet.Store(int64(quietAfter))
 	b.done.Add(2)
-	go func() {
-		defer b.done.Done()
-		for m := range in { // closed by ps.Close
-			deliver([]byte(m.Payload))
-		}
-	}()
-	go func() {
-		defer b.done.Done()
-		for {
-			select {
-			case <-b.stop:
-				return
-			case msg := <-b.out:
-				ctx, cancel := context.WithTimeout(context.Background(), max(r.timeout, 100*time.Millisecond))
-				publish := r.client.Publish
-				if r.cluster != nil {
-					publish = r.cluster.SPublish
-				}
-				if err := publish(ctx, b.channel, msg).Err(); err != nil {
-					b.dropped.Add(1)
-				}
-				cancel()
-			}
-		}
-	}()
+	go b.receive(deliver)
+	go b.send()
 	return b
 }
+
+// receive delivers what the subscription hears, subscribing again when
+// it is lost (see Bus), until Close.
+func (b *Bus) receive(deliver func([]byte)) {
+	defer b.done.Done()
+	wait := 50 * time.Millisecond
+	for {
+		ps, err := b.subscribe()
+		if ps == nil {
+			return // closed
+		}
+		if err != nil {
+			// Redis away, or (Cluster) a node that no longer owns the
+			// channel's slot: try again, at the master the client's
+			// refreshed view names.
+			_ = ps.Close()
+			if b.r.cluster != nil {
+				b.r.cluster.ReloadState(context.Background())
+			}
+			if !b.pause(wait) {
+				return
+			}
+			wait = min(2*wait, busRetry)
+			continue
+		}
+		wait = 50 * time.Millisecond
+		b.unheard.Store(0)
+		if !b.listen(ps, deliver) {
+			return
+		}
+		go ps.Close() // may wait on a reconnection; the next subscription need not
+		if b.r.cluster != nil {
+			b.r.cluster.ReloadState(context.Background())
+		}
+		if !b.pause(wait) {
+			return
+		}
+	}
+}
+
+// deafAfter is how long after publishing a message the Bus may hear
+// nothing — not even its own message — before it subscribes again: the
+// backstop for a subscription lost without a word (a Cluster node that
+// took the subscription back on reconnection refused it, MOVED). A Bus
+// that heard nothing for quietAfter publishes busPing (never delivered)
+// to find out.
+const (
+	deafAfter  = 5 * time.Second
+	quietAfter = 30 * time.Second
+)
+
+// busPing is the message a quiet Bus sends itself.
+const busPing = "\x00cascade-bus-ping"
+
+// listen delivers what ps hears until the Bus closes (false) or the
+// subscription is lost (true).
+func (b *Bus) listen(ps *redis.PubSub, deliver func([]byte)) bool {
+	ch := ps.ChannelWithSubscriptions(redis.WithChannelSize(busQueue)) // closed by Close
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	heard := time.Now()
+	for {
+		select {
+		case m, ok := <-ch:
+			if !ok {
+				return false
+			}
+			switch m := m.(type) {
+			case *redis.Message:
+				b.unheard.Store(0)
+				heard = time.Now()
+				if m.Payload != busPing {
+					deliver([]byte(m.Payload))
+				}
+			case *redis.Subscription:
+				if m.Kind == "sunsubscribe" && m.Count == 0 {
+					return true // the slot moved
+				}
+			}
+		case <-tick.C:
+			if sent := b.unheard.Load(); sent > 0 && time.Now().UnixNano()-sent > int64(deafAfter) {
+				return true
+			}
+			if time.Since(heard) > time.Duration(b.quiet.Load()) {
+				heard = time.Now()
+				b.Publish([]byte(busPing))
+			}
+		case <-b.stop:
+			return false
+		}
+	}
+}
+
+// subscribe makes a new subscription, and says whether Redis took it; nil
+// when the Bus is closed.
+func (b *Bus) subscribe() (*redis.PubSub, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), max(b.r.timeout, 100*time.Millisecond))
+	defer cancel()
+	var ps *redis.PubSub
+	var err error
+	if b.r.cluster != nil {
+		ps = b.r.cluster.SSubscribe(ctx)
+		err = ps.SSubscribe(ctx, b.channel)
+	} else {
+		ps = b.r.client.Subscribe(ctx)
+		err = ps.Subscribe(ctx, b.channel)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		go ps.Close()
+		return nil, nil
+	}
+	b.ps = ps
+	return ps, err
+}
+
+// pause waits d, and reports false if the Bus was closed meanwhile.
+func (b *Bus) pause(d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-b.stop:
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// send publishes the queued messages, in order, until Close.
+func (b *Bus) send() {
+	defer b.done.Done()
+	publish := b.r.client.Publish
+	if b.r.cluster != nil {
+		publish = b.r.cluster.SPublish
+	}
+	for {
+		select {
+		case <-b.stop:
+			return
+		case msg := <-b.out:
+			ctx, cancel := context.WithTimeout(context.Background(), max(b.r.timeout, 100*time.Millisecond))
+			if err := publish(ctx, b.channel, msg).Err(); err != nil {
+				b.drop(err)
+			} else {
+				b.unheard.CompareAndSwap(0, time.Now().UnixNano())
+			}
+			cancel()
+		}
+	}
+}
+
+// drop counts a message not published, and logs it at most once a minute.
+func (b *Bus) drop(err error) {
+	n := b.dropped.Add(1)
+	now, last := time.Now().UnixNano(), b.logged.Load()
+	if now-last >= int64(time.Minute) && b.logged.CompareAndSwap(last, now) && b.r.logger != nil {
+		b.r.logger.Warn("redis: a message to the other instances was dropped (they may briefly not know what this one holds)",
+			zap.String("channel", b.channel), zap.Int64("dropped_total", n), zap.Error(err))
+	}
+}
+
+// errBusFull is the reason of a message dropped because the queue was full.
+type errBusFull struct{}
+
+func (errBusFull) Error() string { return "the queue of messages to publish is full" }
 
 // Publish queues msg for the other processes, and reports whether it was
 // queued (false: the queue is full, or the Bus closed).
@@ -90,7 +253,7 @@ func (b *Bus) Publish(msg []byte) bool {
 	case b.out <- msg:
 		return true
 	default:
-		b.dropped.Add(1)
+		b.drop(errBusFull{})
 		return false
 	}
 }
@@ -100,13 +263,31 @@ func (b *Bus) Publish(msg []byte) bool {
 func (b *Bus) Dropped() int64 { return b.dropped.Load() }
 
 // Close unsubscribes and stops publishing; messages still queued are
-// dropped. It waits for the delivery in progress, if any.
+// dropped. It waits for the message being delivered, if any, and for the
+// subscription to close — at most busCloseWait each, so that a hung Redis
+// does not hold up a reload; a message may then still be delivered a
+// moment after Close returns.
 func (b *Bus) Close() error {
-	var err error
 	b.closeOnce.Do(func() {
 		close(b.stop)
-		err = b.ps.Close()
-		b.done.Wait()
+		b.mu.Lock()
+		b.closed = true
+		ps := b.ps
+		b.mu.Unlock()
+		ended := make(chan struct{})
+		go func() {
+			if ps != nil {
+				_ = ps.Close()
+			}
+			b.done.Wait()
+			close(ended)
+		}()
+		t := time.NewTimer(busCloseWait)
+		defer t.Stop()
+		select {
+		case <-ended:
+		case <-t.C:
+		}
 	})
-	return err
+	return nil
 }

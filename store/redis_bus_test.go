@@ -107,3 +107,120 @@ func TestBus(t *testing.T) {
 		})
 	}
 }
+
+// busInbox counts what a Bus heard.
+type busInbox struct {
+	mu sync.Mutex
+	n  int
+}
+
+func (in *busInbox) deliver([]byte) { in.mu.Lock(); in.n++; in.mu.Unlock() }
+func (in *busInbox) heard() int     { in.mu.Lock(); defer in.mu.Unlock(); return in.n }
+
+// heardWithin publishes on from until to has heard more than before, and
+// fails after d.
+func heardWithin(t *testing.T, from *store.Bus, to *busInbox, before int, d time.Duration, what string) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for to.heard() == before {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: nothing heard within %v", what, d)
+		}
+		from.Publish([]byte("x"))
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestBusSlotMoved: on a Cluster, when the channel's slot moves to another
+// master (the node ends the subscription on a connection it keeps open),
+// the Bus subscribes again, at the new master, and hears again.
+func TestBusSlotMoved(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a cluster of its own")
+	}
+	c := redistest.StartCluster(t, 3)
+	addrs, p := c.Addrs(), prefix(t)
+	open := func(in *busInbox) *store.Bus {
+		b := newRedis(t, store.RedisOptions{Addrs: addrs, KeyPrefix: p}).OpenBus("waiting", in.deliver)
+		t.Cleanup(func() { b.Close() })
+		return b
+	}
+	a, in := open(&busInbox{}), &busInbox{}
+	open(in).SetQuiet(time.Second) // it publishes nothing itself: it pings itself when quiet
+	heardWithin(t, a, in, 0, 10*time.Second, "before the move")
+
+	slot, err := redistest.Do(addrs[0], "CLUSTER", "KEYSLOT", p+"waiting")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := make([]string, len(addrs))
+	owner := -1
+	for i, ad := range addrs {
+		if ids[i], err = redistest.Do(ad, "CLUSTER", "MYID"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := redistest.Do(ad, "SPUBLISH", p+"waiting", "probe"); err == nil {
+			owner = i // the others answer MOVED
+		}
+	}
+	if owner < 0 {
+		t.Fatal("no master owns the channel's slot")
+	}
+	target := (owner + 1) % len(addrs)
+	must := func(ad string, args ...string) {
+		if out, err := redistest.Do(ad, args...); err != nil {
+			t.Fatalf("%v: %q %v", args, out, err)
+		}
+	}
+	// Move the (empty) slot: importing, migrating, then owned by target everywhere.
+	must(addrs[target], "CLUSTER", "SETSLOT", slot, "IMPORTING", ids[owner])
+	must(addrs[owner], "CLUSTER", "SETSLOT", slot, "MIGRATING", ids[target])
+	must(addrs[target], "CLUSTER", "SETSLOT", slot, "NODE", ids[target])
+	must(addrs[owner], "CLUSTER", "SETSLOT", slot, "NODE", ids[target])
+	for i := range addrs {
+		if i != owner && i != target {
+			must(addrs[i], "CLUSTER", "SETSLOT", slot, "NODE", ids[target])
+		}
+	}
+	heardWithin(t, a, in, in.heard(), 15*time.Second, "after the channel's slot moved")
+}
+
+// TestBusRedisAway: a Bus opened while Redis is down (the store started
+// lazily) hears once Redis is up, and again after a restart; opening it
+// and closing it while Redis hangs takes no longer than a moment.
+func TestBusRedisAway(t *testing.T) {
+	s := redistest.Start(t)
+	s.Kill()
+	p := prefix(t)
+	open := func(in *busInbox) *store.Bus {
+		r := newRedis(t, store.RedisOptions{Addrs: []string{s.Addr()}, KeyPrefix: p, LazyLoad: true, Timeout: 200 * time.Millisecond})
+		b := r.OpenBus("waiting", in.deliver)
+		t.Cleanup(func() { b.Close() })
+		return b
+	}
+	a, in := open(&busInbox{}), &busInbox{}
+	open(in)
+	time.Sleep(100 * time.Millisecond)
+	s.Restart(t)
+	heardWithin(t, a, in, 0, 15*time.Second, "once Redis came up")
+	s.Restart(t)
+	heardWithin(t, a, in, in.heard(), 15*time.Second, "after a restart")
+
+	s.Pause()
+	defer s.Resume()
+	r := newRedis(t, store.RedisOptions{Addrs: []string{s.Addr()}, KeyPrefix: p, LazyLoad: true, Timeout: 200 * time.Millisecond})
+	start := time.Now()
+	b := r.OpenBus("waiting", func([]byte) {})
+	if took := time.Since(start); took > time.Second {
+		t.Errorf("OpenBus took %v while Redis hangs", took)
+	}
+	for range 100 {
+		b.Publish([]byte("x"))
+	}
+	time.Sleep(500 * time.Millisecond)
+	start = time.Now()
+	b.Close()
+	if took := time.Since(start); took > 3*time.Second {
+		t.Errorf("Close took %v while Redis hangs, want about 1 s at most", took)
+	}
+}

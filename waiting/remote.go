@@ -50,14 +50,31 @@ type Link interface {
 // back: a process that went away, or a message lost, costs it this much.
 const remoteAckTimeout = time.Second
 
+// maxRemoteFor bounds how long another process's entry is believed held
+// (message.For): a peer's bug, or a foreign publisher on the channel, can
+// make batch requests here yield for no longer than this.
+const maxRemoteFor = time.Hour
+
+// pruneEvery is how often, at most, a Registry forgets the expired entries
+// of other processes when it finds them in its way.
+const pruneEvery = 100 * time.Millisecond
+
 // message is what Registries tell each other.
 type message struct {
-	Kind  string   `json:"k"`           // hold, leave, preempt, gaveback
-	From  string   `json:"f"`           // the sender
-	ID    uint64   `json:"i"`           // the sender's entry (gaveback: the preempting entry)
-	To    string   `json:"t,omitempty"` // gaveback: the preempting process
-	Batch bool     `json:"b,omitempty"` // hold: a batch entry
-	Keys  []string `json:"keys,omitempty"`
+	Kind  string `json:"k"`           // hold, leave, preempt, gaveback
+	From  string `json:"f"`           // the sender
+	ID    uint64 `json:"i"`           // the sender's entry (gaveback: the preempting entry)
+	To    string `json:"t,omitempty"` // gaveback: the preempting process
+	Batch bool   `json:"b,omitempty"` // hold: a batch entry
+	// Pending is, for preempt, whether the preempting entry is still to
+	// be decided (Preempt): only then do the preempted entries' Retry wait
+	// for its decision (its next hold or leave).
+	Pending bool `json:"p,omitempty"`
+	// Seq names, for preempt and gaveback, one preemption of the entry
+	// (an entry preempts again when it is held): a late answer to an
+	// earlier one does not count for the next.
+	Seq  uint64   `json:"s,omitempty"`
+	Keys []string `json:"keys,omitempty"`
 	// For is, for hold and preempt, how long from sending the entry
 	// may be held at the latest (ns): a duration, not a time, so that
 	// clocks of different hosts need not agree.
@@ -81,6 +98,7 @@ type remoteEntry struct {
 // batch entries: done (the victim standing for them all) closes when each
 // of peers said they gave back.
 type preemption struct {
+	seq    uint64
 	peers  map[string]bool
 	victim *Entry
 }
@@ -95,6 +113,8 @@ type remoteState struct {
 	byKey         map[string]map[remoteID]*remoteEntry
 	remoteBatches atomic.Int64 // batch entries in remote, expired or not
 	preemptions   map[uint64]*preemption
+	preemptSeq    uint64
+	lastPrune     time.Time
 	// awaiting are the pending entries of other processes that preempted
 	// batch entries here, until their request is decided (its hold or
 	// leave arrives): the preempted entries' Retry waits for that.
@@ -159,18 +179,30 @@ func (r *Registry) denounce(e *Entry) {
 // returns the entry Wait waits on for their answers (r.mu held).
 func (r *Registry) preemptRemote(e *Entry, keys []string, peers map[string]bool, until time.Time) *Entry {
 	r.endPreemption(e.id) // preempting again (held after Preempt): the earlier wait is over
-	p := &preemption{peers: peers, victim: &Entry{r: r, done: make(chan struct{})}}
+	r.preemptSeq++
+	p := &preemption{seq: r.preemptSeq, peers: peers, victim: &Entry{r: r, done: make(chan struct{})}}
 	r.preemptions[e.id] = p
 	d := until.Sub(r.now())
 	if d <= 0 {
 		d = time.Millisecond
 	}
-	r.publish(message{Kind: "preempt", ID: e.id, Keys: keys, For: int64(d)})
+	pending := e.settled != nil && !e.isSettled
+	r.publish(message{Kind: "preempt", ID: e.id, Seq: p.seq, Keys: keys, For: int64(d), Pending: pending})
 	id := e.id
 	time.AfterFunc(r.ackTimeout, func() {
 		r.mu.Lock()
 		defer r.mu.Unlock()
 		if r.preemptions[id] == p {
+			// Peers that did not answer: forget their batch entries on
+			// keys (had they heard, those would have left), so that the
+			// next interactive request does not wait for them again.
+			for _, k := range keys {
+				for rid, re := range r.byKey[k] {
+					if re.batch && p.peers[rid.from] {
+						r.dropRemote(rid)
+					}
+				}
+			}
 			r.endPreemption(id)
 		}
 	})
@@ -200,6 +232,7 @@ func (r *Registry) Receive(b []byte) {
 	}
 	now := r.now()
 	id := remoteID{m.From, m.ID}
+	m.For = min(max(m.For, 0), int64(maxRemoteFor))
 	switch m.Kind {
 	case "hold":
 		r.settleRemote(id)
@@ -221,7 +254,9 @@ func (r *Registry) Receive(b []byte) {
 	case "preempt":
 		until := now.Add(time.Duration(m.For))
 		victims := r.batchOn(m.Keys, nil)
-		if len(victims) > 0 {
+		if len(victims) > 0 && !m.Pending {
+			r.preemptAll(victims, nil, until) // decided already: nothing to wait for
+		} else if len(victims) > 0 {
 			by := r.awaiting[id]
 			if by == nil {
 				by = &Entry{r: r, until: until, settled: make(chan struct{})}
@@ -229,7 +264,7 @@ func (r *Registry) Receive(b []byte) {
 			}
 			r.preemptAll(victims, by, until)
 		}
-		answer := message{Kind: "gaveback", ID: m.ID, To: m.From}
+		answer := message{Kind: "gaveback", ID: m.ID, Seq: m.Seq, To: m.From}
 		if len(victims) == 0 {
 			r.publish(answer)
 			break
@@ -243,7 +278,7 @@ func (r *Registry) Receive(b []byte) {
 			r.publish(answer)
 		}()
 	case "gaveback":
-		if p := r.preemptions[m.ID]; m.To == r.self && p != nil {
+		if p := r.preemptions[m.ID]; m.To == r.self && p != nil && p.seq == m.Seq {
 			delete(p.peers, m.From)
 			if len(p.peers) == 0 {
 				r.endPreemption(m.ID)
@@ -285,6 +320,7 @@ func (r *Registry) dropRemote(id remoteID) {
 // pruneRemote forgets the entries of other processes whose time is up: a
 // leave lost on the way (r.mu held).
 func (r *Registry) pruneRemote(now time.Time) {
+	r.lastPrune = now
 	for id, e := range r.remote {
 		if !e.until.After(now) {
 			r.dropRemote(id)
@@ -338,7 +374,7 @@ func (r *Registry) remoteBatchOn(keys []string) (peers map[string]bool, on []str
 			}
 		}
 	}
-	if peers == nil {
+	if peers == nil && now.Sub(r.lastPrune) >= pruneEvery {
 		r.pruneRemote(now) // BatchHeld said yes: if only expired entries did, stop saying it
 	}
 	return peers, on

@@ -2,6 +2,7 @@ package waiting
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -19,13 +20,20 @@ type hub struct {
 }
 
 type hubLink struct {
-	h  *hub
-	ch chan []byte
+	h      *hub
+	ch     chan []byte
+	mu     sync.Mutex
+	closed bool // the test ended: a late publisher (an answer after its timeout) is dropped
 }
 
 func (l *hubLink) Publish(msg []byte) bool {
 	if l.h.lose.Load() {
 		return true
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return false
 	}
 	l.h.pending.Add(1)
 	l.ch <- msg
@@ -54,7 +62,12 @@ func link(t *testing.T, n int, now *atomic.Pointer[time.Time]) (*hub, []*Registr
 				h.pending.Done()
 			}
 		}()
-		t.Cleanup(func() { close(l.ch) })
+		t.Cleanup(func() {
+			l.mu.Lock()
+			defer l.mu.Unlock()
+			l.closed = true
+			close(l.ch)
+		})
 	}
 	return h, h.regs
 }
@@ -156,7 +169,7 @@ func TestRemotePreempt(t *testing.T) {
 	// The preempted request's Retry waits for the interactive request's
 	// decision: held until 400 ms, not the 500 ms it said at the latest.
 	retry := make(chan time.Time, 1)
-	go func() { retry <- onAnn.Retry(context.Background()) }()
+	go func() { retry <- onAnn.Retry(bounded(t)) }()
 	select {
 	case r := <-retry:
 		t.Fatalf("the preempted request's Retry (%v) did not wait for the interactive request's decision", r.Sub(t0))
@@ -195,8 +208,14 @@ func TestRemotePreemptWhenHeld(t *testing.T) {
 		t.Fatal("the other instance's batch request was not preempted")
 	}
 	batch.GaveBack()
-	if err := Wait(context.Background(), victims); err != nil {
+	if err := Wait(bounded(t), victims); err != nil {
 		t.Fatal(err)
+	}
+	// Decided already: the preempted request's Retry does not wait for
+	// the interactive one to leave (as on one instance).
+	start := time.Now()
+	if r := batch.Retry(bounded(t)); !r.Equal(at(800)) || time.Since(start) > time.Second {
+		t.Fatalf("the preempted request's Retry: %v after %v, want 800 ms at once", r.Sub(t0), time.Since(start))
 	}
 	e.Leave()
 }
@@ -208,19 +227,29 @@ func TestRemoteAckLost(t *testing.T) {
 	clock := clockAt(0)
 	h, regs := link(t, 2, clock)
 	a, b := regs[0], regs[1]
-	_, _, _ = b.Hold(nil, true, []string{"u:ann"}, nil, at(2000))
+	batch, _, _ := b.Hold(nil, true, []string{"u:ann"}, nil, at(30000)) // held 30 s
 	h.pending.Wait()
-	h.lose.Store(true) // b's answer is lost
 	start := time.Now()
-	_, victims := a.Preempt([]string{"u:ann"}, at(500))
+	e, victims := a.Preempt([]string{"u:ann"}, at(500))
 	if len(victims) != 1 {
 		t.Fatalf("%d victims, want 1", len(victims))
 	}
-	if err := Wait(context.Background(), victims); err != nil {
+	h.pending.Wait() // b heard the preemption; its answer will be lost
+	h.lose.Store(true)
+	if !preemptedNow(batch) {
+		t.Fatal("b's batch request was not preempted")
+	}
+	if err := Wait(bounded(t), victims); err != nil {
 		t.Fatal(err)
 	}
 	if waited := time.Since(start); waited < 150*time.Millisecond {
 		t.Fatalf("the wait ended after %v with no answer, before the ack timeout (200 ms)", waited)
+	}
+	e.Leave()
+	// What b held there is forgotten: the next interactive request does
+	// not wait for b again.
+	if e, v := a.Preempt([]string{"u:ann"}, at(500)); e != nil || v != nil {
+		t.Fatalf("a second interactive request waits for the silent instance again (%d victims)", len(v))
 	}
 	h.lose.Store(false)
 
@@ -248,5 +277,105 @@ func TestReceiveIgnores(t *testing.T) {
 	r.Receive([]byte(`{"k":"leave","f":"peer","i":1}`))
 	if r.BatchHeld() || len(r.byKey) != 0 {
 		t.Fatal("a peer's batch request kept after it left")
+	}
+}
+
+// bounded is a context for a wait that must end: a test that would hang
+// fails instead.
+func bounded(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// TestRemotePendingLeft: an interactive request that preempted another
+// instance's batch requests, then was decided and not held (it fit, or was
+// refused), leaves: the preempted requests' Retry returns at once, not
+// when its wait would have ended.
+func TestRemotePendingLeft(t *testing.T) {
+	clock := clockAt(0)
+	h, regs := link(t, 2, clock)
+	a, b := regs[0], regs[1]
+	batch, _, _ := b.Hold(nil, true, []string{"u:ann"}, nil, at(2000))
+	h.pending.Wait()
+	e, victims := a.Preempt([]string{"u:ann"}, at(3000))
+	h.pending.Wait()
+	batch.GaveBack()
+	if err := Wait(bounded(t), victims); err != nil {
+		t.Fatal(err)
+	}
+	retry := make(chan time.Time, 1)
+	go func() { retry <- batch.Retry(bounded(t)) }()
+	e.Leave()
+	select {
+	case r := <-retry:
+		if !r.IsZero() {
+			t.Fatalf("Retry %v after the interactive request left, want none (nobody waits)", r.Sub(t0))
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("the preempted request's Retry still waits after the interactive request left")
+	}
+}
+
+// TestRemotePreemptThree: an interactive request preempting the batch
+// requests of two other instances waits for both to give back, not the
+// first; an answer addressed to another instance, or to an earlier
+// preemption, does not count.
+func TestRemotePreemptThree(t *testing.T) {
+	clock := clockAt(0)
+	h, regs := link(t, 3, clock)
+	a, b, c := regs[0], regs[1], regs[2]
+	onB, _, _ := b.Hold(nil, true, []string{"org"}, nil, at(2000))
+	onC, _, _ := c.Hold(nil, true, []string{"org"}, nil, at(2000))
+	h.pending.Wait()
+	e, victims := a.Preempt([]string{"org"}, at(500))
+	h.pending.Wait()
+	if len(victims) != 1 || !preemptedNow(onB) || !preemptedNow(onC) {
+		t.Fatalf("victims %d, b's preempted %v, c's %v", len(victims), preemptedNow(onB), preemptedNow(onC))
+	}
+	onB.GaveBack()
+	waiting := func() int { // the instances a still waits for
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		if p := a.preemptions[e.id]; p != nil {
+			return len(p.peers)
+		}
+		return 0
+	}
+	for deadline := time.Now().Add(5 * time.Second); waiting() != 1; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("a waits for %d instances after b gave back, want 1 (c)", waiting())
+		}
+	}
+	// Answers that must not count: to another instance, for an earlier preemption.
+	a.Receive([]byte(`{"k":"gaveback","f":"` + c.self + `","i":` + fmt.Sprint(e.id) + `,"s":1,"t":"` + b.self + `"}`))
+	a.Receive([]byte(`{"k":"gaveback","f":"` + c.self + `","i":` + fmt.Sprint(e.id) + `,"s":99,"t":"` + a.self + `"}`))
+	select {
+	case <-victims[0].done:
+		t.Fatal("the wait ended before the second instance gave back")
+	default:
+	}
+	onC.GaveBack()
+	if err := Wait(bounded(t), victims); err != nil {
+		t.Fatal(err)
+	}
+	e.Leave()
+}
+
+// TestRemoteExpired: another instance's batch entry whose time is up (its
+// leave lost) is not preempted, nor waited for.
+func TestRemoteExpired(t *testing.T) {
+	clock := clockAt(0)
+	h, regs := link(t, 2, clock)
+	a, b := regs[0], regs[1]
+	b.Hold(nil, true, []string{"u:ann"}, nil, at(300))
+	h.pending.Wait()
+	later := at(301)
+	clock.Store(&later)
+	if e, v := a.Preempt([]string{"u:ann"}, at(800)); e != nil || v != nil {
+		t.Fatalf("an expired batch entry of another instance was preempted (%d victims)", len(v))
+	}
+	if a.BatchHeld() {
+		t.Fatal("an expired batch entry still counts as held")
 	}
 }
