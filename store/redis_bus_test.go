@@ -224,3 +224,33 @@ func TestBusRedisAway(t *testing.T) {
 		t.Errorf("Close took %v while Redis hangs, want about 1 s at most", took)
 	}
 }
+
+// BenchmarkBusRoundTrip is the time from Publish to delivery at another
+// Bus on a real redis-server on this machine: "the moment" a message
+// takes, during which two instances may decide as if they had not heard.
+func BenchmarkBusRoundTrip(b *testing.B) {
+	addr, p := redistest.Shared(b).Addr(), prefix(b)
+	heard := make(chan struct{}, 1)
+	from := newRedis(b, store.RedisOptions{Addrs: []string{addr}, KeyPrefix: p}).OpenBus("bench", func([]byte) {})
+	to := newRedis(b, store.RedisOptions{Addrs: []string{addr}, KeyPrefix: p}).OpenBus("bench", func([]byte) {
+		select {
+		case heard <- struct{}{}:
+		default:
+		}
+	})
+	b.Cleanup(func() { from.Close(); to.Close() })
+	for { // until subscribed
+		from.Publish([]byte("x"))
+		select {
+		case <-heard:
+		case <-time.After(20 * time.Millisecond):
+			continue
+		}
+		break
+	}
+	b.ResetTimer()
+	for range b.N {
+		from.Publish([]byte(`{"k":"hold","f":"0123456789abcdef","i":42,"b":true,"keys":["{api|acme}|user|ann"],"d":2000000000}`))
+		<-heard
+	}
+}
