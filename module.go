@@ -710,7 +710,15 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		h.metrics.observeStore(name, d, took)
 	}
 	h.setPlaceholders(r, repl, d)
+	return h.serveDecided(w, r, next, d, status, err)
+}
 
+// serveDecided is the rest of ServeHTTP, once the request is decided: it
+// answers, passes or refuses it. It is a function of its own so that
+// ServeHTTP has few returns: Go open-codes the defers of a function only
+// while its returns times its defers are at most 15, and otherwise
+// registers and runs each through the runtime, on every request.
+func (h *Handler) serveDecided(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, d *decision, status int, err error) error {
 	if d.Reason == engine.ReasonStoreError {
 		h.logStoreError(err)
 		return h.storeFailed(w, r, next, d)

@@ -30,9 +30,15 @@ func (h *Handler) problem(w http.ResponseWriter, status int, kind, title, detail
 // A request may pass several rate_limit handlers (a site-wide one and a
 // route's). The replacer asks its providers in the order they were added
 // and the first answer wins, so the first handler registers the provider
-// and leaves it in the request's variables; a later handler overwrites
-// what it shows. The placeholders are those of the last decision, which
-// is the one that refused the request if any did.
+// and marks the request's variables; a later handler leaves what the
+// provider is to show in them instead, and the provider shows that. The
+// placeholders are those of the last decision, which is the one that
+// refused the request if any did.
+//
+// The provider is a closure holding its copy of the values and the
+// variables: one allocation (a pointer to shared placeholders and a
+// method value of it would be two). The rare later handler allocates the
+// placeholders it leaves.
 func (h *Handler) setPlaceholders(r *http.Request, repl *caddy.Replacer, d *decision) {
 	p := placeholders{
 		allowed: d.Allowed && (d.Reason == engine.ReasonOK || d.Replayed),
@@ -45,24 +51,36 @@ func (h *Handler) setPlaceholders(r *http.Request, repl *caddy.Replacer, d *deci
 		p.limit, p.tier = c.Limit, c.Tier
 		p.capacity, p.remaining, p.reset = d.Limits[d.Closest].Limit.Capacity(), res.Remaining, res.Reset
 		if d.Reason == engine.ReasonLimited || d.Reason == engine.ReasonImpossible || d.Reason == engine.ReasonPenalty {
-			p.exceeded = c.Tree.Name
+			p.exceeded = c.Tree
 		}
 	}
-	if shown, ok := caddyhttp.GetVar(r.Context(), placeholdersVar).(*placeholders); ok {
-		*shown = p
+	vars, _ := r.Context().Value(caddyhttp.VarsCtxKey).(map[string]any)
+	if later, ok := vars[placeholdersVar].(*placeholders); ok { // marked: not the first handler
+		if later == nil {
+			later = new(placeholders)
+			vars[placeholdersVar] = later
+		}
+		*later = p
 		return
 	}
-	shown := &p
-	caddyhttp.SetVar(r.Context(), placeholdersVar, shown)
-	repl.Map(shown.lookup)
+	if vars != nil {
+		vars[placeholdersVar] = (*placeholders)(nil) // the mark
+	}
+	repl.Map(func(key string) (any, bool) {
+		if later, _ := vars[placeholdersVar].(*placeholders); later != nil {
+			return later.lookup(key)
+		}
+		return p.lookup(key)
+	})
 }
 
-// placeholdersVar is the request variable under which the first handler
-// leaves the placeholders its provider shows.
+// placeholdersVar is the request variable that the first handler marks (a
+// nil *placeholders) and a later one sets to the placeholders the first
+// handler's provider is to show.
 const placeholdersVar = "cascade.rate_limit"
 
 // lookup is the replacer provider of {http.rate_limit.*}.
-func (p *placeholders) lookup(key string) (any, bool) {
+func (p placeholders) lookup(key string) (any, bool) {
 	name, ok := strings.CutPrefix(key, "http.rate_limit.")
 	if !ok {
 		return nil, false
@@ -77,7 +95,10 @@ func (p *placeholders) lookup(key string) (any, bool) {
 	case "retry_after":
 		return engine.CeilSeconds(p.retry), true
 	case "exceeded.name": // mholt/caddy-ratelimit's: the zone (tree) that refused
-		return p.exceeded, p.exceeded != ""
+		if p.exceeded == nil {
+			return "", false
+		}
+		return p.exceeded.Name, p.exceeded.Name != ""
 	}
 	if p.limit == nil { // no bucket closest to exhaustion
 		return nil, false
@@ -107,6 +128,6 @@ type placeholders struct {
 	tier      *hierarchy.Tier
 	capacity  int64 // its effective capacity
 	remaining int64
-	reset     int64  // µs
-	exceeded  string // the tree that refused the request (limited or impossible), else ""
+	reset     int64           // µs
+	exceeded  *hierarchy.Tree // the tree that refused the request (limited, impossible or penalty), else nil
 }

@@ -104,8 +104,17 @@ func (e *Engine) WriteHeaders(hdr http.Header, d *Decision) {
 		cut("Retry-After")
 	}
 	if n > 0 {
-		all := string(b)
-		vals := make([]string, n)
+		var all string
+		var vals []string
+		if n <= len(headerValues{}.vals) && len(b) <= len(headerValues{}.b) {
+			// The default headers of an admitted request: one
+			// allocation.
+			hv := new(headerValues)
+			copy(hv.b[:], b)
+			all, vals = unsafe.String(&hv.b[0], len(b)), hv.vals[:n]
+		} else {
+			all, vals = string(b), make([]string, n)
+		}
 		for i := 0; i < n; i++ {
 			if fixed[i] != "" {
 				vals[i] = fixed[i]
@@ -118,6 +127,15 @@ func (e *Engine) WriteHeaders(hdr http.Header, d *Decision) {
 	if cfg.OpenAI {
 		e.writeOpenAIHeaders(hdr, d)
 	}
+}
+
+// headerValues backs the values WriteHeaders cuts for the default headers
+// (RateLimit-Policy and RateLimit): their slices and the bytes of those
+// cut, in one allocation of 64 bytes rather than two of 32 and (for up to
+// 32 bytes of text) 8 to 32. The bytes are never written again once cut.
+type headerValues struct {
+	vals [2]string
+	b    [32]byte
 }
 
 // policyOf formats the RateLimit-Policy of a path whose limits may be

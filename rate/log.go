@@ -162,35 +162,41 @@ func (l Limit) slidingLog(s State, now, n int64) (State, Result) {
 		return s, Result{Impossible: true, Remaining: before, Before: before, Reset: l.reset(v.live, s.T, now)}
 	}
 	if v.used+float64(n) <= max {
-		next := l.record(l.compact(s, v), now, n)
+		c, g := l.compact(s, v)
+		next := l.record(c, g, now, n)
 		return next, Result{Allowed: true, Remaining: floorNonNeg(max - v.used - float64(n)), Before: before, Reset: l.reset(next.B > 0, next.T, now)}
 	}
 	return s, Result{Remaining: before, Before: before, RetryAfter: l.retry(s, v, now, v.used+float64(n)-max), Reset: l.reset(v.live, s.T, now)}
 }
 
-// compact is s without the entries that have left the window (v).
-func (l Limit) compact(s State, v view) State {
+// compact is s without the entries that have left the window (v). Its log
+// is also returned as a value, g, for record (g.H is the state's T when no
+// entry is left): the state holds s.Log when no entry has left it, and no
+// Log otherwise, which record makes from g only once it knows whether a new
+// entry joins it, so that a charge allocates at most one Log.
+func (l Limit) compact(s State, v view) (next State, g Log) {
 	if !v.live {
-		return State{}
+		return State{}, Log{}
 	}
-	next := State{A: v.used, B: s.B, T: s.T, Log: s.Log}
+	next, g = State{A: v.used, B: s.B, T: s.T}, Log{H: s.T}
 	switch {
-	case s.Log == nil || v.off == 0:
-	case v.off == len(s.Log.buf):
-		next.Log = nil
-	default:
-		next.Log = &Log{H: v.h, buf: s.Log.buf[v.off:]}
+	case s.Log == nil:
+	case v.off == 0:
+		next.Log, g = s.Log, *s.Log
+	case v.off < len(s.Log.buf):
+		g = Log{H: v.h, buf: s.Log.buf[v.off:]}
 	}
-	return next
+	return next, g
 }
 
-// record logs a charge of n at time now in s, a compacted state: in the
-// newest entry when now falls in its tick (and the entry has room), else in
-// a new newest entry, the previous newest joining the Log. A clock that
-// went back logs at the newest entry's time: entries stay in time order.
-func (l Limit) record(s State, now, n int64) State {
+// record logs a charge of n at time now in s, a compacted state whose log
+// is g (see compact): in the newest entry when now falls in its tick (and
+// the entry has room), else in a new newest entry, the previous newest
+// joining the Log. A clock that went back logs at the newest entry's time:
+// entries stay in time order.
+func (l Limit) record(s State, g Log, now, n int64) State {
 	if n == 0 {
-		return s
+		return s.withLog(g)
 	}
 	at := l.tickOf(now)
 	if s.B == 0 {
@@ -202,14 +208,18 @@ func (l Limit) record(s State, now, n int64) State {
 	if at == s.T && s.B+float64(n) <= maxEntryCost {
 		s.A += float64(n)
 		s.B += float64(n)
-		return s
+		return s.withLog(g)
 	}
-	g := &Log{H: s.T}
-	if s.Log != nil {
-		g.H, g.buf = s.Log.H, s.Log.buf
+	return State{A: s.A + float64(n), B: float64(n), T: at, Log: &Log{H: g.H, buf: appendEntry(g.buf, at-s.T, int64(s.B))}}
+}
+
+// withLog is s, compacted, holding its log g: s.Log when it already does,
+// else a new Log if g has entries.
+func (s State) withLog(g Log) State {
+	if s.Log == nil && len(g.buf) > 0 {
+		s.Log = &Log{H: g.H, buf: g.buf}
 	}
-	g.buf = appendEntry(g.buf, at-s.T, int64(s.B))
-	return State{A: s.A + float64(n), B: float64(n), T: at, Log: g}
+	return s
 }
 
 // retry is the wait until need units of the oldest charges in the window
