@@ -168,3 +168,60 @@ func TestConcurrencyRefusalsAreNoStrikes(t *testing.T) {
 		t.Fatalf("no request in flight, yet refused: %s, retry %v", d.Reason, d.Retry)
 	}
 }
+
+// TestReplayRefusedForSlotNotCounted: a retry of an ended request is let
+// through without a charge, but still needs a concurrency slot; refused
+// for want of one, it is not one of its record's retries: with one retry
+// allowed, the retry after the slot came back is still replayed (not
+// charged as a new request).
+func TestReplayRefusedForSlotNotCounted(t *testing.T) {
+	tree := &hierarchy.Tree{Name: "api", Tiers: []*hierarchy.Tier{
+		{Name: "user", Key: "{user}", Limits: []*hierarchy.Limit{
+			{Count: 100, Per: "min"},
+			{Count: 1, Algorithm: "concurrent"},
+		}},
+	}}
+	if err := tree.Compile(); err != nil {
+		t.Fatal(err)
+	}
+	c := &clock{now: time.Date(2026, 11, 25, 0, 0, 0, 0, time.UTC).UnixMicro()}
+	mem := store.NewMemory(store.MemoryOptions{Clock: c.read, SweepInterval: -1})
+	e := New(Config{Trees: []*Tree{{Tree: tree}}, Store: mem, StoreName: "memory", DenialLog: "off",
+		Idempotency: Idempotency{TTL: time.Hour, InFlight: time.Minute, Retries: 1}})
+	t.Cleanup(func() { e.Close(); _ = mem.Close() })
+	ctx := context.Background()
+	decide := func(key string) *Decision {
+		t.Helper()
+		d := new(Decision)
+		e.Begin(d)
+		d.Idempotency = key
+		if err := e.Add(d, e.Tree("api"), []string{"ann"}); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.Decide(ctx, d, nil); err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	first := decide("k")
+	if !first.Allowed || first.Replayed {
+		t.Fatalf("first request: allowed %v replayed %v", first.Allowed, first.Replayed)
+	}
+	e.Done(ctx, first)
+	other := decide("") // takes the only slot
+	if !other.Allowed {
+		t.Fatal("another request refused")
+	}
+	if retry := decide("k"); retry.Allowed || retry.Replayed {
+		t.Fatalf("a retry while the slot is taken: allowed %v replayed %v, want refused", retry.Allowed, retry.Replayed)
+	}
+	e.Done(ctx, other)
+	retry := decide("k")
+	if !retry.Allowed || !retry.Replayed {
+		t.Fatalf("the retry once the slot is back: allowed %v replayed %v, want replayed (the refused one was not counted)", retry.Allowed, retry.Replayed)
+	}
+	e.Done(ctx, retry)
+	if again := decide("k"); !again.Allowed || again.Replayed {
+		t.Fatalf("the next: allowed %v replayed %v, want a new request (its one retry used)", again.Allowed, again.Replayed)
+	}
+}

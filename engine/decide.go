@@ -510,6 +510,14 @@ func (e *Engine) replaySlots(ctx context.Context, d *Decision, res store.Decisio
 	// were charged nothing).
 	res.At, res.Times = got.At, nil
 	if !got.Allowed {
+		// Refused for want of a slot, as any request: not one of the
+		// record's retries after all (the record's time is not known
+		// here: the record under the key is corrected, whichever it is).
+		r := d.record
+		r.Cost, r.Charged = rate.UncountRetry, 0
+		if err := e.storeFor(d.Local, d.route).Adjust(ctx, []store.Bucket{r}); err != nil {
+			e.cfg.Logger.Warn("rate limit: a retry refused for want of a concurrency slot could not be uncounted; it counts as one of its record's retries", zap.Error(err))
+		}
 		d.Replayed, d.Reason = false, "" // refused for want of a slot, as any request
 		out := store.Combine(res.Results)
 		out.At = got.At

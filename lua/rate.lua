@@ -382,6 +382,7 @@ local function algorithms(log)
       return a, b, t
     elseif alg == IDEM then
       if a == 0 or (charged ~= 0 and t ~= charged) then return a, b, t end
+      if delta == -2 then return a, pos(b - 1), t end -- rate.UncountRetry
       if delta < 0 then return 0, 0, 0 end
       if delta > 0 and now < a then a = now end
       return a, b, t

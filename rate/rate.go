@@ -78,7 +78,8 @@
 // that a retry of it is not charged twice. Count is how long (µs) the first
 // request counts as in flight at most (its response ends it sooner, by an
 // Adjust of +1), Period how long the record is kept, Burst how many retries
-// it lets through without a charge. Deciding cost 1 against no record
+// it lets through without a charge (an Adjust of UncountRetry takes back
+// one that was let through but refused after all). Deciding cost 1 against no record
 // admits and writes one; against a record it refuses (so nothing on the
 // path is charged) and says why in Remaining: RecordInFlight while the
 // first request is in flight (RetryAfter: until it counts as ended at the
@@ -123,6 +124,11 @@ const (
 	RecordDone     = 1 // the first request has ended: a retry is not charged again
 	RecordInFlight = 2 // the first request is still in flight
 )
+
+// UncountRetry is the Adjust of an Idempotent record that takes back one
+// of the retries it counted as let through: a retry the caller refused
+// after all (for want of a concurrency slot) is not one of Burst.
+const UncountRetry = -2
 
 // ConcurrentRetry is the RetryAfter of a refused Concurrent limit: how
 // soon a request in flight ends is unknown, so the client is asked to come
@@ -424,9 +430,12 @@ func (l Limit) Adjust(s State, now, delta, charged int64) State {
 		}
 	case Idempotent:
 		// Only the record charged at charged (a newer one is another
-		// request's): −1 forgets it, +1 ends its request's flight.
+		// request's): −1 forgets it, +1 ends its request's flight,
+		// UncountRetry takes back a retry it counted.
 		switch {
 		case s.A == 0 || charged != 0 && s.T != charged:
+		case delta == UncountRetry:
+			s.B = math.Max(0, s.B-1)
 		case delta < 0:
 			s = State{}
 		case delta > 0 && float64(now) < s.A:

@@ -308,6 +308,16 @@ func scenarios() []scenario {
 			{buckets: []store.Bucket{b("i1", "rate", gcra(3, time.Hour, 0), 1), record("i1", "k1", 1)}, allowed: true, remaining: []int64{1, 0}},
 			{buckets: []store.Bucket{b("i1", "rate", gcra(3, time.Hour, 0), 1), record("i1", "k1", 1)}, allowed: false, remaining: []int64{1, rate.RecordInFlight}},
 			{adjust: true, buckets: []store.Bucket{record("i1", "k1", -1)}}, // forgotten: k1 is new again
+			// A retry let through but uncounted (refused after all) is not
+			// one of the two.
+			{buckets: []store.Bucket{record("i1", "k3", 1)}, allowed: true},
+			{adjust: true, buckets: []store.Bucket{record("i1", "k3", 1)}},
+			{buckets: []store.Bucket{record("i1", "k3", 1)}, allowed: false, remaining: []int64{rate.RecordDone}},
+			{adjust: true, buckets: []store.Bucket{record("i1", "k3", rate.UncountRetry)}},
+			{adjust: true, buckets: []store.Bucket{record("i1", "k3", rate.UncountRetry)}}, // never below none
+			{buckets: []store.Bucket{record("i1", "k3", 1)}, allowed: false, remaining: []int64{rate.RecordDone}},
+			{buckets: []store.Bucket{record("i1", "k3", 1)}, allowed: false, remaining: []int64{rate.RecordDone}},
+			{buckets: []store.Bucket{record("i1", "k3", 1)}, allowed: true},
 			// Another key is another request.
 			{buckets: []store.Bucket{b("i1", "rate", gcra(3, time.Hour, 0), 1), record("i1", "k2", 1)}, allowed: true, remaining: []int64{0, 0}},
 			// A request refused by its limits records nothing.
