@@ -80,6 +80,7 @@ func (r *Redis) OpenBus(name string, deliver func([]byte)) *Bus {
 func (b *Bus) receive(deliver func([]byte)) {
 	defer b.done.Done()
 	wait := 50 * time.Millisecond
+	failing := false
 	for {
 		ps, err := b.subscribe()
 		if ps == nil {
@@ -87,9 +88,15 @@ func (b *Bus) receive(deliver func([]byte)) {
 		}
 		if err != nil {
 			// Redis away, or (Cluster) a node that no longer owns the
-			// channel's slot: try again, at the master the client's
-			// refreshed view names.
-			_ = ps.Close()
+			// channel's slot, or a user without the channel (ACL): try
+			// again, at the master the client's refreshed view names;
+			// said once per streak.
+			if !failing && b.r.logger != nil {
+				b.r.logger.Warn("redis: cannot subscribe to the channel the instances tell each other on; retrying (an ACL user needs the channel: &<key_prefix>*)",
+					zap.String("channel", b.channel), zap.Error(err))
+			}
+			failing = true
+			go ps.Close()
 			if b.r.cluster != nil {
 				b.r.cluster.ReloadState(context.Background())
 			}
@@ -99,7 +106,7 @@ func (b *Bus) receive(deliver func([]byte)) {
 			wait = min(2*wait, busRetry)
 			continue
 		}
-		wait = 50 * time.Millisecond
+		wait, failing = 50*time.Millisecond, false
 		b.unheard.Store(0)
 		if !b.listen(ps, deliver) {
 			return
