@@ -20,6 +20,7 @@
 package hierarchy
 
 import (
+	"errors"
 	"fmt"
 	"iter"
 	"regexp"
@@ -400,6 +401,11 @@ func (l *Limit) compile() error {
 	}
 	if l.Algorithm == string(rate.Concurrent) {
 		return l.compileConcurrent()
+	}
+	if l.Algorithm == string(rate.Idempotent) {
+		// The engine's idempotency records use it; as a limit it would
+		// admit nothing it should.
+		return errors.New(`algorithm "idempotent" is not a limit: use the handler's idempotency option`)
 	}
 	period, unit, err := rate.ParsePer(l.Per)
 	if err != nil {

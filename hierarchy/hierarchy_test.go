@@ -187,6 +187,7 @@ func TestCompileErrors(t *testing.T) {
 		{"bad missing", Tree{Name: "t", Tiers: []*Tier{{Name: "org", Key: "k", Missing: "ignore", Limits: []*Limit{{Count: 1, Per: "s"}}}}}, "missing policy"},
 		{"duplicate tier", Tree{Name: "t", Tiers: []*Tier{{Name: "a", Key: "k", Limits: []*Limit{{Count: 1, Per: "s"}}}, {Name: "a", Key: "k", Limits: []*Limit{{Count: 1, Per: "s"}}}}}, "twice"},
 		{"empty override", Tree{Name: "t", Tiers: []*Tier{{Name: "a", Key: "k", Values: map[string]*Override{"x": {}}}}}, "no limits"},
+		{"idempotent limit", Tree{Name: "t", Tiers: []*Tier{{Name: "org", Key: "k", Limits: []*Limit{{Count: 1, Per: "s", Algorithm: "idempotent"}}}}}, "not a limit"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

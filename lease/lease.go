@@ -42,6 +42,7 @@ import (
 	"fmt"
 	"hash/maphash"
 	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -690,9 +691,11 @@ func (s *Store) sweepEvery(interval time.Duration) {
 	}
 }
 
-// revoke ends every lease on a path holding a selected key without giving
-// anything back, and drops what is queued for those keys: the buckets are
-// being reset, and a give-back would land in the fresh bucket.
+// revoke ends every lease on a path holding a selected key, and drops
+// what is queued for those keys: the buckets are being reset, and a
+// give-back would land in the fresh bucket. What such a lease holds on the
+// path's other buckets (an organisation's, when a user is reset) is given
+// back as when it ends.
 func (s *Store) revoke(selected func(key string) bool) {
 	s.pendingMu.Lock()
 	kept := s.pending[:0]
@@ -704,22 +707,24 @@ func (s *Store) revoke(selected func(key string) bool) {
 	clear(s.pending[len(kept):])
 	s.pending = kept
 	s.pendingMu.Unlock()
+	var back []store.Release
 	for i := range s.paths {
 		sh := &s.paths[i]
 		sh.mu.Lock()
 		for _, p := range sh.m {
-			if p.lease == nil {
+			if p.lease == nil || !slices.ContainsFunc(p.keys, selected) {
 				continue
 			}
-			for _, k := range p.keys {
-				if selected(k) {
-					p.lease = nil
-					break
+			for _, r := range p.lease.release(p.keys) {
+				if !selected(r.Key) {
+					back = append(back, r)
 				}
 			}
+			p.lease = nil
 		}
 		sh.mu.Unlock()
 	}
+	s.queue(back)
 }
 
 // Adjust implements store.Store: corrections go to the store as they are.
@@ -738,7 +743,7 @@ func (s *Store) Reset(ctx context.Context, keys []string) (int, error) {
 	for _, k := range keys {
 		set[k] = true
 	}
-	return s.reset(keys, false, func(k string) bool { return set[k] }, func() (int, error) { return rs.Reset(ctx, keys) })
+	return s.reset(keys, "", func(k string) bool { return set[k] }, func() (int, error) { return rs.Reset(ctx, keys) })
 }
 
 // reset revokes this instance's leases on the selected keys around the
@@ -748,12 +753,12 @@ func (s *Store) Reset(ctx context.Context, keys []string) (int, error) {
 //
 // The other instances are told once the store's reset returned (failed
 // too: some buckets may have been reset), so that they revoke theirs.
-func (s *Store) reset(keys []string, all bool, selected func(key string) bool, inner func() (int, error)) (int, error) {
+func (s *Store) reset(keys []string, glob string, selected func(key string) bool, inner func() (int, error)) (int, error) {
 	s.gen.Add(1)
 	defer func() {
 		s.gen.Add(1)
 		s.revoke(selected)
-		s.announceReset(keys, all)
+		s.announceReset(keys, glob)
 	}()
 	s.revoke(selected)
 	return inner()
@@ -765,7 +770,7 @@ func (s *Store) ResetMatching(ctx context.Context, m store.KeyMatch) (int, error
 	if !ok {
 		return 0, errors.New("lease: the store cannot reset buckets")
 	}
-	return s.reset(nil, true, m.Match, func() (int, error) { return rs.ResetMatching(ctx, m) })
+	return s.reset(nil, m.Glob, m.Match, func() (int, error) { return rs.ResetMatching(ctx, m) })
 }
 
 // Close waits for the grants in flight, gives back every lease (waiting at

@@ -5,6 +5,8 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"slices"
+
+	"github.com/caddy-cascade/cascade/store"
 )
 
 // A reset (the admin API's) wipes buckets in the store, and the charges of
@@ -13,7 +15,8 @@ import (
 // spending theirs — capacity no longer charged anywhere — until each runs
 // out or ends (TTL). So each reset is told to the other instances' Stores
 // over a Link (store.Bus), and they revoke their leases on those buckets
-// when it arrives: what a reset bucket may admit beyond its fresh capacity
+// when it arrives (giving back what those leases hold on the path's other
+// buckets): what a reset bucket may admit beyond its fresh capacity
 // is then what other instances spend in the moment the message takes,
 // not in a lease's TTL. A grant in flight there when it arrives is not
 // installed (its charge may have been wiped). A message lost (Redis away
@@ -26,13 +29,14 @@ type Link interface {
 	Close() error
 }
 
-// resetMessage says that buckets were reset: Keys, or every bucket some
-// pattern selected (All: a pattern's matches are not listed, so every
-// lease is revoked — leases are granted again with the next requests).
+// resetMessage says that buckets were reset: Keys, or every bucket the
+// pattern Glob selected (a Redis glob, store.GlobMatch: the one the store's
+// SCAN used, of which the resetting instance's exact selection is a
+// subset — so another instance may revoke a little more, never less).
 type resetMessage struct {
 	From string   `json:"f"`
 	Keys []string `json:"keys,omitempty"`
-	All  bool     `json:"all,omitempty"`
+	Glob string   `json:"glob,omitempty"`
 }
 
 // peers is a Store's link to the other instances (guarded by its mutex).
@@ -51,16 +55,16 @@ func (s *Store) Connect(l Link) {
 	s.peers = peers{self: hex.EncodeToString(b[:]), link: l}
 }
 
-// announceReset tells the other instances that keys (all: the buckets a
-// pattern selected) were reset.
-func (s *Store) announceReset(keys []string, all bool) {
+// announceReset tells the other instances that keys, or the buckets glob
+// selects, were reset.
+func (s *Store) announceReset(keys []string, glob string) {
 	s.peersMu.Lock()
 	p := s.peers
 	s.peersMu.Unlock()
-	if p.link == nil || !all && len(keys) == 0 {
+	if p.link == nil || glob == "" && len(keys) == 0 {
 		return
 	}
-	b, err := json.Marshal(resetMessage{From: p.self, Keys: keys, All: all})
+	b, err := json.Marshal(resetMessage{From: p.self, Keys: keys, Glob: glob})
 	if err == nil {
 		p.link.Publish(b)
 	}
@@ -71,7 +75,7 @@ func (s *Store) announceReset(keys []string, all bool) {
 // malformed ones, are ignored.
 func (s *Store) Receive(msg []byte) {
 	var m resetMessage
-	if json.Unmarshal(msg, &m) != nil || m.From == "" || !m.All && len(m.Keys) == 0 {
+	if json.Unmarshal(msg, &m) != nil || m.From == "" || m.Glob == "" && len(m.Keys) == 0 {
 		return
 	}
 	s.peersMu.Lock()
@@ -80,8 +84,8 @@ func (s *Store) Receive(msg []byte) {
 	if m.From == self {
 		return
 	}
-	selected := func(string) bool { return true }
-	if !m.All {
+	selected := func(k string) bool { return store.GlobMatch(m.Glob, k) }
+	if m.Glob == "" {
 		slices.Sort(m.Keys)
 		selected = func(k string) bool { _, found := slices.BinarySearch(m.Keys, k); return found }
 	}

@@ -79,19 +79,64 @@ func TestLeaseResetToldToPeers(t *testing.T) {
 			t.Fatalf("after the reset the two instances admitted %d, want exactly the fresh capacity, 100", admitted)
 		}
 
-		// A reset by pattern revokes every lease of the other instance.
+		// A reset by pattern revokes the other instance's leases on the
+		// buckets it selects, and only those.
 		c.Advance(24 * time.Hour)
 		for range 20 {
 			decide(t, b, bs)
 			c.Advance(time.Millisecond)
 		}
-		if _, err := a.ResetMatching(context.Background(), store.KeyMatch{Glob: "nothing:*", Match: func(string) bool { return false }}); err != nil {
+		nothing := store.KeyMatch{Glob: "{t|nothing}*", Match: func(string) bool { return false }}
+		if _, err := a.ResetMatching(context.Background(), nothing); err != nil {
+			t.Fatal(err)
+		}
+		before = b.Stats().Local
+		decide(t, b, bs)
+		if b.Stats().Local != before+1 {
+			t.Fatalf("b's lease was not spent after a reset by a pattern that selects none of its buckets: %+v", b.Stats())
+		}
+		anns := store.KeyMatch{Glob: "{t|acme}|user|ann", Match: func(k string) bool { return k == bs[1].Key }}
+		if _, err := a.ResetMatching(context.Background(), anns); err != nil {
 			t.Fatal(err)
 		}
 		before = b.Stats().Local
 		decide(t, b, bs)
 		if b.Stats().Local != before {
-			t.Fatalf("b's lease was spent after another instance's reset by pattern: %+v", b.Stats())
+			t.Fatalf("b's lease was spent after a reset by a pattern that selects its bucket: %+v", b.Stats())
+		}
+	})
+}
+
+// TestLeaseRevokedGivesBackTheRest: a lease revoked by a reset of one of
+// its path's buckets (another instance's reset of a user) gives back what
+// it held on the others (the organisation's): nothing is lost there.
+func TestLeaseRevokedGivesBackTheRest(t *testing.T) {
+	eachStore(t, func(t *testing.T, kind string) {
+		c := storetest.NewClock(start)
+		in := inner(t, kind, c.Now)
+		a := newLease(t, in, c.Now, lease.Options{TTL: time.Minute, MaxShare: 0.5})
+		b := newLease(t, in, c.Now, lease.Options{TTL: time.Minute, MaxShare: 0.5})
+		l := &link{to: []*lease.Store{a, b}}
+		a.Connect(l)
+		b.Connect(l)
+		daily := gcra(100, 24*time.Hour)
+		bs := path("ann", 1, daily, daily)
+		admitted := int64(0)
+		for range 20 {
+			if decide(t, b, bs).Allowed {
+				admitted++
+			}
+			c.Advance(time.Millisecond)
+		}
+		if b.Stats().Local == 0 {
+			t.Fatalf("b's stats %+v, want leases spent", b.Stats())
+		}
+		if _, err := a.Reset(context.Background(), []string{bs[1].Key}); err != nil { // ann only
+			t.Fatal(err)
+		}
+		b.Sweep(context.Background()) // gives back what was queued
+		if org := peekRemaining(t, in, bs)[0]; org != 100-admitted {
+			t.Fatalf("the organisation's bucket holds %d after the reset of ann, want %d (100 less the %d admitted: the lease's rest given back)", org, 100-admitted, admitted)
 		}
 	})
 }
