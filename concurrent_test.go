@@ -183,7 +183,7 @@ func TestConcurrencyThreeInstances(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs Caddy processes")
 	}
-	for _, dep := range leaseDeployments {
+	for _, dep := range redisDeployments {
 		t.Run(dep.name, func(t *testing.T) {
 			up := newCountingUpstream(t, 300*time.Millisecond)
 			const ttl = 2 * time.Second

@@ -17,8 +17,8 @@ import (
 	"github.com/caddy-cascade/cascade/internal/redistest"
 )
 
-// leaseDeployments are the Redis deployments the lease tests run on.
-var leaseDeployments = []struct {
+// redisDeployments are the Redis deployments the tests of several instances run on.
+var redisDeployments = []struct {
 	name  string
 	addrs func(t *testing.T) []string
 }{
@@ -37,7 +37,7 @@ func TestLeaseThreeInstances(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs Caddy processes")
 	}
-	for _, dep := range leaseDeployments {
+	for _, dep := range redisDeployments {
 		t.Run(dep.name, func(t *testing.T) {
 			ps := startRateLimited(t, 3, fmt.Sprintf(`
 			tree burst {
@@ -114,7 +114,7 @@ func TestLeaseSoak(t *testing.T) {
 		}
 		soak = d
 	}
-	for _, dep := range leaseDeployments {
+	for _, dep := range redisDeployments {
 		t.Run(dep.name, func(t *testing.T) {
 			ps := startRateLimited(t, 3, fmt.Sprintf(`
 			tree soak {
@@ -408,7 +408,7 @@ func TestLeaseResetAcrossInstances(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs Caddy processes")
 	}
-	for _, dep := range leaseDeployments {
+	for _, dep := range redisDeployments {
 		t.Run(dep.name, func(t *testing.T) {
 			addrs := strings.Join(dep.addrs(t), " ")
 			ps := startRateLimited(t, 2, fmt.Sprintf(`

@@ -13,8 +13,6 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-
-	"github.com/caddy-cascade/cascade/internal/redistest"
 )
 
 // prioritySite runs two routes on one tree and store, both with max_wait:
@@ -324,15 +322,9 @@ func TestPriorityAcrossInstances(t *testing.T) {
 		t.Skip("builds and runs Caddy processes")
 	}
 	bin := buildCaddy(t)
-	for _, tt := range []struct {
-		name  string
-		addrs func(t *testing.T) []string
-	}{
-		{"standalone", func(t *testing.T) []string { return []string{redistest.Shared(t).Addr()} }},
-		{"cluster", func(t *testing.T) []string { return redistest.SharedCluster(t).Addrs() }},
-	} {
-		t.Run(tt.name, func(t *testing.T) {
-			storeBlock := fmt.Sprintf("store redis {\n address %s\n key_prefix across%d:\n }", strings.Join(tt.addrs(t), " "), testSeq.Add(1))
+	for _, dep := range redisDeployments { // standalone and Cluster
+		t.Run(dep.name, func(t *testing.T) {
+			storeBlock := fmt.Sprintf("store redis {\n address %s\n key_prefix across%d:\n }", strings.Join(dep.addrs(t), " "), testSeq.Add(1))
 			priorityAcrossInstances(t, bin, storeBlock)
 		})
 	}
