@@ -2,7 +2,6 @@ package lease
 
 import (
 	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"slices"
 
@@ -48,11 +47,9 @@ type peers struct {
 // Connect links s to the other instances sharing its store: from now on
 // its resets are told to them, and theirs (Receive) revoke its leases.
 func (s *Store) Connect(l Link) {
-	var b [8]byte
-	_, _ = rand.Read(b[:])
 	s.peersMu.Lock()
 	defer s.peersMu.Unlock()
-	s.peers = peers{self: hex.EncodeToString(b[:]), link: l}
+	s.peers = peers{self: rand.Text(), link: l}
 }
 
 // announceReset tells the other instances that keys, or the buckets glob

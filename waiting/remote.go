@@ -3,7 +3,6 @@ package waiting
 import (
 	"context"
 	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"slices"
 	"sync/atomic"
@@ -124,9 +123,7 @@ type remoteState struct {
 }
 
 func (s *remoteState) init() {
-	var b [8]byte
-	_, _ = rand.Read(b[:])
-	s.self = hex.EncodeToString(b[:])
+	s.self = rand.Text()
 	s.now = time.Now
 	s.remote = map[remoteID]*remoteEntry{}
 	s.byKey = map[string]map[remoteID]*remoteEntry{}
@@ -162,11 +159,17 @@ func (r *Registry) announce(e *Entry) {
 	if r.link == nil {
 		return
 	}
-	d := e.until.Sub(r.now())
+	r.publish(message{Kind: "hold", ID: e.id, Batch: e.batch, Keys: e.keys, For: r.heldFor(e.until)})
+}
+
+// heldFor is message.For of an entry held until until (1 ms once that
+// has passed: it is still held).
+func (r *Registry) heldFor(until time.Time) int64 {
+	d := until.Sub(r.now())
 	if d <= 0 {
 		d = time.Millisecond
 	}
-	r.publish(message{Kind: "hold", ID: e.id, Batch: e.batch, Keys: e.keys, For: int64(d)})
+	return int64(d)
 }
 
 // denounce tells the other processes that e is no longer held (r.mu held).
@@ -182,12 +185,8 @@ func (r *Registry) preemptRemote(e *Entry, keys []string, peers map[string]bool,
 	r.preemptSeq++
 	p := &preemption{seq: r.preemptSeq, peers: peers, victim: &Entry{r: r, done: make(chan struct{})}}
 	r.preemptions[e.id] = p
-	d := until.Sub(r.now())
-	if d <= 0 {
-		d = time.Millisecond
-	}
 	pending := e.settled != nil && !e.isSettled
-	r.publish(message{Kind: "preempt", ID: e.id, Seq: p.seq, Keys: keys, For: int64(d), Pending: pending})
+	r.publish(message{Kind: "preempt", ID: e.id, Seq: p.seq, Keys: keys, For: r.heldFor(until), Pending: pending})
 	id := e.id
 	time.AfterFunc(r.ackTimeout, func() {
 		r.mu.Lock()
@@ -237,30 +236,20 @@ func (r *Registry) Receive(b []byte) {
 	case "hold":
 		r.settleRemote(id)
 		r.dropRemote(id)
-		e := &remoteEntry{batch: m.Batch, keys: m.Keys, until: now.Add(time.Duration(m.For))}
-		r.remote[id] = e
-		if e.batch {
-			r.remoteBatches.Add(1)
-		}
-		for _, k := range e.keys {
-			if r.byKey[k] == nil {
-				r.byKey[k] = map[remoteID]*remoteEntry{}
-			}
-			r.byKey[k][id] = e
-		}
+		r.putRemote(id, &remoteEntry{batch: m.Batch, keys: m.Keys, until: now.Add(time.Duration(m.For))})
 	case "leave":
 		r.settleRemote(id)
 		r.dropRemote(id)
 	case "preempt":
 		until := now.Add(time.Duration(m.For))
 		victims := r.batchOn(m.Keys, nil)
-		if len(victims) > 0 && !m.Pending {
-			r.preemptAll(victims, nil, until) // decided already: nothing to wait for
-		} else if len(victims) > 0 {
-			by := r.awaiting[id]
-			if by == nil {
-				by = &Entry{r: r, until: until, settled: make(chan struct{})}
-				r.awaiting[id] = by
+		if len(victims) > 0 {
+			var by *Entry // the preempting entry, while it is still to be decided
+			if m.Pending {
+				if by = r.awaiting[id]; by == nil {
+					by = &Entry{r: r, until: until, settled: make(chan struct{})}
+					r.awaiting[id] = by
+				}
 			}
 			r.preemptAll(victims, by, until)
 		}
@@ -296,6 +285,20 @@ func (r *Registry) settleRemote(id remoteID) {
 	if e := r.awaiting[id]; e != nil {
 		delete(r.awaiting, id)
 		e.settle()
+	}
+}
+
+// putRemote keeps another process's entry (r.mu held).
+func (r *Registry) putRemote(id remoteID, e *remoteEntry) {
+	r.remote[id] = e
+	if e.batch {
+		r.remoteBatches.Add(1)
+	}
+	for _, k := range e.keys {
+		if r.byKey[k] == nil {
+			r.byKey[k] = map[remoteID]*remoteEntry{}
+		}
+		r.byKey[k][id] = e
 	}
 }
 
