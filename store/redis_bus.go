@@ -86,37 +86,33 @@ func (b *Bus) receive(deliver func([]byte)) {
 		if ps == nil {
 			return // closed
 		}
-		if err != nil {
+		if err == nil {
+			wait, failing = 50*time.Millisecond, false
+			b.unheard.Store(0)
+			if !b.listen(ps, deliver) {
+				return
+			}
+		} else {
 			// Redis away, or (Cluster) a node that no longer owns the
-			// channel's slot, or a user without the channel (ACL): try
-			// again, at the master the client's refreshed view names;
-			// said once per streak.
+			// channel's slot, or a user without the channel (ACL): said
+			// once per streak.
 			if !failing && b.r.logger != nil {
 				b.r.logger.Warn("redis: cannot subscribe to the channel the instances tell each other on; retrying (an ACL user needs the channel: &<key_prefix>*)",
 					zap.String("channel", b.channel), zap.Error(err))
 			}
 			failing = true
-			go ps.Close()
-			if b.r.cluster != nil {
-				b.r.cluster.ReloadState(context.Background())
-			}
-			if !b.pause(wait) {
-				return
-			}
-			wait = min(2*wait, busRetry)
-			continue
 		}
-		wait, failing = 50*time.Millisecond, false
-		b.unheard.Store(0)
-		if !b.listen(ps, deliver) {
-			return
-		}
+		// Lost or refused: subscribe again, at the master the client's
+		// refreshed view names.
 		go ps.Close() // may wait on a reconnection; the next subscription need not
 		if b.r.cluster != nil {
 			b.r.cluster.ReloadState(context.Background())
 		}
 		if !b.pause(wait) {
 			return
+		}
+		if failing {
+			wait = min(2*wait, busRetry)
 		}
 	}
 }
@@ -177,7 +173,7 @@ func (b *Bus) listen(ps *redis.PubSub, deliver func([]byte)) bool {
 // subscribe makes a new subscription, and says whether Redis took it; nil
 // when the Bus is closed.
 func (b *Bus) subscribe() (*redis.PubSub, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), max(b.r.timeout, 100*time.Millisecond))
+	ctx, cancel := b.callContext()
 	defer cancel()
 	var ps *redis.PubSub
 	var err error
@@ -196,6 +192,12 @@ func (b *Bus) subscribe() (*redis.PubSub, error) {
 	}
 	b.ps = ps
 	return ps, err
+}
+
+// callContext bounds one call to Redis: the store's timeout, at least
+// 100 ms.
+func (b *Bus) callContext() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), max(b.r.timeout, 100*time.Millisecond))
 }
 
 // pause waits d, and reports false if the Bus was closed meanwhile.
@@ -222,7 +224,7 @@ func (b *Bus) send() {
 		case <-b.stop:
 			return
 		case msg := <-b.out:
-			ctx, cancel := context.WithTimeout(context.Background(), max(b.r.timeout, 100*time.Millisecond))
+			ctx, cancel := b.callContext()
 			if err := publish(ctx, b.channel, msg).Err(); err != nil {
 				b.drop(err)
 			} else {
