@@ -116,15 +116,9 @@ func TestAdminAcrossInstances(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs Caddy processes")
 	}
-	for _, tt := range []struct {
-		name  string
-		addrs func(t *testing.T) []string
-	}{
-		{"standalone", func(t *testing.T) []string { return []string{redistest.Shared(t).Addr()} }},
-		{"cluster", func(t *testing.T) []string { return redistest.SharedCluster(t).Addrs() }},
-	} {
-		t.Run(tt.name, func(t *testing.T) {
-			store := fmt.Sprintf("store redis {\n address %s\n key_prefix shared%d:\n }", strings.Join(tt.addrs(t), " "), testSeq.Add(1))
+	for _, tt := range redistest.Deployments() {
+		t.Run(tt.Name, func(t *testing.T) {
+			store := fmt.Sprintf("store redis {\n address %s\n key_prefix shared%d:\n }", strings.Join(tt.Addrs(t), " "), testSeq.Add(1))
 			ps := startInstances(t, 2, store)
 			a, b := ps[0], ps[1]
 			carol := []string{"X-Org: acme", "X-User: carol"}

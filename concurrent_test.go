@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/caddy-cascade/cascade/admin"
+	"github.com/caddy-cascade/cascade/internal/redistest"
 	"github.com/caddyserver/caddy/v2"
 )
 
@@ -183,8 +184,8 @@ func TestConcurrencyThreeInstances(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs Caddy processes")
 	}
-	for _, dep := range redisDeployments {
-		t.Run(dep.name, func(t *testing.T) {
+	for _, dep := range redistest.Deployments() {
+		t.Run(dep.Name, func(t *testing.T) {
 			up := newCountingUpstream(t, 300*time.Millisecond)
 			const ttl = 2 * time.Second
 			block := fmt.Sprintf(`
@@ -197,7 +198,7 @@ func TestConcurrencyThreeInstances(t *testing.T) {
 				address %s
 				key_prefix conc%d:
 				slot_ttl %v
-			}`, strings.Join(dep.addrs(t), " "), testSeq.Add(1), ttl)
+			}`, strings.Join(dep.Addrs(t), " "), testSeq.Add(1), ttl)
 			ps := startProxies(t, 3, block, up.addr)
 			var urls []string
 			for _, p := range ps {

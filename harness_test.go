@@ -126,6 +126,26 @@ func admitN(t testing.TB, n int, url string, headers ...string) int {
 	return ok
 }
 
+// admitUntilRefused sends requests to urls in turn until refusals in a
+// row are refused (429), and returns how many were admitted; any other
+// status fails the test.
+func admitUntilRefused(t testing.TB, refusals int, urls []string, headers ...string) int {
+	t.Helper()
+	admitted := 0
+	for i, refused := 0, 0; refused < refusals; i++ {
+		switch r := do(t, "GET", urls[i%len(urls)], headers...); r.status {
+		case http.StatusOK:
+			admitted++
+			refused = 0
+		case http.StatusTooManyRequests:
+			refused++
+		default:
+			t.Fatalf("status %d: %s", r.status, r.body)
+		}
+	}
+	return admitted
+}
+
 // loadJSON runs Caddy with a JSON config and stops it when the test ends.
 func loadJSON(t testing.TB, cfg []byte) {
 	t.Helper()

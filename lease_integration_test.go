@@ -17,15 +17,6 @@ import (
 	"github.com/caddy-cascade/cascade/internal/redistest"
 )
 
-// redisDeployments are the Redis deployments the tests of several instances run on.
-var redisDeployments = []struct {
-	name  string
-	addrs func(t *testing.T) []string
-}{
-	{"standalone", func(t *testing.T) []string { return []string{redistest.Shared(t).Addr()} }},
-	{"cluster", func(t *testing.T) []string { return redistest.SharedCluster(t).Addrs() }},
-}
-
 // TestLeaseThreeInstances: three Caddy processes lease capacity from one
 // Redis (standalone, then the 3-master Cluster, where the two tiers' keys
 // are in different slots: leased slot by slot). 256 concurrent clients
@@ -37,8 +28,8 @@ func TestLeaseThreeInstances(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs Caddy processes")
 	}
-	for _, dep := range redisDeployments {
-		t.Run(dep.name, func(t *testing.T) {
+	for _, dep := range redistest.Deployments() {
+		t.Run(dep.Name, func(t *testing.T) {
 			ps := startRateLimited(t, 3, fmt.Sprintf(`
 			tree burst {
 				tier everyone global {
@@ -55,7 +46,7 @@ func TestLeaseThreeInstances(t *testing.T) {
 				lease {
 					ttl 500ms
 				}
-			}`, strings.Join(dep.addrs(t), " "), testSeq.Add(1)))
+			}`, strings.Join(dep.Addrs(t), " "), testSeq.Add(1)))
 			var urls []string
 			for _, p := range ps {
 				urls = append(urls, p.site)
@@ -65,27 +56,16 @@ func TestLeaseThreeInstances(t *testing.T) {
 				t.Fatalf("three instances admitted %d at once, more than floor(1000/7) = 142", first)
 			}
 			time.Sleep(time.Second) // every lease ends and is given back
-			total := first
-			for refused := 0; refused < 3; {
-				switch r := do(t, "GET", urls[0]); r.status {
-				case 200:
-					total++
-					refused = 0
-				case 429:
-					refused++
-				default:
-					t.Fatalf("status %d: %s", r.status, r.body)
-				}
-			}
+			total := first + int64(admitUntilRefused(t, 3, urls[:1]))
 			if total != 142 {
 				t.Fatalf("admitted %d in all (%d in the burst), want exactly 142", total, first)
 			}
 			var local, calls float64
 			for _, p := range ps {
 				m := scrape(t, p.api+"/metrics")
-				local += m[`cascade_lease_decisions_total{store="redis/`+strings.Join(dep.addrs(t), ",")+`",where="local"}`]
+				local += m[`cascade_lease_decisions_total{store="redis/`+strings.Join(dep.Addrs(t), ",")+`",where="local"}`]
 				for _, where := range []string{"grant", "strict"} {
-					calls += m[`cascade_lease_decisions_total{store="redis/`+strings.Join(dep.addrs(t), ",")+`",where="`+where+`"}`]
+					calls += m[`cascade_lease_decisions_total{store="redis/`+strings.Join(dep.Addrs(t), ",")+`",where="`+where+`"}`]
 				}
 			}
 			if local == 0 {
@@ -114,8 +94,8 @@ func TestLeaseSoak(t *testing.T) {
 		}
 		soak = d
 	}
-	for _, dep := range redisDeployments {
-		t.Run(dep.name, func(t *testing.T) {
+	for _, dep := range redistest.Deployments() {
+		t.Run(dep.Name, func(t *testing.T) {
 			ps := startRateLimited(t, 3, fmt.Sprintf(`
 			tree soak {
 				tier key fixed {
@@ -128,7 +108,7 @@ func TestLeaseSoak(t *testing.T) {
 				lease {
 					ttl 200ms
 				}
-			}`, strings.Join(dep.addrs(t), " "), testSeq.Add(1)))
+			}`, strings.Join(dep.Addrs(t), " "), testSeq.Add(1)))
 			var admitted, sent atomic.Int64
 			var wg sync.WaitGroup
 			begin := time.Now()
@@ -165,7 +145,7 @@ func TestLeaseSoak(t *testing.T) {
 			got := float64(admitted.Load())
 			var local float64
 			for _, p := range ps {
-				local += scrape(t, p.api+"/metrics")[`cascade_lease_decisions_total{store="redis/`+strings.Join(dep.addrs(t), ",")+`",where="local"}`]
+				local += scrape(t, p.api+"/metrics")[`cascade_lease_decisions_total{store="redis/`+strings.Join(dep.Addrs(t), ",")+`",where="local"}`]
 			}
 			t.Logf("%v: %d sent, %v admitted of at most %.0f (%.1f%%), %v decided on leases", elapsed.Round(time.Millisecond), sent.Load(), got, limit, 100*got/limit, local)
 			if got > limit {
@@ -408,9 +388,9 @@ func TestLeaseResetAcrossInstances(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs Caddy processes")
 	}
-	for _, dep := range redisDeployments {
-		t.Run(dep.name, func(t *testing.T) {
-			addrs := strings.Join(dep.addrs(t), " ")
+	for _, dep := range redistest.Deployments() {
+		t.Run(dep.Name, func(t *testing.T) {
+			addrs := strings.Join(dep.Addrs(t), " ")
 			ps := startRateLimited(t, 2, fmt.Sprintf(`
 			tree acme {
 				tier user {header.X-User} {
@@ -427,7 +407,7 @@ func TestLeaseResetAcrossInstances(t *testing.T) {
 			}`, addrs, testSeq.Add(1)))
 			a, b := ps[0], ps[1]
 			metric := func(p *caddyProcess, name string) float64 {
-				return scrape(t, p.api+"/metrics")[name+`{store="redis/`+strings.Join(dep.addrs(t), ",")+`"}`]
+				return scrape(t, p.api+"/metrics")[name+`{store="redis/`+strings.Join(dep.Addrs(t), ",")+`"}`]
 			}
 			for range 30 {
 				if r := do(t, "GET", b.site, "X-User: ann"); r.status != 200 {
@@ -448,20 +428,7 @@ func TestLeaseResetAcrossInstances(t *testing.T) {
 				}
 				time.Sleep(20 * time.Millisecond)
 			}
-			admitted := 0
-			for i, refused := 0, 0; refused < 6; i++ {
-				p := ps[i%2]
-				switch r := do(t, "GET", p.site, "X-User: ann"); r.status {
-				case 200:
-					admitted++
-					refused = 0
-				case 429:
-					refused++
-				default:
-					t.Fatalf("status %d: %s", r.status, r.body)
-				}
-			}
-			if admitted != 100 {
+			if admitted := admitUntilRefused(t, 6, []string{a.site, b.site}, "X-User: ann"); admitted != 100 {
 				t.Fatalf("after the reset the two instances admitted %d, want exactly the fresh capacity, 100", admitted)
 			}
 		})

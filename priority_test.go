@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+
+	"github.com/caddy-cascade/cascade/internal/redistest"
 )
 
 // prioritySite runs two routes on one tree and store, both with max_wait:
@@ -322,9 +324,9 @@ func TestPriorityAcrossInstances(t *testing.T) {
 		t.Skip("builds and runs Caddy processes")
 	}
 	bin := buildCaddy(t)
-	for _, dep := range redisDeployments { // standalone and Cluster
-		t.Run(dep.name, func(t *testing.T) {
-			storeBlock := fmt.Sprintf("store redis {\n address %s\n key_prefix across%d:\n }", strings.Join(dep.addrs(t), " "), testSeq.Add(1))
+	for _, dep := range redistest.Deployments() { // standalone and Cluster
+		t.Run(dep.Name, func(t *testing.T) {
+			storeBlock := fmt.Sprintf("store redis {\n address %s\n key_prefix across%d:\n }", strings.Join(dep.Addrs(t), " "), testSeq.Add(1))
 			priorityAcrossInstances(t, bin, storeBlock)
 		})
 	}

@@ -27,21 +27,29 @@ func (l *link) Publish(msg []byte) bool {
 
 func (*link) Close() error { return nil }
 
+// linkedPair is two instances' lease stores (leases of a minute, half of
+// what remains at most) over one inner store of kind, linked, on c.
+func linkedPair(t *testing.T, kind string) (c *storetest.Clock, in store.Leaser, a, b *lease.Store) {
+	c = storetest.NewClock(start)
+	in = inner(t, kind, c.Now)
+	a = newLease(t, in, c.Now, lease.Options{TTL: time.Minute, MaxShare: 0.5})
+	b = newLease(t, in, c.Now, lease.Options{TTL: time.Minute, MaxShare: 0.5})
+	l := &link{to: []*lease.Store{a, b}}
+	a.Connect(l)
+	b.Connect(l)
+	return c, in, a, b
+}
+
 // TestLeaseResetToldToPeers: an admin reset on one instance revokes the
 // leases another instance holds on the reset bucket, at once: after the
 // reset the two instances together admit exactly the fresh capacity
 // (without the message the other would also spend what its lease held,
 // charged before the reset and wiped by it). A reset of other buckets
-// leaves the lease alone; a reset by pattern revokes every lease.
+// leaves the lease alone; a reset by pattern revokes the leases on the
+// buckets its glob selects, and only those.
 func TestLeaseResetToldToPeers(t *testing.T) {
 	eachStore(t, func(t *testing.T, kind string) {
-		c := storetest.NewClock(start)
-		in := inner(t, kind, c.Now)
-		a := newLease(t, in, c.Now, lease.Options{TTL: time.Minute, MaxShare: 0.5})
-		b := newLease(t, in, c.Now, lease.Options{TTL: time.Minute, MaxShare: 0.5})
-		l := &link{to: []*lease.Store{a, b}}
-		a.Connect(l)
-		b.Connect(l)
+		c, _, a, b := linkedPair(t, kind)
 		daily := gcra(100, 24*time.Hour) // refills 0.07 a minute: nothing during the test
 		bs := path("ann", 1, daily, daily)
 		for range 20 { // b leases, and grows its lease
@@ -101,13 +109,7 @@ func TestLeaseResetToldToPeers(t *testing.T) {
 // it held on the others (the organisation's): nothing is lost there.
 func TestLeaseRevokedGivesBackTheRest(t *testing.T) {
 	eachStore(t, func(t *testing.T, kind string) {
-		c := storetest.NewClock(start)
-		in := inner(t, kind, c.Now)
-		a := newLease(t, in, c.Now, lease.Options{TTL: time.Minute, MaxShare: 0.5})
-		b := newLease(t, in, c.Now, lease.Options{TTL: time.Minute, MaxShare: 0.5})
-		l := &link{to: []*lease.Store{a, b}}
-		a.Connect(l)
-		b.Connect(l)
+		c, in, a, b := linkedPair(t, kind)
 		daily := gcra(100, 24*time.Hour)
 		bs := path("ann", 1, daily, daily)
 		admitted := int64(0)

@@ -16,15 +16,9 @@ import (
 // Redis and on the 3-master Cluster; another key prefix hears nothing;
 // after Close nothing is delivered nor published.
 func TestBus(t *testing.T) {
-	for _, tt := range []struct {
-		name  string
-		addrs func(t *testing.T) []string
-	}{
-		{"standalone", func(t *testing.T) []string { return []string{redistest.Shared(t).Addr()} }},
-		{"cluster", func(t *testing.T) []string { return redistest.SharedCluster(t).Addrs() }},
-	} {
-		t.Run(tt.name, func(t *testing.T) {
-			addrs, p := tt.addrs(t), prefix(t)
+	for _, tt := range redistest.Deployments() {
+		t.Run(tt.Name, func(t *testing.T) {
+			addrs, p := tt.Addrs(t), prefix(t)
 			type inbox struct {
 				mu  sync.Mutex
 				got []string

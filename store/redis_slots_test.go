@@ -17,20 +17,14 @@ import (
 // back. Two instances share one Redis (standalone and Cluster), on an
 // injected clock.
 func TestRedisSlotsExpireUnlessRenewed(t *testing.T) {
-	for _, tc := range []struct {
-		name  string
-		addrs func(t *testing.T) []string
-	}{
-		{"standalone", func(t *testing.T) []string { return []string{redistest.Shared(t).Addr()} }},
-		{"cluster", func(t *testing.T) []string { return redistest.SharedCluster(t).Addrs() }},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
+	for _, tc := range redistest.Deployments() {
+		t.Run(tc.Name, func(t *testing.T) {
 			ctx := context.Background()
 			clock := storetest.NewClock(time.Date(2026, 11, 25, 12, 0, 0, 0, time.UTC))
 			p := prefix(t)
 			const ttl = 3 * time.Second
 			open := func() *store.Redis {
-				r, err := store.NewRedis(ctx, store.RedisOptions{Addrs: tc.addrs(t), KeyPrefix: p, Clock: clock.Now, SlotTTL: ttl, Timeout: testTimeout})
+				r, err := store.NewRedis(ctx, store.RedisOptions{Addrs: tc.Addrs(t), KeyPrefix: p, Clock: clock.Now, SlotTTL: ttl, Timeout: testTimeout})
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -509,6 +509,22 @@ func SharedCluster(tb testing.TB) *Cluster {
 	return shared.cluster.get(tb, "cluster", func(dir string) (*Cluster, error) { return startCluster(dir, true, 3) })
 }
 
+// Deployment is a shared Redis deployment a test runs on: Addrs starts it
+// if needed and returns the addresses to give a store.
+type Deployment struct {
+	Name  string
+	Addrs func(tb testing.TB) []string
+}
+
+// Deployments are the shared standalone server and the shared 3-master
+// Cluster, for tests that must hold on both.
+func Deployments() []Deployment {
+	return []Deployment{
+		{"standalone", func(tb testing.TB) []string { return []string{Shared(tb).Addr()} }},
+		{"cluster", func(tb testing.TB) []string { return SharedCluster(tb).Addrs() }},
+	}
+}
+
 // Main is a TestMain for packages whose tests use the shared server or
 // cluster: it runs the tests, then stops what they started.
 func Main(m *testing.M) {
