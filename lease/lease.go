@@ -187,7 +187,7 @@ type held struct {
 // counters are the Store's statistics.
 type counters struct {
 	local, grants, leased, strict, releases, released atomic.Int64
-	revokedByPeers                                    atomic.Int64
+	peerResets                                        atomic.Int64
 }
 
 // Stats are counts since the Store was made.
@@ -215,7 +215,7 @@ func (s *Store) Stats() Stats {
 	return Stats{
 		Local: s.stats.local.Load(), Grants: s.stats.grants.Load(), Leased: s.stats.leased.Load(),
 		Strict: s.stats.strict.Load(), Releases: s.stats.releases.Load(), Released: s.stats.released.Load(),
-		PeerResets: s.stats.revokedByPeers.Load(),
+		PeerResets: s.stats.peerResets.Load(),
 	}
 }
 

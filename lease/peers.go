@@ -91,5 +91,5 @@ func (s *Store) Receive(msg []byte) {
 	s.gen.Add(1)
 	s.revoke(selected)
 	s.gen.Add(1)
-	s.stats.revokedByPeers.Add(1)
+	s.stats.peerResets.Add(1)
 }
