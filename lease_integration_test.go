@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
@@ -242,6 +243,10 @@ func TestLeaseRedisFaults(t *testing.T) {
 		t.Fatalf("after the leases ended: %d admitted, want the 10 left of 40", got)
 	}
 
+	// The same clients with Redis up (on leases), for the time a request
+	// takes at the client on this machine whatever is decided.
+	_, up := clients(t, url, "up", 8, 30, func(int) {})
+
 	for _, fault := range []string{"stop", "kill"} {
 		t.Run(fault, func(t *testing.T) {
 			time.Sleep(500 * time.Millisecond) // no lease outstanding
@@ -263,48 +268,27 @@ func TestLeaseRedisFaults(t *testing.T) {
 			if metric("cascade_store_breaker_open") != 1 {
 				t.Fatal("the breaker did not open")
 			}
-			var admitted atomic.Int64
-			var mu sync.Mutex
-			var took []time.Duration
-			var wg sync.WaitGroup
-			for range 8 {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					for range 30 {
-						req, _ := http.NewRequest("GET", url, nil)
-						req.Header.Set("X-User", fault)
-						start := time.Now()
-						res, err := client.Do(req)
-						d := time.Since(start)
-						if err != nil {
-							t.Error(err)
-							return
-						}
-						res.Body.Close()
-						mu.Lock()
-						took = append(took, d)
-						mu.Unlock()
-						switch res.StatusCode {
-						case 200:
-							admitted.Add(1)
-						case http.StatusTooManyRequests:
-						default:
-							t.Errorf("with Redis %s: status %d", fault, res.StatusCode)
-						}
-					}
-				}()
-			}
-			wg.Wait()
-			if got := admitted.Load() + 1; got != 20 {
+			before := decisionTimes(t)
+			admitted, took := clients(t, url, fault, 8, 30, func(status int) {
+				if status != 200 && status != http.StatusTooManyRequests {
+					t.Errorf("with Redis %s: status %d", fault, status)
+				}
+			})
+			if got := admitted + 1; got != 20 {
 				t.Fatalf("with Redis %s: %d admitted, want the local share, 20", fault, got)
 			}
-			slices.Sort(took)
+			// Each decision, timed by the handler itself: every one within
+			// 5 ms (the histogram's 0.005 bucket holds them all).
+			after := decisionTimes(t)
+			if n, fast := after.total-before.total, after.within5ms-before.within5ms; n != 240 || fast != n {
+				t.Fatalf("with the breaker open, %d of %d decisions took at most 5 ms, want all 240", fast, n)
+			}
 			p50, p99, slowest := took[len(took)/2], took[len(took)*99/100], took[len(took)-1]
 			if slowest > 100*time.Millisecond {
 				t.Fatalf("with the breaker open a request took %v: it waited for Redis", slowest)
 			}
-			t.Logf("Redis %s, breaker open, 8 concurrent clients: p50 %v, p99 %v, slowest %v", fault, p50, p99, slowest)
+			t.Logf("Redis %s, breaker open, 8 concurrent clients: every decision within 5 ms; at the client p50 %v, p99 %v, slowest %v (with Redis up: %v, %v, %v)",
+				fault, p50, p99, slowest, up[len(up)/2], up[len(up)*99/100], up[len(up)-1])
 			back := time.Now()
 			if fault == "stop" {
 				srv.Resume()
@@ -433,4 +417,68 @@ func TestLeaseResetAcrossInstances(t *testing.T) {
 			}
 		})
 	}
+}
+
+// clients sends n requests from each of c concurrent clients as user, and
+// returns how many were admitted and each request's time at the client,
+// sorted; check sees each status.
+func clients(t *testing.T, url, user string, c, n int, check func(status int)) (admitted int64, took []time.Duration) {
+	t.Helper()
+	var ok atomic.Int64
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for range c {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range n {
+				req, _ := http.NewRequest("GET", url, nil)
+				req.Header.Set("X-User", user)
+				start := time.Now()
+				res, err := client.Do(req)
+				d := time.Since(start)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				res.Body.Close()
+				mu.Lock()
+				took = append(took, d)
+				mu.Unlock()
+				if res.StatusCode == 200 {
+					ok.Add(1)
+				}
+				check(res.StatusCode)
+			}
+		}()
+	}
+	wg.Wait()
+	slices.Sort(took)
+	return ok.Load(), took
+}
+
+// decisionTimes reads cascade_decision_duration_seconds: how many
+// decisions were timed, and how many of them within 5 ms.
+func decisionTimes(t *testing.T) (d struct{ total, within5ms uint64 }) {
+	t.Helper()
+	active := caddy.ActiveContext()
+	families, err := active.GetMetricsRegistry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() != "cascade_decision_duration_seconds" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			h := m.GetHistogram()
+			d.total += h.GetSampleCount()
+			for _, b := range h.GetBucket() {
+				if b.GetUpperBound() == 0.005 {
+					d.within5ms += b.GetCumulativeCount()
+				}
+			}
+		}
+	}
+	return d
 }

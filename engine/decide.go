@@ -426,19 +426,7 @@ func (e *Engine) settle(ctx context.Context, d *Decision, sc *scratch) error {
 		}
 	}
 	if err != nil {
-		policy := e.cfg.OnError
-		if d.route > 0 && e.cfg.Routes[d.route-1].OnError != "" {
-			policy = e.cfg.Routes[d.route-1].OnError
-		}
-		if policy == "" && e.cfg.Local != nil {
-			policy = "local" // no policy given: Local is there to be used
-		}
-		if policy != "local" || e.cfg.Local == nil {
-			d.OnStoreError = policy
-			return err
-		}
-		d.record = store.Bucket{} // a local decision keeps no record
-		if res, err = e.decideLocally(ctx, d, err); err != nil {
+		if res, err = e.failed(ctx, d, err); err != nil {
 			return err
 		}
 	}
@@ -465,26 +453,58 @@ func (e *Engine) settle(ctx context.Context, d *Decision, sc *scratch) error {
 		d.Reason = ReasonLimited
 	}
 	if !d.Allowed {
-		// The first bucket that refused, of an enforcing tree if one did;
-		// a penalty box first: the request is refused for the box,
-		// whatever its limits say.
-		best := -1
-		for i, rr := range d.Results {
-			if r := e.rank(d.Buckets[i]); !rr.Allowed && r > best {
-				best, d.Closest = r, i
-			}
-		}
-		b := d.Buckets[d.Closest]
-		if b.Limit.Penalty() != nil && d.Reason == ReasonLimited {
-			d.Reason = ReasonPenalty
-		}
-		d.Blocked = b.Tree.Name + "/" + b.Tier.Name
-		d.Retry = d.RetryAfter
-		if e.cfg.Jitter > 0 && d.Retry > 0 {
-			d.Retry += time.Duration(rand.Float64() * e.cfg.Jitter * float64(d.Retry))
-		}
+		e.refused(d)
 	}
 	return nil
+}
+
+// failed is settle's answer to a store error: the error, when the path's
+// policy is not to decide locally (d.OnStoreError says which policy),
+// else the local decision.
+//
+// It and refused are settle's rare paths, in functions of their own so
+// that their temporaries do not enlarge the frame of every decision.
+//
+//go:noinline
+func (e *Engine) failed(ctx context.Context, d *Decision, err error) (store.Decision, error) {
+	policy := e.cfg.OnError
+	if d.route > 0 && e.cfg.Routes[d.route-1].OnError != "" {
+		policy = e.cfg.Routes[d.route-1].OnError
+	}
+	if policy == "" && e.cfg.Local != nil {
+		policy = "local" // no policy given: Local is there to be used
+	}
+	if policy != "local" || e.cfg.Local == nil {
+		d.OnStoreError = policy
+		return store.Decision{}, err
+	}
+	d.record = store.Bucket{} // a local decision keeps no record
+	return e.decideLocally(ctx, d, err)
+}
+
+// refused names the bucket that refused d (see settle), its reason and
+// when to retry.
+//
+//go:noinline
+func (e *Engine) refused(d *Decision) {
+	// The first bucket that refused, of an enforcing tree if one did;
+	// a penalty box first: the request is refused for the box,
+	// whatever its limits say.
+	best := -1
+	for i, rr := range d.Results {
+		if r := e.rank(d.Buckets[i]); !rr.Allowed && r > best {
+			best, d.Closest = r, i
+		}
+	}
+	b := &d.Buckets[d.Closest]
+	if b.Limit.Penalty() != nil && d.Reason == ReasonLimited {
+		d.Reason = ReasonPenalty
+	}
+	d.Blocked = b.Tree.Name + "/" + b.Tier.Name
+	d.Retry = d.RetryAfter
+	if e.cfg.Jitter > 0 && d.Retry > 0 {
+		d.Retry += time.Duration(rand.Float64() * e.cfg.Jitter * float64(d.Retry))
+	}
 }
 
 // replaySlots takes the concurrency slots of a retry let through without a

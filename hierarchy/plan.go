@@ -39,7 +39,7 @@ func (t *Tree) Resolve(values []string, plan *Plan) {
 	first := len(plan.Buckets)
 	path := make([]byte, 0, 128)
 	type span struct{ tagStart, tagEnd, pathEnd int } // of one bucket's key, in path
-	var spanBuf [16]span
+	var spanBuf [8]span                               // more grow on the heap: a small frame (see store's maxPath)
 	spans := spanBuf[:0]
 	size := 0
 	tag, tenantStart := -1, 0 // the tenant's segment in path: the hash tag

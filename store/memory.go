@@ -121,8 +121,11 @@ func (m *Memory) Decide(ctx context.Context, buckets []Bucket) (Decision, error)
 	return m.DecideInto(ctx, buckets, nil)
 }
 
-// maxPath is the longest path decided without heap scratch space.
-const maxPath = 16
+// maxPath is the longest path decided without heap scratch space: 8,
+// as the engine's (4 tiers of 2 limits), so that the frame stays small —
+// a deeper frame makes a connection's goroutine grow its stack (a copy)
+// again after each collection has shrunk it.
+const maxPath = 8
 
 // DecideInto is Decide with the results written into buf when it is long
 // enough (a new slice otherwise): the Decision's Results then share buf's
