@@ -121,11 +121,15 @@ type Store struct {
 	paths [shards]pathShard
 	count atomic.Int64 // paths tracked
 
-	// gen is bumped when a reset starts and when it ends: a grant is
-	// installed only if it did not move while the grant was in flight (its
-	// charge may have been wiped). A grant begun and installed within a
-	// reset is revoked when the reset ends.
-	gen atomic.Int64
+	// gen is bumped when a reset starts and when it ends (bump), and
+	// marks keeps the latest bumps with the buckets each reset selects: a
+	// grant in flight across a bump of a reset of one of its path's
+	// buckets is not installed (its charge there may have been wiped); one
+	// across resets of other buckets is. A grant begun and installed
+	// within a reset is revoked when the reset ends.
+	gen     atomic.Int64
+	marksMu sync.Mutex
+	marks   []resetMark // oldest first, at most maxMarks
 
 	pendingMu sync.Mutex
 	pending   []store.Release // ended leases to give back
@@ -413,12 +417,15 @@ func (s *Store) grant(ctx context.Context, sh *pathShard, p *path, buckets []sto
 			h.times = true
 		}
 	}
-	switch {
-	case s.gen.Load() != gen:
-		// A reset ran while the grant was in flight: its charge may have
-		// been wiped, and the capacity it leased with it, or not. It is
-		// neither spent nor given back (giving back what a reset wiped
-		// would over-admit); what it holds stays charged until it drains.
+	switch reset := s.resetSince(gen, p.keys); {
+	case reset != nil:
+		// A reset of some of the path's buckets ran while the grant was
+		// in flight: its charge there may have been wiped, and the
+		// capacity it leased with it, or not. It is not spent, nor given
+		// back there (giving back what a reset wiped would over-admit;
+		// what it holds stays charged until it drains); what it holds on
+		// the path's other buckets goes back.
+		s.queue(slices.DeleteFunc(h.release(p.keys), func(r store.Release) bool { return reset(r.Key) }))
 	case !p.sameLimits(buckets) || p.lease != nil || p.strict:
 		// The path's limits changed while the grant was in flight (an
 		// override, the adaptive factor): the lease is on the old ones,
@@ -746,17 +753,64 @@ func (s *Store) Reset(ctx context.Context, keys []string) (int, error) {
 	return s.reset(keys, "", func(k string) bool { return set[k] }, func() (int, error) { return rs.Reset(ctx, keys) })
 }
 
+// resetMark is one bump of Store.gen by a reset: the buckets it selects.
+type resetMark struct {
+	gen      int64
+	selected func(key string) bool
+}
+
+// maxMarks is how many bumps Store.marks keeps: two per reset. A grant in
+// flight across more (resets in a burst) is taken as reset on every
+// bucket.
+const maxMarks = 64
+
+// bump moves gen for a reset of the selected buckets (see grant).
+func (s *Store) bump(selected func(key string) bool) {
+	s.marksMu.Lock()
+	defer s.marksMu.Unlock()
+	if len(s.marks) == maxMarks {
+		s.marks = append(s.marks[:0], s.marks[1:]...)
+	}
+	s.marks = append(s.marks, resetMark{gen: s.gen.Add(1), selected: selected})
+}
+
+// resetSince returns which of keys a reset selected since gen was read
+// (nil: none), as a function of the key.
+func (s *Store) resetSince(gen int64, keys []string) func(key string) bool {
+	if s.gen.Load() == gen {
+		return nil
+	}
+	s.marksMu.Lock()
+	defer s.marksMu.Unlock()
+	if len(s.marks) == 0 || s.marks[0].gen > gen+1 {
+		return func(string) bool { return true } // not all kept: every one
+	}
+	var since []func(string) bool
+	for _, m := range s.marks {
+		if m.gen > gen && slices.ContainsFunc(keys, m.selected) {
+			since = append(since, m.selected)
+		}
+	}
+	if since == nil {
+		return nil
+	}
+	return func(key string) bool {
+		return slices.ContainsFunc(since, func(selected func(string) bool) bool { return selected(key) })
+	}
+}
+
 // reset revokes this instance's leases on the selected keys around the
 // store's reset: before it, so no lease is spent on a reset bucket, and
 // after it, in case a grant in flight was installed meanwhile; and no
-// grant in flight during it is installed (see grant).
+// grant in flight during it on a path with a selected bucket is installed
+// (see grant).
 //
 // The other instances are told once the store's reset returned (failed
 // too: some buckets may have been reset), so that they revoke theirs.
 func (s *Store) reset(keys []string, glob string, selected func(key string) bool, inner func() (int, error)) (int, error) {
-	s.gen.Add(1)
+	s.bump(selected)
 	defer func() {
-		s.gen.Add(1)
+		s.bump(selected)
 		s.revoke(selected)
 		s.announceReset(keys, glob)
 	}()

@@ -17,8 +17,8 @@ import (
 // when it arrives (giving back what those leases hold on the path's other
 // buckets): what a reset bucket may admit beyond its fresh capacity
 // is then what other instances spend in the moment the message takes,
-// not in a lease's TTL. A grant in flight there when it arrives is not
-// installed (its charge may have been wiped). A message lost (Redis away
+// not in a lease's TTL. A grant in flight on a path with a reset bucket
+// when it arrives is not installed (its charge may have been wiped). A message lost (Redis away
 // between the reset and its publishing) leaves the old bound: the TTL.
 
 // Link carries a Store's messages to the Stores of the other instances
@@ -86,10 +86,11 @@ func (s *Store) Receive(msg []byte) {
 		slices.Sort(m.Keys)
 		selected = func(k string) bool { _, found := slices.BinarySearch(m.Keys, k); return found }
 	}
-	// As around this instance's own resets: a grant in flight now is not
-	// installed, and leases installed before are revoked.
-	s.gen.Add(1)
+	// As around this instance's own resets: a grant in flight now on a
+	// path with a reset bucket is not installed, and leases installed
+	// before are revoked.
+	s.bump(selected)
 	s.revoke(selected)
-	s.gen.Add(1)
+	s.bump(selected)
 	s.stats.peerResets.Add(1)
 }

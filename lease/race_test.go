@@ -2,6 +2,7 @@ package lease_test
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -269,6 +270,82 @@ func TestLeaseResetRacingGrant(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestLeaseResetOfOtherBucketsDuringGrant: a reset that lands while a
+// grant is in flight withholds the lease only from a path with a reset
+// bucket. A grant on a path with none is installed (its next request is
+// decided on it); one on a path of two buckets, one of them reset, is not,
+// and what it held on the other goes back to the store.
+func TestLeaseResetOfOtherBucketsDuringGrant(t *testing.T) {
+	eachStore(t, func(t *testing.T, kind string) {
+		ctx := context.Background()
+		c := storetest.NewClock(start)
+		in := inner(t, kind, c.Now)
+		g := &gatedLeaser{Leaser: in}
+		s := newLease(t, g, c.Now, lease.Options{TTL: time.Minute, MaxShare: 1})
+		daily := gcra(100, 24*time.Hour)
+		reset := func(key string) func() {
+			return func() {
+				if _, err := s.Reset(ctx, []string{key}); err != nil {
+					t.Error(err)
+				}
+			}
+		}
+
+		// Another path's bucket reset: the lease is installed.
+		ann := path("ann", 1, daily, daily)
+		decide(t, s, ann) // first sight: in the store
+		c.Advance(time.Millisecond)
+		g.hook = reset("{t|acme}|user|bob")
+		decide(t, s, ann) // granted, while bob is reset
+		if g.hook != nil || s.Stats().Leased != 1 {
+			t.Fatalf("no lease was granted: %+v", s.Stats())
+		}
+		local := s.Stats().Local
+		decide(t, s, ann)
+		if s.Stats().Local != local+1 {
+			t.Fatalf("a reset of bob kept ann's lease from being installed: %+v", s.Stats())
+		}
+
+		// One of the path's buckets reset: not installed, the rest given
+		// back (cat's organisation, of its own, holds only what was
+		// admitted).
+		cat := []store.Bucket{{Key: "{t|cats}|org", Limit: daily, Cost: 1}, {Key: "{t|cats}|user|cat", Limit: daily, Cost: 1}}
+		decide(t, s, cat)
+		c.Advance(time.Millisecond)
+		g.hook = reset(cat[1].Key)
+		decide(t, s, cat)
+		if g.hook != nil || s.Stats().Leased != 2 {
+			t.Fatalf("no second lease was granted: %+v", s.Stats())
+		}
+		s.Sweep(ctx) // gives back what was queued
+		if org := peekRemaining(t, in, cat)[0]; org != 98 {
+			t.Fatalf("cat's organisation's bucket holds %d, want 98: 100 less the 2 admitted (the withheld grant's rest given back)", org)
+		}
+		local = s.Stats().Local
+		decide(t, s, cat)
+		if s.Stats().Local != local {
+			t.Fatalf("a lease was installed on cat's path, whose bucket was reset while it was granted: %+v", s.Stats())
+		}
+
+		// More resets during a grant than the store remembers: taken as
+		// resets of every bucket (not installed).
+		dan := path("dan", 1, daily, daily)
+		decide(t, s, dan)
+		c.Advance(time.Millisecond)
+		g.hook = func() {
+			for i := range 40 {
+				reset(fmt.Sprintf("{t|acme}|user|other%d", i))()
+			}
+		}
+		decide(t, s, dan)
+		local = s.Stats().Local
+		decide(t, s, dan)
+		if s.Stats().Local != local {
+			t.Fatalf("a lease granted across 80 bumps of resets was installed: %+v", s.Stats())
+		}
+	})
 }
 
 // TestLeaseResetDropsQueuedRelease: a lease given back (queued) before a
