@@ -297,3 +297,23 @@ func TestRefundableNotLeased(t *testing.T) {
 		t.Fatalf("refundable charges: stats %+v after %+v, want three more decided in the store", after, before)
 	}
 }
+
+// TestReleaseClears: Release gives the pooled memory back without the
+// pointers the decision wrote there (keys, limits, the request's values),
+// so that the pool keeps no request's memory alive.
+func TestReleaseClears(t *testing.T) {
+	e, _ := newEngine(t, Enforce)
+	var d Decision
+	e.Begin(&d)
+	sc := d.scratch
+	if err := e.Add(&d, e.Tree("api"), append(d.Values(), "acme", "ann", "a1")); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Decide(context.Background(), &d, []int64{1}); err != nil || !d.Allowed {
+		t.Fatal(err, d.Allowed)
+	}
+	d.Release()
+	if sc.values != [8]string{} || sc.buckets != [8]hierarchy.Bucket{} || sc.limits != [8]store.Bucket{} {
+		t.Fatalf("the pooled scratch still holds the request's values, buckets or limits: %q, %+v", sc.values, sc.buckets[0])
+	}
+}
