@@ -323,6 +323,11 @@ func (c *StoreConfig) open(ctx caddy.Context, sweep time.Duration) (opened, erro
 				// the reset buckets at once, not at their TTL.
 				p.leaseBus = s.OpenBus(leaseChannel, ls.Receive)
 				ls.Connect(p.leaseBus)
+			} else {
+				// Without leases here, the resets made through this
+				// instance still end the leases other instances hold
+				// on the reset buckets.
+				lease.TellResets(s, leaseChannel, logger)
 			}
 			return p, nil
 		})

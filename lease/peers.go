@@ -1,9 +1,12 @@
 package lease
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/json"
 	"slices"
+
+	"go.uber.org/zap"
 
 	"github.com/caddy-cascade/cascade/store"
 )
@@ -65,6 +68,28 @@ func (s *Store) announceReset(keys []string, glob string) {
 	if err == nil {
 		p.link.Publish(b)
 	}
+}
+
+// TellResets makes r, a Redis store this instance uses without leases,
+// tell the lease Stores of the other instances sharing it of its resets on
+// the channel name (as a Store with leases tells them, see Connect), so
+// that their leases on the reset buckets end at once, not at their TTL.
+// A message that cannot be published is logged.
+func TellResets(r *store.Redis, name string, logger *zap.Logger) {
+	self := "reset:" + rand.Text()
+	r.SetOnReset(func(keys []string, glob string) {
+		if glob == "" && len(keys) == 0 {
+			return
+		}
+		b, err := json.Marshal(resetMessage{From: self, Keys: keys, Glob: glob})
+		if err == nil {
+			err = r.PublishOnce(context.Background(), name, b)
+		}
+		if err != nil {
+			logger.Warn("rate limit: a reset could not be told to the other instances: their leases on the reset buckets, if any, run to their ttl",
+				zap.Error(err))
+		}
+	})
 }
 
 // Receive takes a message from the Link: another instance's reset revokes

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/caddy-cascade/cascade/internal/redistest"
 
 	"github.com/caddy-cascade/cascade/lease"
@@ -176,9 +178,63 @@ func TestLeaseResetToldOverRedis(t *testing.T) {
 	}
 }
 
+// TestLeaseResetToldByInstanceWithoutLeases: an instance deciding in
+// Redis without leases (a) tells the others of its resets too
+// (TellResets): the lease b holds on the reset buckets ends, and the two
+// admit exactly the fresh capacity afterwards, on a real Redis.
+func TestLeaseResetToldByInstanceWithoutLeases(t *testing.T) {
+	for _, dep := range redistest.Deployments() {
+		t.Run(dep.Name, func(t *testing.T) { resetToldWithoutLeases(t, dep.Addrs(t)) })
+	}
+}
+
+func resetToldWithoutLeases(t *testing.T, addrs []string) {
+	c := storetest.NewClock(start)
+	prefix := fmt.Sprintf("leasetell:%x:", rand.Uint32())
+	open := func() *store.Redis {
+		r, err := store.NewRedis(context.Background(), store.RedisOptions{
+			Addrs: addrs, KeyPrefix: prefix, Clock: c.Now, Timeout: 10 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { r.Close() })
+		return r
+	}
+	a := open()
+	lease.TellResets(a, "leases", zap.NewNop())
+	rb := open()
+	b := newLease(t, rb, c.Now, lease.Options{TTL: time.Minute, MaxShare: 0.5})
+	bus := rb.OpenBus("leases", b.Receive)
+	b.Connect(bus)
+	t.Cleanup(func() { bus.Close() })
+	daily := gcra(100, 24*time.Hour)
+	bs := path("ann", 1, daily, daily)
+	for range 20 {
+		decide(t, b, bs)
+		c.Advance(time.Millisecond)
+	}
+	if st := b.Stats(); st.Local == 0 {
+		t.Fatalf("b's stats %+v, want leases spent", st)
+	}
+	// b subscribes in the background: reset until it hears one.
+	deadline := time.Now().Add(10 * time.Second)
+	for b.Stats().PeerResets == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("b heard of no reset within 10 s")
+		}
+		if _, err := a.Reset(context.Background(), []string{bs[0].Key, bs[1].Key}); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if admitted := alternate(t, c, bs, a, b); admitted != 100 {
+		t.Fatalf("after the reset the two instances admitted %d, want exactly the fresh capacity, 100", admitted)
+	}
+}
+
 // alternate decides 300 requests of bs on the instances in turn, 1 ms
 // apart, and returns how many were admitted.
-func alternate(t *testing.T, c *storetest.Clock, bs []store.Bucket, instances ...*lease.Store) int {
+func alternate(t *testing.T, c *storetest.Clock, bs []store.Bucket, instances ...store.Store) int {
 	t.Helper()
 	admitted := 0
 	for i := range 300 {

@@ -167,6 +167,9 @@ func (m *Memory) remove(sh *memoryShard, hash uint64, selected func(string) bool
 // window's log, one DEL each (on a Cluster, keys of one call may live in
 // different slots).
 func (r *Redis) Reset(ctx context.Context, keys []string) (int, error) {
+	if r.onReset != nil {
+		defer r.onReset(keys, "")
+	}
 	ctx, cancel := context.WithTimeout(ctx, r.timeout)
 	defer cancel()
 	pipe := r.client.Pipeline()
@@ -189,6 +192,9 @@ func (r *Redis) Reset(ctx context.Context, keys []string) (int, error) {
 // ResetMatching implements Resetter: SCAN with m.Glob on the server (every
 // master of a Cluster), deleting what it finds, logs included.
 func (r *Redis) ResetMatching(ctx context.Context, m KeyMatch) (int, error) {
+	if r.onReset != nil {
+		defer r.onReset(nil, m.Glob)
+	}
 	pattern := globEscape(r.prefix) + m.Glob
 	var total atomic.Int64
 	scan := func(ctx context.Context, c redis.Cmdable) error {

@@ -145,6 +145,11 @@ type Redis struct {
 	// tenant's refunds never takes the connections decisions need.
 	adjusts chan struct{}
 
+	// onReset, when set, is told of each reset once it has returned
+	// (failed too: some keys may have been deleted): its keys, or the
+	// glob of a reset by pattern.
+	onReset func(keys []string, glob string)
+
 	refunding sync.WaitGroup // refunds after a partial denial on a Cluster
 	closing   sync.Mutex     // orders starting a refund before Close's wait
 	closed    bool

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -74,6 +75,26 @@ func (r *Redis) OpenBus(name string, deliver func([]byte)) *Bus {
 	go b.send()
 	return b
 }
+
+// PublishOnce publishes msg on the channel name (after the key prefix), as
+// a Bus does, without subscribing: for an instance that only tells.
+func (r *Redis) PublishOnce(ctx context.Context, name string, msg []byte) error {
+	publish := r.client.Publish
+	if r.cluster != nil {
+		publish = r.cluster.SPublish
+	}
+	ctx, cancel := context.WithTimeout(ctx, r.timeout)
+	defer cancel()
+	if err := publish(ctx, r.prefix+name, msg).Err(); err != nil {
+		return fmt.Errorf("redis store: publishing on %s%s: %w", r.prefix, name, err)
+	}
+	return nil
+}
+
+// SetOnReset makes the store tell fn of each of its resets, once the reset
+// has returned (failed too): its keys, or the glob of a reset by pattern.
+// Set it before the store is shared.
+func (r *Redis) SetOnReset(fn func(keys []string, glob string)) { r.onReset = fn }
 
 // receive delivers what the subscription hears, subscribing again when
 // it is lost (see Bus), until Close.
