@@ -112,7 +112,6 @@ type Decision struct {
 	recorded   bool               // the record was written by this decision: Done ends its flight
 	scratch    *scratch           // nil until Begin takes one
 	used       int                // buckets of scratch written to
-	usedValues int                // values of scratch written to (Add's)
 }
 
 // scratch is the memory of one decision's slices, reused across requests
@@ -148,7 +147,7 @@ func (d *Decision) Release() {
 	n := min(d.used, len(sc.buckets))
 	clear(sc.buckets[:n])
 	clear(sc.limits[:n])
-	clear(sc.values[:min(d.usedValues, len(sc.values))])
+	clear(sc.values[:]) // all: a front end may have written values it never gave Add
 	d.scratch, d.Buckets, d.Limits, d.Costs, d.Results, d.full = nil, nil, nil, nil, nil, nil
 	scratchPool.Put(sc)
 }
@@ -177,7 +176,6 @@ func (e *Engine) Add(d *Decision, t *Tree, values []string) error {
 			values[i] = t.value(v)
 		}
 	}
-	d.usedValues = max(d.usedValues, len(values))
 	mode := e.Mode(t)
 	plan := hierarchy.Plan{Buckets: d.Buckets}
 	before := len(plan.Buckets)

@@ -89,6 +89,33 @@ func TestResolveAcme(t *testing.T) {
 	}
 }
 
+// TestResolveLongPath: a path of more buckets than Resolve's stack buffer
+// holds (8) is resolved as a short one: acme with a fifth tier, 10 buckets.
+func TestResolveLongPath(t *testing.T) {
+	tree := acme()
+	tree.Tiers = append(tree.Tiers, &Tier{Name: "task", Key: "{http.request.header.X-Task}", Limits: []*Limit{
+		{Count: 50, Per: "h"}, {Count: 5000, Per: "h", Dimension: "tokens"}}})
+	if err := tree.Compile(); err != nil {
+		t.Fatal(err)
+	}
+	var p Plan
+	tree.Resolve([]string{"acme-corp", "engineering", "alice", "agent-1", "t9"}, &p)
+	path := "org=acme-corp"
+	var want []string
+	for _, seg := range []string{"", "/team=engineering", "/user=alice", "/agent=agent-1", "/task=t9"} {
+		path += seg
+		want = append(want, "{acme|org=acme-corp}"+path+"#requests.gcra.3600000000", "{acme|org=acme-corp}"+path+"#tokens.gcra.3600000000")
+	}
+	if len(p.Buckets) != len(want) {
+		t.Fatalf("%d buckets, want %d", len(p.Buckets), len(want))
+	}
+	for i, w := range want {
+		if p.Buckets[i].Key != w {
+			t.Errorf("bucket %d key = %s, want %s", i, p.Buckets[i].Key, w)
+		}
+	}
+}
+
 func TestGlobalCeilingHasItsOwnTag(t *testing.T) {
 	tree := &Tree{Name: "notify", Tiers: []*Tier{
 		{Name: "global", Key: "all", Limits: []*Limit{{Count: 100, Per: "30m", Algorithm: "sliding"}}},

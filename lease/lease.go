@@ -130,6 +130,11 @@ type Store struct {
 	gen     atomic.Int64
 	marksMu sync.Mutex
 	marks   []resetMark // oldest first, at most maxMarks
+	// resetting are the selections of this instance's resets under way
+	// (from their first revoke to their last): nothing is queued to go
+	// back to a bucket one of them selects, whose charges it may have
+	// wiped already (see queue).
+	resetting []*func(key string) bool
 
 	pendingMu sync.Mutex
 	pending   []store.Release // ended leases to give back
@@ -549,6 +554,7 @@ func (s *Store) giveBack(l *held, keys []string) {
 }
 
 func (s *Store) queue(r []store.Release) {
+	r = s.notResetting(r)
 	if len(r) == 0 {
 		return
 	}
@@ -799,19 +805,41 @@ func (s *Store) resetSince(gen int64, keys []string) func(key string) bool {
 	}
 }
 
+// notResetting is r without the releases of buckets a reset under way
+// selects (see Store.resetting). A release queued before such a reset
+// began is dropped by its first revoke.
+func (s *Store) notResetting(r []store.Release) []store.Release {
+	s.marksMu.Lock()
+	defer s.marksMu.Unlock()
+	if len(s.resetting) == 0 {
+		return r
+	}
+	return slices.DeleteFunc(r, func(x store.Release) bool {
+		return slices.ContainsFunc(s.resetting, func(selected *func(string) bool) bool { return (*selected)(x.Key) })
+	})
+}
+
 // reset revokes this instance's leases on the selected keys around the
 // store's reset: before it, so no lease is spent on a reset bucket, and
-// after it, in case a grant in flight was installed meanwhile; and no
-// grant in flight during it on a path with a selected bucket is installed
-// (see grant).
+// after it, in case a grant in flight was installed meanwhile; no grant
+// in flight during it on a path with a selected bucket is installed (see
+// grant); and while it is under way nothing is queued to go back to the
+// selected buckets (see queue).
 //
 // The other instances are told once the store's reset returned (failed
 // too: some buckets may have been reset), so that they revoke theirs.
 func (s *Store) reset(keys []string, glob string, selected func(key string) bool, inner func() (int, error)) (int, error) {
+	under := &selected
+	s.marksMu.Lock()
+	s.resetting = append(s.resetting, under)
+	s.marksMu.Unlock()
 	s.bump(selected)
 	defer func() {
 		s.bump(selected)
 		s.revoke(selected)
+		s.marksMu.Lock()
+		s.resetting = slices.DeleteFunc(s.resetting, func(r *func(string) bool) bool { return r == under })
+		s.marksMu.Unlock()
 		s.announceReset(keys, glob)
 	}()
 	s.revoke(selected)

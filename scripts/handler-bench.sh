@@ -157,12 +157,11 @@ func BenchmarkHandler(b *testing.B) {
 }
 GO
 caddy_version=$(go list -m -f '{{.Version}}' github.com/caddyserver/caddy/v2)
-(
-	cd "$work"
-	cat >go.mod <<MOD
+go_version=$(awk '$1 == "go" {print $2; exit}' go.mod)
+cat >"$work/go.mod" <<MOD
 module handlerbench.invalid
 
-go 1.26
+go $go_version
 
 require (
 	github.com/caddy-cascade/cascade v0.0.0
@@ -172,20 +171,23 @@ require (
 
 replace github.com/caddy-cascade/cascade => $repo
 MOD
-	go mod tidy
-	go test -c -o mholt.test ./mholt
-	go test -c -o cascade.test ./cascade
-) >"$work/build.log" 2>&1 || {
+if ! (cd "$work" && go mod tidy && go test -c -o mholt.test ./mholt && go test -c -o cascade.test ./cascade) >"$work/build.log" 2>&1; then
 	echo "handler-bench: building the benchmarks failed:" >&2
 	cat "$work/build.log" >&2
 	exit 2
-}
+fi
 
 echo "== the handlers alone, $COUNT alternated runs each (ns/op, B/op, allocs/op)"
 for _ in $(seq "$COUNT"); do
-	"$work/mholt.test" -test.run '^$' -test.bench . -test.benchtime 300000x
-	"$work/cascade.test" -test.run '^$' -test.bench . -test.benchtime 300000x
-done | grep '^BenchmarkHandler' >"$work/runs.txt"
+	for bin in mholt cascade; do
+		if ! "$work/$bin.test" -test.run '^$' -test.bench . -test.benchtime 300000x >"$work/out.txt" 2>&1; then
+			echo "handler-bench: the $bin benchmark failed:" >&2
+			cat "$work/out.txt" >&2
+			exit 2
+		fi
+		grep '^BenchmarkHandler' "$work/out.txt" >>"$work/runs.txt"
+	done
+done
 if command -v benchstat >/dev/null 2>&1; then
 	benchstat "$work/runs.txt"
 else

@@ -102,7 +102,7 @@ http://127.0.0.1:$port {
 }
 CF
 	# gctrace: each collection's line on stderr, for its CPU (see gc_of)
-	GODEBUG=gctrace=1 "$bin" run --config "$work/$name.Caddyfile" --adapter caddyfile >"$work/$name.log" 2>&1 &
+	GODEBUG="${GODEBUG:+$GODEBUG,}gctrace=1" "$bin" run --config "$work/$name.Caddyfile" --adapter caddyfile >"$work/$name.log" 2>&1 &
 	local pid=$!
 	pids+=($pid)
 	for _ in $(seq 100); do curl -fso /dev/null "http://127.0.0.1:$port/" -H 'X-Org: o' -H 'X-Team: t' -H 'X-User: u' -H 'X-Agent: a' && break; sleep 0.1; done
@@ -112,7 +112,11 @@ CF
 	gc0=$(grep -c '^gc ' "$work/$name.log" || true)
 	cpu0=$(awk '{print $14 + $15}' "/proc/$pid/stat")
 	wrk -t1 -c"$CONNS" -d"$DURATION" --latency -s "$work/headers.lua" "http://127.0.0.1:$port/" >"$work/$name.wrk"
-	cpu1=$(awk '{print $14 + $15}' "/proc/$pid/stat")
+	cpu1=$(awk '{print $14 + $15}' "/proc/$pid/stat" 2>/dev/null) || {
+		echo "== $name: Caddy exited during the run; its log:" >&2
+		cat "$work/$name.log" >&2
+		exit 2
+	}
 	redis-cli -p "$redis_port" info commandstats >"$work/$name.redis"
 	kill "$pid"; wait "$pid" 2>/dev/null || true
 	grep '^gc ' "$work/$name.log" | tail -n +"$((gc0 + 1))" >"$work/$name.gc" || true
@@ -195,7 +199,7 @@ PY
 		for r in $(seq "$ROUNDS"); do gc_of "$kind-$r"; done | python3 -c '
 import re, statistics, sys
 rows = [list(map(float, re.findall(r"[\d.]+", l))) for l in sys.stdin if l.strip()]
-print("%-16s cpu/req %.1f µs, gc %.1f µs, %.2f gcs/1k req" % (sys.argv[1], *[statistics.median(r[i] for r in rows) for i in range(3)]))' "$kind"
+if rows: print("%-16s cpu/req %.1f µs, gc %.1f µs, %.2f gcs/1k req" % (sys.argv[1], *[statistics.median(r[i] for r in rows) for i in range(3)]))' "$kind"
 	done
 	exit 0
 fi
