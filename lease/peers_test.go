@@ -162,17 +162,7 @@ func TestLeaseResetToldOverRedis(t *testing.T) {
 	if st := b.Stats(); st.Local == 0 {
 		t.Fatalf("b's stats %+v, want leases spent", st)
 	}
-	// The subscriptions are made in the background: reset until b hears one.
-	deadline := time.Now().Add(10 * time.Second)
-	for b.Stats().PeerResets == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("b heard of no reset within 10 s")
-		}
-		if _, err := a.Reset(context.Background(), []string{bs[0].Key, bs[1].Key}); err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	resetUntilHeard(t, a, b, bs)
 	if admitted := alternate(t, c, bs, a, b); admitted != 100 {
 		t.Fatalf("after the reset the two instances admitted %d, want exactly the fresh capacity, 100", admitted)
 	}
@@ -216,7 +206,16 @@ func resetToldWithoutLeases(t *testing.T, addrs []string) {
 	if st := b.Stats(); st.Local == 0 {
 		t.Fatalf("b's stats %+v, want leases spent", st)
 	}
-	// b subscribes in the background: reset until it hears one.
+	resetUntilHeard(t, a, b, bs)
+	if admitted := alternate(t, c, bs, a, b); admitted != 100 {
+		t.Fatalf("after the reset the two instances admitted %d, want exactly the fresh capacity, 100", admitted)
+	}
+}
+
+// resetUntilHeard resets bs's buckets through a until b has heard of a
+// reset: b subscribes in the background.
+func resetUntilHeard(t *testing.T, a store.Resetter, b *lease.Store, bs []store.Bucket) {
+	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for b.Stats().PeerResets == 0 {
 		if time.Now().After(deadline) {
@@ -226,9 +225,6 @@ func resetToldWithoutLeases(t *testing.T, addrs []string) {
 			t.Fatal(err)
 		}
 		time.Sleep(20 * time.Millisecond)
-	}
-	if admitted := alternate(t, c, bs, a, b); admitted != 100 {
-		t.Fatalf("after the reset the two instances admitted %d, want exactly the fresh capacity, 100", admitted)
 	}
 }
 

@@ -257,14 +257,7 @@ func TestLeaseResetRacingGrant(t *testing.T) {
 				if g.hook != nil || g.resetHook != nil || s.Stats().Leased != 1 {
 					t.Fatalf("no lease was granted: %+v", s.Stats())
 				}
-				admitted := 0
-				for range 200 {
-					c.Advance(time.Millisecond)
-					if decide(t, s, bs).Allowed {
-						admitted++
-					}
-				}
-				if admitted != 100 {
+				if admitted := alternate(t, c, bs, s); admitted != 100 {
 					t.Fatalf("admitted %d after the reset, want the fresh bucket's 100 (stats %+v)", admitted, s.Stats())
 				}
 			})

@@ -74,14 +74,7 @@ func TestLeaseGrantStraddlingResetEnd(t *testing.T) {
 		}
 		close(g.proceed)
 		<-done
-		admitted := 0
-		for range 200 {
-			c.Advance(time.Millisecond)
-			if decide(t, s, bs).Allowed {
-				admitted++
-			}
-		}
-		if admitted != 100 {
+		if admitted := alternate(t, c, bs, s); admitted != 100 {
 			t.Fatalf("admitted %d after the reset, want 100 (stats %+v)", admitted, s.Stats())
 		}
 	})
