@@ -12,17 +12,25 @@ import (
 	"github.com/caddy-cascade/cascade/store/storetest"
 )
 
-// chanLeaser blocks one grant, after the store charged it, until told
-// (proceed); resetHook runs before the store's next reset.
+// chanLeaser is a gatedLeaser that blocks one grant (blockNext), after
+// the store charged it, until told (proceed).
 type chanLeaser struct {
-	store.Leaser
+	gatedLeaser
 	mu               sync.Mutex
 	block            bool
 	charged, proceed chan struct{}
-	resetHook        func()
 }
 
-func (g *chanLeaser) Close() error { return nil }
+func newChanLeaser(in store.Leaser) chanLeaser {
+	return chanLeaser{gatedLeaser: gatedLeaser{Leaser: in}, charged: make(chan struct{}), proceed: make(chan struct{})}
+}
+
+func (g *chanLeaser) blockNext() {
+	g.mu.Lock()
+	g.block = true
+	g.mu.Unlock()
+}
+
 func (g *chanLeaser) Lease(ctx context.Context, gr store.Grant) (store.Leased, error) {
 	l, err := g.Leaser.Lease(ctx, gr)
 	g.mu.Lock()
@@ -35,16 +43,6 @@ func (g *chanLeaser) Lease(ctx context.Context, gr store.Grant) (store.Leased, e
 	}
 	return l, err
 }
-func (g *chanLeaser) Reset(ctx context.Context, keys []string) (int, error) {
-	if h := g.resetHook; h != nil {
-		g.resetHook = nil
-		h()
-	}
-	return g.Leaser.(store.Resetter).Reset(ctx, keys)
-}
-func (g *chanLeaser) ResetMatching(ctx context.Context, m store.KeyMatch) (int, error) {
-	return g.Leaser.(store.Resetter).ResetMatching(ctx, m)
-}
 
 // TestLeaseGrantStraddlingResetEnd: a grant that begins after a reset's
 // first revoke, is charged before the store's reset and would be installed
@@ -55,7 +53,8 @@ func TestLeaseGrantStraddlingResetEnd(t *testing.T) {
 		ctx := context.Background()
 		c := storetest.NewClock(start)
 		in := inner(t, kind, c.Now)
-		g := &chanLeaser{Leaser: in, charged: make(chan struct{}), proceed: make(chan struct{})}
+		cl := newChanLeaser(in)
+		g := &cl
 		s := newLease(t, g, c.Now, lease.Options{TTL: time.Minute, MaxShare: 1})
 		bs := []store.Bucket{{Key: "{r}|k", Limit: gcra(100, 24*time.Hour), Cost: 1}}
 		decide(t, in, []store.Bucket{{Key: bs[0].Key, Limit: bs[0].Limit, Cost: 50}})
@@ -63,9 +62,7 @@ func TestLeaseGrantStraddlingResetEnd(t *testing.T) {
 		c.Advance(time.Millisecond)
 		done := make(chan struct{})
 		g.resetHook = func() {
-			g.mu.Lock()
-			g.block = true
-			g.mu.Unlock()
+			g.blockNext()
 			go func() { defer close(done); s.Decide(ctx, bs) }()
 			<-g.charged
 		}
@@ -128,41 +125,52 @@ func (g *postLeaser) Reset(ctx context.Context, keys []string) (int, error) {
 	return n, err
 }
 
-// TestLeaseWithheldGiveBackDuringAnotherReset: a grant in flight while
-// bucket b's reset is under way (b wiped, the reset not yet ended) is
-// withheld because of a reset of a: what it held on b, charged before b was
-// wiped, does not go back into the fresh b (Store.resetting).
-func TestLeaseWithheldGiveBackDuringAnotherReset(t *testing.T) {
-	for _, alg := range []string{"calendar", "gcra"} {
-		t.Run(alg, func(t *testing.T) {
+// TestLeaseGiveBackDuringAnotherReset: a grant in flight while bucket b's
+// reset is under way (b wiped, the reset not yet ended), then withheld
+// because a is reset meanwhile — or installed, then revoked by a's reset:
+// what it held on b, charged before b was wiped, does not go back into the
+// fresh b (Store.resetting).
+func TestLeaseGiveBackDuringAnotherReset(t *testing.T) {
+	for _, tt := range []struct {
+		name      string
+		installed bool // a's reset after the grant was installed
+		limit     rate.Limit
+	}{
+		{"withheld/calendar", false, rate.Limit{Algorithm: rate.Calendar, Count: 100, Unit: rate.Day, Location: time.UTC}},
+		{"withheld/gcra", false, gcra(100, 24*time.Hour)},
+		{"revoked/calendar", true, rate.Limit{Algorithm: rate.Calendar, Count: 100, Unit: rate.Day, Location: time.UTC}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
 			eachStore(t, func(t *testing.T, kind string) {
 				ctx := context.Background()
 				c := storetest.NewClock(start)
 				in := inner(t, kind, c.Now)
-				g := &postLeaser{chanLeaser: chanLeaser{Leaser: in, charged: make(chan struct{}), proceed: make(chan struct{})}}
+				g := &postLeaser{chanLeaser: newChanLeaser(in)}
 				s := newLease(t, g, c.Now, lease.Options{TTL: time.Minute, MaxShare: 1})
-				lim := rate.Limit{Algorithm: rate.Calendar, Count: 100, Unit: rate.Day, Location: time.UTC}
-				if alg == "gcra" {
-					lim = gcra(100, 24*time.Hour)
-				}
-				path := []store.Bucket{{Key: "{t}|a", Limit: lim, Cost: 1}, {Key: "{t}|b", Limit: lim, Cost: 1}}
+				path := []store.Bucket{{Key: "{t}|a", Limit: tt.limit, Cost: 1}, {Key: "{t}|b", Limit: tt.limit, Cost: 1}}
 				decide(t, s, path)
 				c.Advance(time.Millisecond)
 				done := make(chan struct{})
-				g.pre = func() { // B's reset: after its first bump and revoke
-					g.mu.Lock()
-					g.block = true
-					g.mu.Unlock()
-					go func() { defer close(done); s.Decide(ctx, path) }()
-					<-g.charged // G charged a and b, b's charge about to be wiped
-				}
-				g.post = func() { // B wiped; B's reset not ended
-					decide(t, in, path[1:])                                        // one request on the fresh b
-					if _, err := s.Reset(ctx, []string{path[0].Key}); err != nil { // A's reset
+				resetA := func() {
+					if _, err := s.Reset(ctx, []string{path[0].Key}); err != nil {
 						t.Error(err)
 					}
+				}
+				g.pre = func() { // b's reset, after its first revoke: a grant charges a and b
+					g.blockNext()
+					go func() { defer close(done); s.Decide(ctx, path) }()
+					<-g.charged
+				}
+				g.post = func() { // b wiped, its reset not ended
+					decide(t, in, path[1:]) // one request on the fresh b
+					if !tt.installed {
+						resetA()
+					}
 					close(g.proceed)
-					<-done // G withheld (A reset): gives back on b
+					<-done
+					if tt.installed {
+						resetA()
+					}
 					s.Sweep(ctx)
 				}
 				if _, err := s.Reset(ctx, []string{path[1].Key}); err != nil {
@@ -174,44 +182,4 @@ func TestLeaseWithheldGiveBackDuringAnotherReset(t *testing.T) {
 			})
 		})
 	}
-}
-
-// TestLeaseRevokedGiveBackDuringAnotherReset: as above with the grant
-// installed, then revoked by a's reset: what it held on b does not go back
-// into the fresh b either.
-func TestLeaseRevokedGiveBackDuringAnotherReset(t *testing.T) {
-	eachStore(t, func(t *testing.T, kind string) {
-		ctx := context.Background()
-		c := storetest.NewClock(start)
-		in := inner(t, kind, c.Now)
-		g := &postLeaser{chanLeaser: chanLeaser{Leaser: in, charged: make(chan struct{}), proceed: make(chan struct{})}}
-		s := newLease(t, g, c.Now, lease.Options{TTL: time.Minute, MaxShare: 1})
-		lim := rate.Limit{Algorithm: rate.Calendar, Count: 100, Unit: rate.Day, Location: time.UTC}
-		path := []store.Bucket{{Key: "{t}|a", Limit: lim, Cost: 1}, {Key: "{t}|b", Limit: lim, Cost: 1}}
-		decide(t, s, path)
-		c.Advance(time.Millisecond)
-		done := make(chan struct{})
-		g.pre = func() {
-			g.mu.Lock()
-			g.block = true
-			g.mu.Unlock()
-			go func() { defer close(done); s.Decide(ctx, path) }()
-			<-g.charged
-		}
-		g.post = func() {
-			decide(t, in, path[1:])
-			close(g.proceed)
-			<-done // G installed
-			if _, err := s.Reset(ctx, []string{path[0].Key}); err != nil {
-				t.Error(err)
-			}
-			s.Sweep(ctx)
-		}
-		if _, err := s.Reset(ctx, []string{path[1].Key}); err != nil {
-			t.Fatal(err)
-		}
-		if r := peekRemaining(t, in, path)[1]; r != 99 {
-			t.Fatalf("b holds %d after its reset and one admission, want 99 (stats %+v)", r, s.Stats())
-		}
-	})
 }
