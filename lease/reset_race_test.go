@@ -183,3 +183,37 @@ func TestLeaseGiveBackDuringAnotherReset(t *testing.T) {
 		})
 	}
 }
+
+// TestLeasePeerResetDuringGrant: another instance's reset heard while a
+// grant is in flight here keeps the grant from being installed (its charge
+// may be among what the reset wiped): the two instances then admit exactly
+// the fresh bucket's 100.
+func TestLeasePeerResetDuringGrant(t *testing.T) {
+	eachStore(t, func(t *testing.T, kind string) {
+		ctx := context.Background()
+		c := storetest.NewClock(start)
+		in := inner(t, kind, c.Now)
+		g := &gatedLeaser{Leaser: in}
+		a := newLease(t, in, c.Now, lease.Options{TTL: time.Minute, MaxShare: 0.5})
+		b := newLease(t, g, c.Now, lease.Options{TTL: time.Minute, MaxShare: 0.5})
+		l := &link{to: []*lease.Store{a, b}}
+		a.Connect(l)
+		b.Connect(l)
+		bs := []store.Bucket{{Key: "{p}|k", Limit: gcra(100, 24*time.Hour), Cost: 1}}
+		decide(t, b, bs) // first sight: in the store
+		c.Advance(time.Millisecond)
+		g.hook = func() { // b's grant charged; a resets, b hears it at once
+			if _, err := a.Reset(ctx, []string{bs[0].Key}); err != nil {
+				t.Error(err)
+			}
+		}
+		decide(t, b, bs)
+		if g.hook != nil || b.Stats().Leased != 1 || b.Stats().PeerResets != 1 {
+			t.Fatalf("no lease granted during a peer's reset: %+v", b.Stats())
+		}
+		if admitted := alternate(t, c, bs, a, b); admitted != 100 {
+			t.Fatalf("after the reset the two instances admitted %d, want exactly the fresh capacity, 100 (b %+v)", admitted, b.Stats())
+		}
+	})
+}
+
