@@ -18,11 +18,12 @@ import (
 // out or ends (TTL). So each reset is told to the other instances' Stores
 // over a Link (store.Bus), and they revoke their leases on those buckets
 // when it arrives (giving back what those leases hold on the path's other
-// buckets): what a reset bucket may admit beyond its fresh capacity
-// is then what other instances spend in the moment the message takes,
-// not in a lease's TTL. A grant in flight on a path with a reset bucket
-// when it arrives is not installed (its charge may have been wiped). A message lost (Redis away
-// between the reset and its publishing) leaves the old bound: the TTL.
+// buckets): what a reset bucket may admit beyond its fresh capacity is
+// then what other instances spend in the moment the message takes, not in
+// a lease's TTL. A grant in flight on a path with a reset bucket when it
+// arrives is not installed (its charge may have been wiped). A message
+// lost (Redis away between the reset and its publishing) leaves the old
+// bound: the TTL.
 
 // Link carries a Store's messages to the Stores of the other instances
 // sharing its store, without waiting (store.Bus).
@@ -39,6 +40,16 @@ type resetMessage struct {
 	From string   `json:"f"`
 	Keys []string `json:"keys,omitempty"`
 	Glob string   `json:"glob,omitempty"`
+}
+
+// encodeReset is the message from the instance from saying that keys, or
+// the buckets glob selects, were reset; nil when nothing was.
+func encodeReset(from string, keys []string, glob string) []byte {
+	if glob == "" && len(keys) == 0 {
+		return nil
+	}
+	b, _ := json.Marshal(resetMessage{From: from, Keys: keys, Glob: glob}) // strings: cannot fail
+	return b
 }
 
 // peers is a Store's link to the other instances (guarded by its mutex).
@@ -61,11 +72,10 @@ func (s *Store) announceReset(keys []string, glob string) {
 	s.peersMu.Lock()
 	p := s.peers
 	s.peersMu.Unlock()
-	if p.link == nil || glob == "" && len(keys) == 0 {
+	if p.link == nil {
 		return
 	}
-	b, err := json.Marshal(resetMessage{From: p.self, Keys: keys, Glob: glob})
-	if err == nil {
+	if b := encodeReset(p.self, keys, glob); b != nil {
 		p.link.Publish(b)
 	}
 }
@@ -78,14 +88,11 @@ func (s *Store) announceReset(keys []string, glob string) {
 func TellResets(r *store.Redis, name string, logger *zap.Logger) {
 	self := "reset:" + rand.Text()
 	r.SetOnReset(func(keys []string, glob string) {
-		if glob == "" && len(keys) == 0 {
+		b := encodeReset(self, keys, glob)
+		if b == nil {
 			return
 		}
-		b, err := json.Marshal(resetMessage{From: self, Keys: keys, Glob: glob})
-		if err == nil {
-			err = r.PublishOnce(context.Background(), name, b)
-		}
-		if err != nil {
+		if err := r.PublishOnce(context.Background(), name, b); err != nil {
 			logger.Warn("rate limit: a reset could not be told to the other instances: their leases on the reset buckets, if any, run to their ttl",
 				zap.Error(err))
 		}

@@ -79,16 +79,22 @@ func (r *Redis) OpenBus(name string, deliver func([]byte)) *Bus {
 // PublishOnce publishes msg on the channel name (after the key prefix), as
 // a Bus does, without subscribing: for an instance that only tells.
 func (r *Redis) PublishOnce(ctx context.Context, name string, msg []byte) error {
-	publish := r.client.Publish
-	if r.cluster != nil {
-		publish = r.cluster.SPublish
-	}
+	publish := r.publisher()
 	ctx, cancel := context.WithTimeout(ctx, r.timeout)
 	defer cancel()
 	if err := publish(ctx, r.prefix+name, msg).Err(); err != nil {
 		return fmt.Errorf("redis store: publishing on %s%s: %w", r.prefix, name, err)
 	}
 	return nil
+}
+
+// publisher is how the store publishes on a channel: PUBLISH, or on a
+// Cluster SPUBLISH (a sharded channel: in order, see Bus).
+func (r *Redis) publisher() func(ctx context.Context, channel string, message any) *redis.IntCmd {
+	if r.cluster != nil {
+		return r.cluster.SPublish
+	}
+	return r.client.Publish
 }
 
 // SetOnReset makes the store tell fn of each of its resets, once the reset
@@ -236,10 +242,7 @@ func (b *Bus) pause(d time.Duration) bool {
 // send publishes the queued messages, in order, until Close.
 func (b *Bus) send() {
 	defer b.done.Done()
-	publish := b.r.client.Publish
-	if b.r.cluster != nil {
-		publish = b.r.cluster.SPublish
-	}
+	publish := b.r.publisher()
 	for {
 		select {
 		case <-b.stop:
