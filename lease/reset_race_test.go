@@ -216,4 +216,3 @@ func TestLeasePeerResetDuringGrant(t *testing.T) {
 		}
 	})
 }
-

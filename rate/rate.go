@@ -79,16 +79,16 @@
 // request counts as in flight at most (its response ends it sooner, by an
 // Adjust of +1), Period how long the record is kept, Burst how many retries
 // it lets through without a charge (an Adjust of UncountRetry takes back
-// one that was let through but refused after all). Deciding cost 1 against no record
-// admits and writes one; against a record it refuses (so nothing on the
-// path is charged) and says why in Remaining: RecordInFlight while the
-// first request is in flight (RetryAfter: until it counts as ended at the
-// latest), RecordDone once it has ended (the caller admits the retry
-// without a charge) — a refusal whose state, the retry counted, the store
-// keeps (Result.Keep). Once Burst retries have been let through, the
-// record admits the next request as a new first one (charged, recorded
-// afresh). An Adjust of −1 forgets the record charged at the given time (a
-// charge given back).
+// one that was let through but refused after all). Deciding cost 1
+// against no record admits and writes one; against a record it refuses
+// (so nothing on the path is charged) and says why in Remaining:
+// RecordInFlight while the first request is in flight (RetryAfter: until
+// it counts as ended at the latest), RecordDone once it has ended (the
+// caller admits the retry without a charge) — a refusal whose state, the
+// retry counted, the store keeps (Result.Keep). Once Burst retries have
+// been let through, the record admits the next request as a new first one
+// (charged, recorded afresh). An Adjust of −1 forgets the record charged
+// at the given time (a charge given back).
 //
 // # Calendar quota
 //
