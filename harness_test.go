@@ -17,6 +17,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	_ "github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
+	dto "github.com/prometheus/client_model/go"
 )
 
 // freePort returns a loopback port nobody listens on.
@@ -171,4 +172,21 @@ func reload(t testing.TB, sites string, global ...string) error {
 	// with EOF. Later requests dial the new servers.
 	client.CloseIdleConnections()
 	return err
+}
+
+// runningMetrics is the metrics of the family name in the running Caddy's
+// registry (none when it has no such family).
+func runningMetrics(t *testing.T, name string) []*dto.Metric {
+	t.Helper()
+	active := caddy.ActiveContext()
+	families, err := active.GetMetricsRegistry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() == name {
+			return f.GetMetric()
+		}
+	}
+	return nil
 }

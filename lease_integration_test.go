@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
@@ -471,25 +470,15 @@ func clients(t *testing.T, url, user string, c, n int, check func(status int)) (
 // decisions were timed, and how many of them within 5 ms and 50 ms.
 func decisionTimes(t *testing.T) (d struct{ total, within5ms, within50ms uint64 }) {
 	t.Helper()
-	active := caddy.ActiveContext()
-	families, err := active.GetMetricsRegistry().Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range families {
-		if f.GetName() != "cascade_decision_duration_seconds" {
-			continue
-		}
-		for _, m := range f.GetMetric() {
-			h := m.GetHistogram()
-			d.total += h.GetSampleCount()
-			for _, b := range h.GetBucket() {
-				switch b.GetUpperBound() {
-				case 0.005:
-					d.within5ms += b.GetCumulativeCount()
-				case 0.05:
-					d.within50ms += b.GetCumulativeCount()
-				}
+	for _, m := range runningMetrics(t, "cascade_decision_duration_seconds") {
+		h := m.GetHistogram()
+		d.total += h.GetSampleCount()
+		for _, b := range h.GetBucket() {
+			switch b.GetUpperBound() {
+			case 0.005:
+				d.within5ms += b.GetCumulativeCount()
+			case 0.05:
+				d.within50ms += b.GetCumulativeCount()
 			}
 		}
 	}

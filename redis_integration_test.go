@@ -239,30 +239,20 @@ func TestRedisBreaker(t *testing.T) {
 // name holds addr.
 func storeMetric(t *testing.T, name, addr string, labels ...string) float64 {
 	t.Helper()
-	active := caddy.ActiveContext()
-	families, err := active.GetMetricsRegistry().Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range families {
-		if f.GetName() != name {
+metrics:
+	for _, m := range runningMetrics(t, name) {
+		if !strings.Contains(m.GetLabel()[0].GetValue(), addr) {
 			continue
 		}
-	metrics:
-		for _, m := range f.GetMetric() {
-			if !strings.Contains(m.GetLabel()[0].GetValue(), addr) {
-				continue
+		for i, want := range labels {
+			if m.GetLabel()[i+1].GetValue() != want {
+				continue metrics
 			}
-			for i, want := range labels {
-				if m.GetLabel()[i+1].GetValue() != want {
-					continue metrics
-				}
-			}
-			if g := m.GetGauge(); g != nil {
-				return g.GetValue()
-			}
-			return m.GetCounter().GetValue()
 		}
+		if g := m.GetGauge(); g != nil {
+			return g.GetValue()
+		}
+		return m.GetCounter().GetValue()
 	}
 	t.Fatalf("no %s%v for the store at %s", name, labels, addr)
 	return 0

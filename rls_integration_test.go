@@ -177,23 +177,13 @@ func TestRLSReload(t *testing.T) {
 	if status.Code(err) != codes.InvalidArgument {
 		t.Fatalf("unknown domain: %v", err)
 	}
-	active := caddy.ActiveContext()
-	families, err := active.GetMetricsRegistry().Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
 	counts := map[string]float64{}
-	for _, f := range families {
-		if f.GetName() != "cascade_rls_calls_total" {
-			continue
+	for _, m := range runningMetrics(t, "cascade_rls_calls_total") {
+		var labels []string
+		for _, l := range m.GetLabel() {
+			labels = append(labels, l.GetName()+"="+l.GetValue())
 		}
-		for _, m := range f.GetMetric() {
-			var labels []string
-			for _, l := range m.GetLabel() {
-				labels = append(labels, l.GetName()+"="+l.GetValue())
-			}
-			counts[strings.Join(labels, ",")] = m.GetCounter().GetValue()
-		}
+		counts[strings.Join(labels, ",")] = m.GetCounter().GetValue()
 	}
 	// The running configuration's registry counts since it was loaded:
 	// the ask after the failed reload (the earlier ones went to the

@@ -32,14 +32,21 @@ func (*link) Close() error { return nil }
 // linkedPair is two instances' lease stores (leases of a minute, half of
 // what remains at most) over one inner store of kind, linked, on c.
 func linkedPair(t *testing.T, kind string) (c *storetest.Clock, in store.Leaser, a, b *lease.Store) {
+	c, in, _, a, b = linkedGated(t, kind)
+	return c, in, a, b
+}
+
+// linkedGated is linkedPair with b's grants and resets through g.
+func linkedGated(t *testing.T, kind string) (c *storetest.Clock, in store.Leaser, g *gatedLeaser, a, b *lease.Store) {
 	c = storetest.NewClock(start)
 	in = inner(t, kind, c.Now)
+	g = &gatedLeaser{Leaser: in}
 	a = newLease(t, in, c.Now, lease.Options{TTL: time.Minute, MaxShare: 0.5})
-	b = newLease(t, in, c.Now, lease.Options{TTL: time.Minute, MaxShare: 0.5})
+	b = newLease(t, g, c.Now, lease.Options{TTL: time.Minute, MaxShare: 0.5})
 	l := &link{to: []*lease.Store{a, b}}
 	a.Connect(l)
 	b.Connect(l)
-	return c, in, a, b
+	return c, in, g, a, b
 }
 
 // TestLeaseResetToldToPeers: an admin reset on one instance revokes the
@@ -138,50 +145,29 @@ func TestLeaseRevokedGivesBackTheRest(t *testing.T) {
 // between two instances each with its own connection to a real Redis, told
 // over its Pub/Sub (store.Bus), as Caddy instances are.
 func TestLeaseResetToldOverRedis(t *testing.T) {
-	c := storetest.NewClock(start)
-	prefix := fmt.Sprintf("leasebus:%x:", rand.Uint32())
-	open := func() *lease.Store {
-		r, err := store.NewRedis(context.Background(), store.RedisOptions{
-			Addrs: []string{redistest.Shared(t).Addr()}, KeyPrefix: prefix, Clock: c.Now, Timeout: 10 * time.Second})
-		if err != nil {
-			t.Fatal(err)
-		}
-		s := newLease(t, r, c.Now, lease.Options{TTL: time.Minute, MaxShare: 0.5})
-		bus := r.OpenBus("leases", s.Receive)
-		s.Connect(bus)
-		t.Cleanup(func() { bus.Close(); r.Close() })
-		return s
-	}
-	a, b := open(), open()
-	daily := gcra(100, 24*time.Hour)
-	bs := path("ann", 1, daily, daily)
-	for range 20 {
-		decide(t, b, bs)
-		c.Advance(time.Millisecond)
-	}
-	if st := b.Stats(); st.Local == 0 {
-		t.Fatalf("b's stats %+v, want leases spent", st)
-	}
-	resetUntilHeard(t, a, b, bs)
-	if admitted := alternate(t, c, bs, a, b); admitted != 100 {
-		t.Fatalf("after the reset the two instances admitted %d, want exactly the fresh capacity, 100", admitted)
-	}
+	resetToldOverRedis(t, []string{redistest.Shared(t).Addr()}, true)
 }
 
 // TestLeaseResetToldByInstanceWithoutLeases: an instance deciding in
 // Redis without leases (a) tells the others of its resets too
 // (TellResets): the lease b holds on the reset buckets ends, and the two
-// admit exactly the fresh capacity afterwards, on a real Redis.
+// admit exactly the fresh capacity afterwards, on a real Redis and on a
+// Cluster (a sharded channel).
 func TestLeaseResetToldByInstanceWithoutLeases(t *testing.T) {
 	for _, dep := range redistest.Deployments() {
-		t.Run(dep.Name, func(t *testing.T) { resetToldWithoutLeases(t, dep.Addrs(t)) })
+		t.Run(dep.Name, func(t *testing.T) { resetToldOverRedis(t, dep.Addrs(t), false) })
 	}
 }
 
-func resetToldWithoutLeases(t *testing.T, addrs []string) {
+// resetToldOverRedis: instances a and b, each with its own connection to
+// the Redis at addrs; b spends leases, linked to the others over Pub/Sub;
+// a is a lease store linked as b (aLeases) or the Redis store alone,
+// telling its resets (TellResets). After a reset through a, b's lease on
+// the reset buckets has ended: the two admit exactly the fresh capacity.
+func resetToldOverRedis(t *testing.T, addrs []string, aLeases bool) {
 	c := storetest.NewClock(start)
-	prefix := fmt.Sprintf("leasetell:%x:", rand.Uint32())
-	open := func() *store.Redis {
+	prefix := fmt.Sprintf("leasebus:%x:", rand.Uint32())
+	redisStore := func() *store.Redis {
 		r, err := store.NewRedis(context.Background(), store.RedisOptions{
 			Addrs: addrs, KeyPrefix: prefix, Clock: c.Now, Timeout: 10 * time.Second})
 		if err != nil {
@@ -190,13 +176,25 @@ func resetToldWithoutLeases(t *testing.T, addrs []string) {
 		t.Cleanup(func() { r.Close() })
 		return r
 	}
-	a := open()
-	lease.TellResets(a, "leases", zap.NewNop())
-	rb := open()
-	b := newLease(t, rb, c.Now, lease.Options{TTL: time.Minute, MaxShare: 0.5})
-	bus := rb.OpenBus("leases", b.Receive)
-	b.Connect(bus)
-	t.Cleanup(func() { bus.Close() })
+	leased := func(r *store.Redis) *lease.Store {
+		s := newLease(t, r, c.Now, lease.Options{TTL: time.Minute, MaxShare: 0.5})
+		bus := r.OpenBus("leases", s.Receive)
+		s.Connect(bus)
+		t.Cleanup(func() { bus.Close() })
+		return s
+	}
+	var a interface {
+		store.Store
+		store.Resetter
+	}
+	if aLeases {
+		a = leased(redisStore())
+	} else {
+		r := redisStore()
+		lease.TellResets(r, "leases", zap.NewNop())
+		a = r
+	}
+	b := leased(redisStore())
 	daily := gcra(100, 24*time.Hour)
 	bs := path("ann", 1, daily, daily)
 	for range 20 {

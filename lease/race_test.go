@@ -224,6 +224,15 @@ func (g *gatedLeaser) ResetMatching(ctx context.Context, m store.KeyMatch) (int,
 	return g.Leaser.(store.Resetter).ResetMatching(ctx, m)
 }
 
+// gatedStore is a lease store (leases of a minute, all that remains at
+// most) over an inner store of kind, through a gatedLeaser, on c.
+func gatedStore(t *testing.T, kind string) (c *storetest.Clock, in store.Leaser, g *gatedLeaser, s *lease.Store) {
+	c = storetest.NewClock(start)
+	in = inner(t, kind, c.Now)
+	g = &gatedLeaser{Leaser: in}
+	return c, in, g, newLease(t, g, c.Now, lease.Options{TTL: time.Minute, MaxShare: 1})
+}
+
 // TestLeaseResetRacingGrant: a grant whose charge a reset may wipe is not
 // installed, whether the reset lands in the middle of the grant (after the
 // store charged it) or the grant in the middle of the reset (after this
@@ -234,10 +243,7 @@ func TestLeaseResetRacingGrant(t *testing.T) {
 		t.Run(inside, func(t *testing.T) {
 			eachStore(t, func(t *testing.T, kind string) {
 				ctx := context.Background()
-				c := storetest.NewClock(start)
-				in := inner(t, kind, c.Now)
-				g := &gatedLeaser{Leaser: in}
-				s := newLease(t, g, c.Now, lease.Options{TTL: time.Minute, MaxShare: 1})
+				c, in, g, s := gatedStore(t, kind)
 				bs := []store.Bucket{{Key: "{r}|k", Limit: gcra(100, 24*time.Hour), Cost: 1}}
 				decide(t, in, []store.Bucket{{Key: bs[0].Key, Limit: bs[0].Limit, Cost: 50}})
 				decide(t, s, bs) // first sight: in the store
@@ -273,10 +279,7 @@ func TestLeaseResetRacingGrant(t *testing.T) {
 func TestLeaseResetOfOtherBucketsDuringGrant(t *testing.T) {
 	eachStore(t, func(t *testing.T, kind string) {
 		ctx := context.Background()
-		c := storetest.NewClock(start)
-		in := inner(t, kind, c.Now)
-		g := &gatedLeaser{Leaser: in}
-		s := newLease(t, g, c.Now, lease.Options{TTL: time.Minute, MaxShare: 1})
+		c, in, g, s := gatedStore(t, kind)
 		daily := gcra(100, 24*time.Hour)
 		reset := func(key string) func() {
 			return func() {
@@ -378,10 +381,7 @@ func TestLeaseResetDropsQueuedRelease(t *testing.T) {
 func TestLeaseLimitChangeDuringGrant(t *testing.T) {
 	eachStore(t, func(t *testing.T, kind string) {
 		ctx := context.Background()
-		c := storetest.NewClock(start)
-		in := inner(t, kind, c.Now)
-		g := &gatedLeaser{Leaser: in}
-		s := newLease(t, g, c.Now, lease.Options{TTL: time.Minute, MaxShare: 1})
+		c, in, g, s := gatedStore(t, kind)
 		old := gcra(1000, 24*time.Hour)
 		tight := gcra(10, 24*time.Hour)
 		bs := func(l rate.Limit) []store.Bucket { return []store.Bucket{{Key: "{c}|k", Limit: l, Cost: 1}} }

@@ -83,10 +83,7 @@ func TestLeaseGrantStraddlingResetEnd(t *testing.T) {
 func TestLeaseWithheldGivesNothingBackOnReset(t *testing.T) {
 	eachStore(t, func(t *testing.T, kind string) {
 		ctx := context.Background()
-		c := storetest.NewClock(start)
-		in := inner(t, kind, c.Now)
-		g := &gatedLeaser{Leaser: in}
-		s := newLease(t, g, c.Now, lease.Options{TTL: time.Minute, MaxShare: 1})
+		c, in, g, s := gatedStore(t, kind)
 		day := rate.Limit{Algorithm: rate.Calendar, Count: 100, Unit: rate.Day, Location: time.UTC}
 		cat := []store.Bucket{{Key: "{t|cats}|org", Limit: day, Cost: 1}, {Key: "{t|cats}|user|cat", Limit: day, Cost: 1}}
 		decide(t, s, cat)
@@ -191,14 +188,7 @@ func TestLeaseGiveBackDuringAnotherReset(t *testing.T) {
 func TestLeasePeerResetDuringGrant(t *testing.T) {
 	eachStore(t, func(t *testing.T, kind string) {
 		ctx := context.Background()
-		c := storetest.NewClock(start)
-		in := inner(t, kind, c.Now)
-		g := &gatedLeaser{Leaser: in}
-		a := newLease(t, in, c.Now, lease.Options{TTL: time.Minute, MaxShare: 0.5})
-		b := newLease(t, g, c.Now, lease.Options{TTL: time.Minute, MaxShare: 0.5})
-		l := &link{to: []*lease.Store{a, b}}
-		a.Connect(l)
-		b.Connect(l)
+		c, _, g, a, b := linkedGated(t, kind)
 		bs := []store.Bucket{{Key: "{p}|k", Limit: gcra(100, 24*time.Hour), Cost: 1}}
 		decide(t, b, bs) // first sight: in the store
 		c.Advance(time.Millisecond)
