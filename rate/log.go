@@ -59,6 +59,24 @@ func (g *Log) Len() int {
 	return len(g.buf) / entrySize
 }
 
+// LogView is a Log whose oldest entry is at h and whose entries are
+// entries (as Entries returns them), sharing their memory: how a store
+// that keeps logs in memory of its own gives one to Apply without copying
+// it. Apply never changes entries[:len(entries)], but a charge may append
+// an entry within their capacity: a store that gives it spare capacity
+// must treat those bytes as Apply's, and copy the new state's Entries
+// back when it keeps that state (they may be those very bytes).
+func LogView(h int64, entries []byte) Log { return Log{H: h, buf: entries} }
+
+// Entries are the log's entries, oldest first, 10 bytes each: its memory,
+// not a copy. A nil Log has none.
+func (g *Log) Entries() []byte {
+	if g == nil {
+		return nil
+	}
+	return g.buf
+}
+
 // AppendBinary appends the log: H as a little-endian float64, then the
 // entries. A nil Log appends nothing.
 func (g *Log) AppendBinary(dst []byte) ([]byte, error) {

@@ -3,11 +3,9 @@ package store
 import (
 	"context"
 	"hash/maphash"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
-	"unsafe"
 
 	"github.com/caddy-cascade/cascade/rate"
 )
@@ -59,32 +57,6 @@ type Memory struct {
 	evictions atomic.Int64
 }
 
-// memoryShard maps the 64-bit hash of a key to its entry: the hash is
-// computed once per key and decision (it also picks the shard), so the map
-// never hashes the long key string again. Entries whose keys share a hash
-// are chained, and every lookup compares the key itself: exact, whatever
-// the hash says.
-type memoryShard struct {
-	mu      sync.Mutex
-	entries map[uint64]*memoryEntry
-	n       int   // entries, chains included
-	swept   int64 // when the shard's expired state was last dropped (µs)
-	// One shard per cache line: cores locking neighbouring shards must
-	// not contend for one line (false sharing).
-	_ [64 - 32]byte
-}
-
-type memoryEntry struct {
-	key     string
-	state   rate.State
-	expires int64 // µs; state is as good as fresh after this
-	next    *memoryEntry
-	// record: an idempotency record (rate.Idempotent), evicted before any
-	// limit's state: losing one charges a retry again, losing a limit's
-	// state admits more than the limit.
-	record bool
-}
-
 // NewMemory returns a Memory store and starts its sweeper.
 func NewMemory(opts MemoryOptions) *Memory {
 	if opts.MaxKeys <= 0 {
@@ -101,8 +73,9 @@ func NewMemory(opts MemoryOptions) *Memory {
 		interval: make(chan time.Duration, 1),
 	}
 	m.maxKeys.Store(int64(opts.MaxKeys))
+	reserve := min(reservedBytes, opts.MaxKeys*128) / memoryShards
 	for i := range m.shards {
-		m.shards[i].entries = make(map[uint64]*memoryEntry)
+		m.shards[i] = newShard(reserve)
 	}
 	interval := opts.SweepInterval
 	if interval == 0 {
@@ -137,7 +110,7 @@ func (m *Memory) DecideInto(_ context.Context, buckets []Bucket, buf []rate.Resu
 		return m.decideLong(buckets, sizedResults(buf, n)), nil
 	}
 	var hashes [maxPath]uint64
-	var entries [maxPath]*memoryEntry
+	var found [maxPath]*bucket
 	var next [maxPath]rate.State
 	var lockBuf [maxPath]uint8
 	results := sizedResults(buf, n)
@@ -145,7 +118,7 @@ func (m *Memory) DecideInto(_ context.Context, buckets []Bucket, buf []rate.Resu
 		hashes[i] = maphash.String(m.seed, b.Key)
 	}
 	locked := m.lock(hashes[:n], lockBuf[:0])
-	at := m.decideLocked(buckets, hashes[:n], entries[:n], next[:n], results)
+	at := m.decideLocked(buckets, hashes[:n], found[:n], next[:n], results)
 	m.unlock(locked)
 	d := Combine(results)
 	d.At = at
@@ -158,60 +131,77 @@ func (m *Memory) decideLong(buckets []Bucket, results []rate.Result) Decision {
 	hashes := m.hashesOf(buckets, make([]uint64, 0, n))
 	locked := m.lock(hashes, make([]uint8, 0, n))
 	defer m.unlock(locked)
-	at := m.decideLocked(buckets, hashes, make([]*memoryEntry, n), make([]rate.State, n), results)
+	at := m.decideLocked(buckets, hashes, make([]*bucket, n), make([]rate.State, n), results)
 	d := Combine(results)
 	d.At = at
 	return d
 }
 
 // decideLocked applies every bucket's cost and, when all admit it, stores
-// the new states. Each key is looked up once: the entry found (nil for a
+// the new states. Each key is looked up once: the bucket found (noBlock for a
 // fresh bucket) is remembered for the write. The caller holds the shard
 // locks of every key. It returns the time of the decision.
-func (m *Memory) decideLocked(buckets []Bucket, hashes []uint64, entries []*memoryEntry, next []rate.State, results []rate.Result) (now int64) {
+func (m *Memory) decideLocked(buckets []Bucket, hashes []uint64, found []*bucket, next []rate.State, results []rate.Result) (now int64) {
 	now = m.clock()
 	allowed := true
 	for i := range buckets {
 		b := &buckets[i]
-		e := m.entryOf(hashes[i], b.Key)
-		entries[i] = e
+		sh := &m.shards[shardOf(hashes[i])]
+		f := sh.find(hashes[i], b.Key)
+		found[i] = f
 		var s rate.State
-		if e != nil && e.expires > now {
-			s = e.state
+		if f != nil && f.expires > now {
+			s = sh.state(f, sh.view(i))
 		}
 		next[i], results[i] = b.Limit.Apply(s, now, b.Cost)
 		allowed = allowed && results[i].Allowed
 	}
 	if !allowed {
-		for i := range buckets {
-			if e := entries[i]; e != nil && results[i].Keep { // kept all the same
-				e.state = next[i]
+		for i, f := range found {
+			if f != nil && results[i].Keep && !writtenLater(found, results, i, true) { // kept all the same
+				m.shards[shardOf(hashes[i])].write(f, next[i], f.expires)
 			}
 		}
 		return now
 	}
-	// Entries found are updated first: making room for a new one may
-	// evict or drop entries of its shard, and so must not come between
-	// finding an entry and writing it.
+	// Buckets found are written first: making room for a new one may evict
+	// or drop buckets of its shard, and so must not come between finding a
+	// bucket and writing it.
 	fresh := false
-	for i := range buckets {
-		if e := entries[i]; e != nil {
-			e.state, e.expires = next[i], now+buckets[i].Limit.TTL(next[i], now)
-		} else {
+	for i, f := range found {
+		if f == nil {
 			fresh = true
+		} else if !writtenLater(found, results, i, false) {
+			m.shards[shardOf(hashes[i])].write(f, next[i], now+buckets[i].Limit.TTL(next[i], now))
 		}
 	}
 	if !fresh {
 		return now
 	}
-	for i := range buckets {
-		if entries[i] == nil {
-			// A key named twice on one path finds the entry stored
-			// for its first mention, as a lookup would.
+	for i, f := range found {
+		if f == nil {
+			// A key named twice on one path finds the bucket stored for its
+			// first mention, as a lookup would.
 			m.store(hashes[i], buckets[i], next[i], now)
 		}
 	}
 	return now
+}
+
+// writtenLater reports whether the bucket found for position i of a path
+// is written again for a later position (a key named twice; only refusals
+// to keep when keep is set). Only the last write of a bucket is made: each
+// read the bucket as it was, and a charge's entry appended in place by one
+// may have been overwritten by the next (see rate.LogView), so an earlier
+// write would copy the wrong entry, or — had its log grown into a new
+// block — leave the later state's bytes in a released one.
+func writtenLater(found []*bucket, results []rate.Result, i int, keep bool) bool {
+	for j := i + 1; j < len(found); j++ {
+		if found[j] == found[i] && (!keep || results[j].Keep) {
+			return true
+		}
+	}
+	return false
 }
 
 // sizedResults returns buf cut to n, or a new slice when buf is too short.
@@ -347,22 +337,13 @@ func (m *Memory) unlock(shards []uint8) {
 	}
 }
 
-// entryOf returns the entry of key, expired or not, nil if there is none.
-// The caller holds the key's shard lock.
-func (m *Memory) entryOf(hash uint64, key string) *memoryEntry {
-	for e := m.shards[shardOf(hash)].entries[hash]; e != nil; e = e.next {
-		if e.key == key {
-			return e
-		}
-	}
-	return nil
-}
-
-// stateOf returns the live state of key; expired state reads as fresh.
-// The caller holds the key's shard lock.
+// stateOf returns the live state of key; expired state reads as fresh. Its
+// log is the store's memory: the caller holds the key's shard lock while
+// it uses the state.
 func (m *Memory) stateOf(hash uint64, key string, now int64) rate.State {
-	if e := m.entryOf(hash, key); e != nil && e.expires > now {
-		return e.state
+	sh := &m.shards[shardOf(hash)]
+	if b := sh.find(hash, key); b != nil && b.expires > now {
+		return sh.state(b, new(rate.Log))
 	}
 	return rate.State{}
 }
@@ -371,100 +352,44 @@ func (m *Memory) stateOf(hash uint64, key string, now int64) rate.State {
 func (m *Memory) store(hash uint64, b Bucket, s rate.State, now int64) {
 	sh := &m.shards[shardOf(hash)]
 	expires := now + b.Limit.TTL(s, now)
-	head := sh.entries[hash]
-	for e := head; e != nil; e = e.next {
-		if e.key == b.Key {
-			e.state, e.expires = s, expires
-			return
-		}
+	if f := sh.find(hash, b.Key); f != nil {
+		sh.write(f, s, expires)
+		return
 	}
 	if expires <= now {
 		return // a full bucket needs no state
 	}
 	if m.count.Load() >= m.maxKeys.Load() {
 		m.makeRoom(sh, now)
-		head = sh.entries[hash]
 	}
-	e := newEntry(b.Key)
-	e.state, e.expires, e.next = s, expires, head
-	e.record = b.Limit.Algorithm == rate.Idempotent
-	sh.entries[hash] = e
-	sh.n++
+	sh.insert(hash, b.Key, s, expires, b.Limit.Algorithm == rate.Idempotent)
 	m.count.Add(1)
 }
 
-// Entries carry a copy of their key in the same allocation, right after
-// them: a lookup, which must compare the key, then finds its bytes in the
-// cache lines it just loaded instead of wherever the request that created
-// the entry built them (a string that also held its whole path's keys).
-type (
-	entry64 struct {
-		e   memoryEntry
-		key [64]byte
-	}
-	entry128 struct {
-		e   memoryEntry
-		key [128]byte
-	}
-	entry256 struct {
-		e   memoryEntry
-		key [256]byte
-	}
-)
-
-// newEntry returns an entry for key, which it copies. The copy is written
-// once, here, before the string that shares its bytes exists.
-func newEntry(key string) *memoryEntry {
-	var e *memoryEntry
-	var buf []byte
-	switch n := len(key); {
-	case n == 0:
-		return &memoryEntry{}
-	case n <= 64:
-		x := new(entry64)
-		e, buf = &x.e, x.key[:n]
-	case n <= 128:
-		x := new(entry128)
-		e, buf = &x.e, x.key[:n]
-	case n <= 256:
-		x := new(entry256)
-		e, buf = &x.e, x.key[:n]
-	default:
-		return &memoryEntry{key: strings.Clone(key)}
-	}
-	copy(buf, key)
-	e.key = unsafe.String(&buf[0], len(buf))
-	return e
-}
-
-// removeExpired drops the expired entries chained at hash and returns how
+// removeExpired drops the expired buckets chained at hash and returns how
 // many it dropped. The caller holds the shard lock.
 func (m *Memory) removeExpired(sh *memoryShard, hash uint64, now int64) int {
 	removed := 0
-	var kept *memoryEntry
-	for e := sh.entries[hash]; e != nil; {
-		next := e.next
-		if e.expires <= now {
+	prev := noBlock
+	at, ok := sh.index[hash]
+	for ok && at != noBlock {
+		next := sh.at(at).next
+		if sh.at(at).expires <= now {
+			sh.unlink(at, prev)
 			removed++
 		} else {
-			e.next, kept = kept, e
+			prev = at
 		}
-		e = next
+		at = next
 	}
-	if kept == nil {
-		delete(sh.entries, hash)
-	} else {
-		sh.entries[hash] = kept
-	}
-	sh.n -= removed
 	m.count.Add(int64(-removed))
 	return removed
 }
 
-// sweepShard drops every expired entry of a shard. The caller holds its lock.
+// sweepShard drops every expired bucket of a shard. The caller holds its lock.
 func (m *Memory) sweepShard(sh *memoryShard, now int64) int {
 	removed := 0
-	for h := range sh.entries {
+	for h := range sh.index {
 		removed += m.removeExpired(sh, h, now)
 	}
 	sh.swept = now
@@ -472,45 +397,39 @@ func (m *Memory) sweepShard(sh *memoryShard, now int64) int {
 }
 
 // makeRoom frees a place in a full store, from the shard about to take a
-// new entry: its expired entries first (unless swept within the last
-// second), else the sampled entry nearest to expiry.
+// new bucket: its expired buckets first (unless swept within the last second),
+// else the sampled bucket nearest to expiry.
 func (m *Memory) makeRoom(sh *memoryShard, now int64) {
 	if now-sh.swept >= sweepShardEvery && m.sweepShard(sh, now) > 0 {
 		return
 	}
-	var victim uint64
+	victim := noBlock
 	soonest, seen := int64(0), 0
-	for h, e := range sh.entries { // map iteration order is randomised
+	for h, at := range sh.index { // map iteration order is randomised
 		if m.removeExpired(sh, h, now) > 0 {
 			return
 		}
-		if e.expires-now > rate.ForeverTTL/2 {
-			continue // slots in flight: dropping them would over-admit
+		s := sh.at(at)
+		if s.expires-now > rate.ForeverTTL/2 {
+			continue // concurrency slots in flight: dropping them would over-admit
 		}
-		if e.record && e.state.A <= float64(now) { // a record whose request has ended goes first
-			victim, seen = h, 1
+		if s.record && s.a <= float64(now) { // a record whose request has ended goes first
+			victim, seen = at, 1
 			break
 		}
-		if seen == 0 || e.expires < soonest {
-			victim, soonest = h, e.expires
+		if seen == 0 || s.expires < soonest {
+			victim, soonest = at, s.expires
 		}
 		if seen++; seen == evictionSample {
 			break
 		}
 	}
 	if seen == 0 {
-		return // nothing but slots in flight
+		return // nothing but concurrency slots in flight
 	}
-	if e := sh.entries[victim]; e != nil {
-		if e.next == nil {
-			delete(sh.entries, victim)
-		} else {
-			sh.entries[victim] = e.next
-		}
-		sh.n--
-		m.count.Add(-1)
-		m.evictions.Add(1)
-	}
+	sh.unlink(victim, noBlock) // the first of its chain
+	m.count.Add(-1)
+	m.evictions.Add(1)
 }
 
 // sweepShardEvery is how often (µs) a full store may rescan a shard for

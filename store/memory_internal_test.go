@@ -1,9 +1,12 @@
 package store
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"hash/maphash"
+	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -120,26 +123,37 @@ func TestMemoryDecideInto(t *testing.T) {
 	}
 }
 
-func TestMemoryShardIsOneCacheLine(t *testing.T) {
-	if n := unsafe.Sizeof(memoryShard{}); n != 64 {
-		t.Fatalf("a shard takes %d bytes, not one 64-byte cache line", n)
+func TestMemoryShardIsWholeCacheLines(t *testing.T) {
+	if n := unsafe.Sizeof(memoryShard{}); n%64 != 0 {
+		t.Fatalf("a shard takes %d bytes, not a whole number of 64-byte cache lines", n)
 	}
 }
 
-// TestMemoryEntryOwnsItsKey: an entry keeps its own copy of the key, of
-// any length, so the caller's buffer (a request's keys) is neither
-// retained nor able to change it.
-func TestMemoryEntryOwnsItsKey(t *testing.T) {
-	for _, n := range []int{0, 1, 63, 64, 65, 128, 129, 256, 257, 1000} {
+// TestMemoryOwnsItsKeys: the store keeps its own copy of each key, of any
+// length (in blocks of every class, and in a chunk of its own), so the
+// caller's buffer (a request's keys) is neither retained nor able to
+// change it.
+func TestMemoryOwnsItsKeys(t *testing.T) {
+	now := time.Date(2026, 3, 18, 10, 0, 0, 0, time.UTC).UnixMicro()
+	m := NewMemory(MemoryOptions{SweepInterval: -1, Clock: func() int64 { return now }})
+	defer m.Close()
+	lim := rate.Limit{Algorithm: rate.GCRA, Count: 10, Period: time.Minute}
+	lengths := []int{0, 1, 31, 32, 33, 1000, chunkSize, chunkSize + 1, 3 * chunkSize}
+	for _, n := range lengths {
 		buf := []byte(strings.Repeat("k", n))
-		key := string(buf)
-		e := newEntry(key)
-		if e.key != key {
-			t.Fatalf("len %d: key %q", n, e.key)
+		key := unsafe.String(unsafe.SliceData(buf), n)
+		h := maphash.String(m.seed, key)
+		m.store(h, Bucket{Key: key, Limit: lim}, rate.State{A: float64(n + 1), T: now}, now)
+		for i := range buf {
+			buf[i] = 'x'
 		}
-		if n > 0 && unsafe.StringData(e.key) == unsafe.StringData(key) {
-			t.Fatalf("len %d: the entry shares the caller's key", n)
+		want := strings.Repeat("k", n)
+		if s := m.stateOf(h, want, now); s.A != float64(n+1) {
+			t.Fatalf("len %d: the stored key changed with the caller's buffer: %+v", n, s)
 		}
+	}
+	if m.Len() != len(lengths) {
+		t.Fatalf("%d buckets, want %d", m.Len(), len(lengths))
 	}
 }
 
@@ -162,6 +176,102 @@ func TestMemoryFullStoreDropsExpiredFirst(t *testing.T) {
 		m.Decide(ctx, []Bucket{{Key: keys[32], Limit: long, Cost: 1}})
 		if m.Evictions() > 0 || m.Len() != 32 {
 			t.Fatalf("trial %d: %d live buckets evicted while an expired one stayed; %d tracked", trial, m.Evictions(), m.Len())
+		}
+		m.Close()
+	}
+}
+
+// TestMemoryMatchesApply: the memory store decides as rate.Apply does on
+// states kept by the plainest means (a map of values), all or nothing, over
+// random paths of sliding windows (whose logs grow through every block
+// class, in place and by moving), GCRA and calendar limits, with keys named
+// twice on a path, refusals, expiry and a store small enough to evict — the
+// reference evicting what the store reports evicted is not modelled, so
+// that part only checks the store stays exact for what it holds.
+func TestMemoryMatchesApply(t *testing.T) {
+	for _, maxKeys := range []int{0, 6} {
+		now := time.Date(2026, 3, 18, 10, 0, 0, 0, time.UTC).UnixMicro()
+		m := NewMemory(MemoryOptions{SweepInterval: -1, MaxKeys: maxKeys, Clock: func() int64 { return now }})
+		type kept struct {
+			s       rate.State
+			expires int64
+		}
+		ref := map[string]kept{}
+		limits := map[string]rate.Limit{
+			"{t|s1}": {Algorithm: rate.Sliding, Count: 400, Period: 50 * time.Millisecond},
+			"{t|s2}": {Algorithm: rate.Sliding, Count: 7, Period: 3 * time.Millisecond},
+			"{t|s3}": {Algorithm: rate.Sliding, Count: 1000, Period: time.Second},
+			"{t|g}":  {Algorithm: rate.GCRA, Count: 30, Period: 10 * time.Millisecond},
+			"{t|c}":  {Algorithm: rate.Calendar, Count: 5000, Unit: rate.Hour, Location: time.UTC},
+		}
+		var keys []string
+		for k := range limits {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		rng := rand.New(rand.NewPCG(3, uint64(maxKeys)))
+		for step := range 20_000 {
+			now += int64(rng.IntN(40))
+			path := make([]Bucket, 1+rng.IntN(4))
+			for i := range path {
+				k := keys[rng.IntN(len(keys))]
+				path[i] = Bucket{Key: k, Limit: limits[k], Cost: int64(rng.IntN(4))}
+			}
+			d, err := m.Decide(context.Background(), path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			next := make([]rate.State, len(path))
+			rs := make([]rate.Result, len(path))
+			allowed := true
+			for i, b := range path {
+				var s rate.State
+				if e, ok := ref[b.Key]; ok && e.expires > now {
+					s = e.s
+				}
+				next[i], rs[i] = b.Limit.Apply(s, now, b.Cost)
+				allowed = allowed && rs[i].Allowed
+			}
+			for i, r := range rs {
+				if !allowed {
+					r.Remaining = r.Before // nothing was charged
+				}
+				if got := d.Results[i]; maxKeys == 0 && (got.Allowed != r.Allowed || got.Remaining != r.Remaining || got.RetryAfter != r.RetryAfter || got.Reset != r.Reset) {
+					t.Fatalf("step %d, bucket %d (%s): the store said %+v, Apply %+v", step, i, path[i].Key, got, r)
+				}
+			}
+			if allowed {
+				for i, b := range path {
+					// A copy of the log: the reference's states share nothing.
+					s := next[i]
+					if s.Log != nil {
+						g := rate.LogView(s.Log.H, bytes.Clone(s.Log.Entries()))
+						s.Log = &g
+					}
+					ref[b.Key] = kept{s, now + b.Limit.TTL(s, now)}
+				}
+			}
+			if maxKeys != 0 {
+				for k, e := range ref { // what the store dropped is fresh in it
+					sh := &m.shards[shardOf(maphash.String(m.seed, k))]
+					if sh.find(maphash.String(m.seed, k), k) == nil {
+						delete(ref, k)
+						_ = e
+					}
+				}
+			}
+		}
+		for _, k := range keys {
+			h := maphash.String(m.seed, k)
+			got := m.stateOf(h, k, now)
+			want := rate.State{}
+			if e, ok := ref[k]; ok && e.expires > now {
+				want = e.s
+			}
+			if got.A != want.A || got.B != want.B || got.T != want.T || got.Log.Len() != want.Log.Len() ||
+				(got.Log != nil && (got.Log.H != want.Log.H || !bytes.Equal(got.Log.Entries(), want.Log.Entries()))) {
+				t.Fatalf("max_keys %d, %s: the store holds %+v (%d entries), Apply %+v (%d)", maxKeys, k, got, got.Log.Len(), want, want.Log.Len())
+			}
 		}
 		m.Close()
 	}

@@ -122,7 +122,7 @@ func (m *Memory) ResetMatching(_ context.Context, match KeyMatch) (int, error) {
 	for i := range m.shards {
 		sh := &m.shards[i]
 		sh.mu.Lock()
-		for h := range sh.entries {
+		for h := range sh.index {
 			for {
 				removed, live := m.remove(sh, h, match.Match, now)
 				if !removed {
@@ -138,27 +138,21 @@ func (m *Memory) ResetMatching(_ context.Context, match KeyMatch) (int, error) {
 	return n, nil
 }
 
-// remove deletes the first entry chained at hash whose key is selected,
+// remove deletes the first bucket chained at hash whose key is selected,
 // and reports whether it found one and whether that was live (an expired
-// entry is deleted too, but was as good as full). The caller holds the
+// bucket is deleted too, but was as good as full). The caller holds the
 // shard's lock.
 func (m *Memory) remove(sh *memoryShard, hash uint64, selected func(string) bool, now int64) (removed, live bool) {
-	var prev *memoryEntry
-	for e := sh.entries[hash]; e != nil; prev, e = e, e.next {
-		if !selected(e.key) {
+	prev := noBlock
+	at, ok := sh.index[hash]
+	for ; ok && at != noBlock; prev, at = at, sh.at(at).next {
+		if !selected(sh.at(at).key()) {
 			continue
 		}
-		switch {
-		case prev != nil:
-			prev.next = e.next
-		case e.next != nil:
-			sh.entries[hash] = e.next
-		default:
-			delete(sh.entries, hash)
-		}
-		sh.n--
+		live = sh.at(at).expires > now
+		sh.unlink(at, prev)
 		m.count.Add(-1)
-		return true, e.expires > now
+		return true, live
 	}
 	return false, false
 }

@@ -1,0 +1,211 @@
+package store
+
+import (
+	"sync"
+	"unsafe"
+
+	"github.com/caddy-cascade/cascade/rate"
+)
+
+// memoryShard is one independently locked part of the memory store. Each
+// bucket is a block of the shard's arena holding its state (a bucket
+// header) and its key; an exact sliding window's log has a block of its
+// own, which the header names. The index maps the 64-bit hash of a key
+// (computed once per key and decision; it also picks the shard) to the
+// first bucket of its chain: buckets whose keys share a hash are chained,
+// and every lookup compares the key itself — exact, whatever the hash
+// says. Neither the arena nor the index holds a pointer, so the collector
+// scans none of it (see arena).
+type memoryShard struct {
+	mu    sync.Mutex
+	index map[uint64]blockRef
+	// first is the arena's first chunk, where most buckets are: at finds
+	// them without loading the list of chunks, from memory a request may
+	// not have in its caches.
+	first []byte
+	n     int   // buckets, chains included
+	swept int64 // when the shard's expired state was last dropped (µs)
+	arena arena
+	// views are the logs that the decision holding the lock reads (one
+	// per bucket of its path, up to maxPath): giving Apply a log costs no
+	// allocation.
+	views [maxPath]rate.Log
+	// A whole number of cache lines: cores locking neighbouring shards
+	// must not contend for one line (false sharing).
+	_ [64 - shardBytes%64]byte // never empty: a last field of size 0 would be padded
+}
+
+const shardBytes = unsafe.Sizeof(struct {
+	mu    sync.Mutex
+	index map[uint64]blockRef
+	first []byte
+	n     int
+	swept int64
+	arena arena
+	views [maxPath]rate.Log
+}{})
+
+// bucket is the header of a bucket's block, which its key follows:
+// rate.State without its log's bytes.
+type bucket struct {
+	hash     uint64
+	expires  int64 // µs; the state is as good as fresh after this
+	a, b     float64
+	t        int64
+	h        int64    // the log's H
+	next     blockRef // the next bucket of the chain (noBlock: none)
+	log      blockRef // the log's entries (noBlock: none)
+	keyLen   uint32
+	logLen   uint32
+	class    uint8 // the block's
+	logClass uint8 // the log block's class
+	// record: an idempotency record (rate.Idempotent), evicted before any
+	// limit's state: losing one charges a retry again, losing a limit's
+	// state admits more than the limit.
+	record bool
+}
+
+const headerSize = int(unsafe.Sizeof(bucket{}))
+
+// reservedBytes is the arena the store makes room for up front, spread
+// over its shards: 16 MiB, room for some 100,000 buckets (at most MaxKeys'
+// worth), which pages in only as buckets arrive (each shard carves its
+// arena from the start). Reserving it spares the first buckets any
+// allocation, and, being pointer-free, costs the collector nothing to
+// hold. It does raise the heap size that the Go runtime paces collections
+// by, so a busy Caddy collects several times less often (as with a higher
+// GOGC), for the memory its garbage then takes.
+const reservedBytes = 16 << 20
+
+func newShard(reserve int) memoryShard {
+	a := newArena(reserve)
+	return memoryShard{index: make(map[uint64]blockRef), first: a.chunks[0], arena: a}
+}
+
+// at is the header of the bucket in block ref.
+func (sh *memoryShard) at(ref blockRef) *bucket {
+	// The arena's chunks are plain bytes, allocated aligned (to 8 bytes at
+	// least), and blocks start at multiples of 32: a header there is
+	// aligned, and holds no pointer for the collector to miss.
+	if ref>>32 == 0 {
+		return (*bucket)(unsafe.Pointer(&sh.first[uint32(ref)]))
+	}
+	return (*bucket)(unsafe.Pointer(&sh.arena.chunks[ref>>32][uint32(ref)]))
+}
+
+// key is the bucket's key, sharing the arena's bytes: valid while the
+// caller holds the lock and the bucket stays.
+func (b *bucket) key() string {
+	return unsafe.String((*byte)(unsafe.Add(unsafe.Pointer(b), headerSize)), b.keyLen)
+}
+
+// find returns the bucket of key, expired or not, nil if there is none.
+func (sh *memoryShard) find(hash uint64, key string) *bucket {
+	ref, ok := sh.index[hash]
+	if !ok {
+		return nil
+	}
+	for ref != noBlock {
+		b := sh.at(ref)
+		if b.key() == key {
+			return b
+		}
+		ref = b.next
+	}
+	return nil
+}
+
+// state is the state of bucket b, its log read through view (whose bytes
+// stay the bucket's, with the rest of their block spare: see rate.LogView).
+func (sh *memoryShard) state(b *bucket, view *rate.Log) rate.State {
+	st := rate.State{A: b.a, B: b.b, T: b.t}
+	if b.logLen > 0 {
+		*view = rate.LogView(b.h, sh.arena.block(b.log, b.logClass)[:b.logLen])
+		st.Log = view
+	}
+	return st
+}
+
+// view is a log for the bucket at position i of a path to be read through.
+func (sh *memoryShard) view(i int) *rate.Log {
+	if i < maxPath {
+		return &sh.views[i]
+	}
+	return new(rate.Log)
+}
+
+// write sets the state of a bucket. Its log's bytes are copied into the
+// bucket's log block (a larger one when they do not fit): they may already
+// be there, a charge appending its entry in place (see rate.LogView).
+func (sh *memoryShard) write(b *bucket, st rate.State, expires int64) {
+	b.a, b.b, b.t, b.expires, b.h = st.A, st.B, st.T, expires, 0
+	entries := st.Log.Entries()
+	if len(entries) > 0 {
+		b.h = st.Log.H
+	}
+	sh.writeLog(b, entries)
+}
+
+// writeLog copies entries into b's log block.
+func (sh *memoryShard) writeLog(b *bucket, entries []byte) {
+	n := len(entries)
+	switch {
+	case n == 0:
+		if b.log != noBlock {
+			sh.arena.release(b.log, b.logClass)
+			b.log = noBlock
+		}
+	case b.log == noBlock:
+		b.log, b.logClass = sh.arena.alloc(n)
+		copy(sh.arena.block(b.log, b.logClass), entries)
+	default:
+		blk := sh.arena.block(b.log, b.logClass)
+		if n > len(blk) {
+			ref, c := sh.arena.alloc(n)
+			copy(sh.arena.block(ref, c), entries) // before blk is released: entries may be in it
+			sh.arena.release(b.log, b.logClass)
+			b.log, b.logClass = ref, c
+		} else if unsafe.SliceData(entries) != &blk[0] {
+			copy(blk, entries)
+		}
+	}
+	b.logLen = uint32(n)
+}
+
+// insert adds a bucket for key, which must have none.
+func (sh *memoryShard) insert(hash uint64, key string, st rate.State, expires int64, record bool) {
+	ref, c := sh.arena.alloc(headerSize + len(key))
+	next, ok := sh.index[hash]
+	if !ok {
+		next = noBlock
+	}
+	b := sh.at(ref)
+	*b = bucket{hash: hash, expires: expires, a: st.A, b: st.B, t: st.T, next: next, log: noBlock,
+		keyLen: uint32(len(key)), class: c, record: record}
+	copy(unsafe.Slice((*byte)(unsafe.Add(unsafe.Pointer(b), headerSize)), len(key)), key)
+	if entries := st.Log.Entries(); len(entries) > 0 {
+		b.h = st.Log.H
+		sh.writeLog(b, entries)
+	}
+	sh.index[hash] = ref
+	sh.n++
+}
+
+// unlink removes the bucket ref, which follows prev in its chain (noBlock:
+// it is the chain's first), and releases its blocks.
+func (sh *memoryShard) unlink(ref, prev blockRef) {
+	b := sh.at(ref)
+	switch {
+	case prev != noBlock:
+		sh.at(prev).next = b.next
+	case b.next != noBlock:
+		sh.index[b.hash] = b.next
+	default:
+		delete(sh.index, b.hash)
+	}
+	if b.log != noBlock {
+		sh.arena.release(b.log, b.logClass)
+	}
+	sh.arena.release(ref, b.class) // last: it overwrites the header's first bytes
+	sh.n--
+}
