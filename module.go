@@ -438,7 +438,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if routedLocal && h.OnStoreError != "local" {
 		// Only routed tenants decide locally: on their limits' local
 		// share, as counted by the handler's store or given.
-		h.local = store.NewMemory(store.MemoryOptions{})
+		h.local = store.NewMemory(store.MemoryOptions{Reserve: -1}) // deciding only while a store fails: nothing reserved
 		local = h.local
 		share = 1 / float64(max(h.LocalInstances, 1))
 		if h.LocalInstances == 0 && o.presence != nil {
@@ -450,7 +450,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		if h.Store == nil || h.Store.Redis == nil {
 			return errors.New("rate_limit: on_store_error local decides in memory when Redis cannot: it needs store redis (the memory store does not fail)")
 		}
-		h.local = store.NewMemory(store.MemoryOptions{})
+		h.local = store.NewMemory(store.MemoryOptions{Reserve: -1}) // deciding only while a store fails: nothing reserved
 		local = h.local
 		share = 1 / float64(max(h.LocalInstances, 1))
 		if h.LocalInstances == 0 && o.presence != nil {

@@ -16,18 +16,24 @@
 #   ROUNDS=5 DURATION=20s scripts/load.sh
 #   MHOLT=1 scripts/load.sh              # the memory store against mholt
 #
-# With MHOLT=1 the rounds are instead: plain Caddy; mholt/caddy-ratelimit
+# With MHOLT=1 four Caddys run side by side: plain; mholt/caddy-ratelimit
 # v0.1.0 (built by scripts/build-mholt.sh) with one zone keyed by the user
 # header (1,000 keys); Cascade with the same zone and `headers none` (equal
 # output: mholt writes no rate-limit header on an admitted response); and
-# Cascade with the same zone and its default headers — those three taking
-# turns in each position from round to round. Each ratio is against plain
-# Caddy and, for Cascade, against mholt in the same round.
+# Cascade with the same zone and its default headers. Each round runs wrk
+# against each in turn, 3 s each, 12 rounds by default, the order turning
+# from round to round; each ratio is against plain Caddy and, for Cascade,
+# against mholt in the same round, and the median over the rounds is
+# reported.
 #
 # It installs wrk and redis-server from Debian if absent, builds ./cmd/caddy,
 # starts its own redis-server on a free port, and stops everything at exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ -n "${MHOLT:-}" ]; then # short runs, many rounds (see below)
+	DURATION=${DURATION:-3s}
+	ROUNDS=${ROUNDS:-12}
+fi
 DURATION=${DURATION:-10s}
 ROUNDS=${ROUNDS:-3}
 CONNS=${CONNS:-32}
@@ -87,7 +93,10 @@ limits='
 			}
 		}'
 
-run() { # name, rate_limit block ("" for none)
+# start NAME BLOCK [BINARY]: starts a Caddy serving BLOCK ("" for none) in
+# front of `respond`, and warms it up; its port and pid go to NAME.port and
+# NAME.pid.
+start() {
 	local name=$1 block=$2 bin=${3:-$work/caddy} port
 	port=$(free_port)
 	cat >"$work/$name.Caddyfile" <<CF
@@ -105,21 +114,30 @@ CF
 	GODEBUG="${GODEBUG:+$GODEBUG,}gctrace=1" "$bin" run --config "$work/$name.Caddyfile" --adapter caddyfile >"$work/$name.log" 2>&1 &
 	local pid=$!
 	pids+=($pid)
+	echo "$port" >"$work/$name.port"
+	echo "$pid" >"$work/$name.pid"
 	for _ in $(seq 100); do curl -fso /dev/null "http://127.0.0.1:$port/" -H 'X-Org: o' -H 'X-Team: t' -H 'X-User: u' -H 'X-Agent: a' && break; sleep 0.1; done
 	wrk -t1 -c"$CONNS" -d2s -s "$work/headers.lua" "http://127.0.0.1:$port/" >/dev/null # warm up
+}
+
+# measure SERVER RUN: one wrk run of DURATION against the Caddy started as
+# SERVER, recorded as RUN (its throughput, latency, CPU and collections).
+measure() {
+	local server=$1 name=$2 port pid
+	port=$(cat "$work/$server.port")
+	pid=$(cat "$work/$server.pid")
 	redis-cli -p "$redis_port" config resetstat >/dev/null
 	local gc0 cpu0 cpu1
-	gc0=$(grep -c '^gc ' "$work/$name.log" || true)
+	gc0=$(grep -c '^gc ' "$work/$server.log" || true)
 	cpu0=$(awk '{print $14 + $15}' "/proc/$pid/stat")
 	wrk -t1 -c"$CONNS" -d"$DURATION" --latency -s "$work/headers.lua" "http://127.0.0.1:$port/" >"$work/$name.wrk"
 	cpu1=$(awk '{print $14 + $15}' "/proc/$pid/stat" 2>/dev/null) || {
 		echo "== $name: Caddy exited during the run; its log:" >&2
-		cat "$work/$name.log" >&2
+		cat "$work/$server.log" >&2
 		exit 2
 	}
 	redis-cli -p "$redis_port" info commandstats >"$work/$name.redis"
-	kill "$pid"; wait "$pid" 2>/dev/null || true
-	grep '^gc ' "$work/$name.log" | tail -n +"$((gc0 + 1))" >"$work/$name.gc" || true
+	grep '^gc ' "$work/$server.log" | tail -n +"$((gc0 + 1))" >"$work/$name.gc" || true
 	echo "$((cpu1 - cpu0))" >"$work/$name.ticks"
 	local rps p50 p99 non2xx
 	rps=$(awk '/^Requests\/sec/ {print $2}' "$work/$name.wrk")
@@ -129,6 +147,19 @@ CF
 	awk '/ requests in / {print $1}' "$work/$name.wrk" >"$work/$name.requests"
 	printf '%-18s %10s req/s   p50 %8s   p99 %8s   non-2xx %s   %s\n' "$name" "$rps" "$p50" "$p99" "${non2xx:-0}" "$(gc_of "$name")"
 	echo "$rps" >"$work/$name.rps"
+}
+
+stop() { # NAME
+	local pid
+	pid=$(cat "$work/$1.pid")
+	kill "$pid"
+	wait "$pid" 2>/dev/null || true
+}
+
+run() { # name, rate_limit block ("" for none), binary: a Caddy of its own for one run
+	start "$1" "$2" "${3:-}"
+	measure "$1" "$1"
+	stop "$1"
 }
 
 # gc_of NAME: what the measured run cost Caddy per request: its CPU, its
@@ -164,26 +195,30 @@ if [ -n "${MHOLT:-}" ]; then
 	zone() { # extra options
 		printf 'route {\n\t\trate_limit {\n\t\t\tzone users {\n\t\t\t\tkey {http.request.header.X-User}\n\t\t\t\tevents 1000\n\t\t\t\twindow 1s\n\t\t\t}\n\t\t\t%s\n\t\t}\n\t\trespond "ok"\n\t}' "$1"
 	}
-	# The three runs after each plain one take turns in each position:
-	# a run's place in the round (what ran just before it) moves its
-	# throughput by a few percent on this kind of machine.
+	# The four Caddys run side by side, started once (an idle one costs the
+	# others nothing), and the rounds alternate short runs against each:
+	# this machine's speed drifts by ±30% within a minute, so runs far
+	# apart in time cannot be compared, and each ratio is taken within a
+	# round, a few seconds long. The order takes turns from round to round
+	# (what ran just before moves a run by a few percent).
+	start plain ""
+	start mholt "$(zone "")" "$work/caddy-mholt"
+	start cascade-none "$(zone "headers none")"
+	start cascade-default "$(zone "")"
+	kinds=(plain mholt cascade-none cascade-default)
 	for round in $(seq "$ROUNDS"); do
-		run "plain-$round" ""
-		for k in $(seq 0 2); do
-			case $(((k + round - 1) % 3)) in
-			0) run "mholt-$round" "$(zone "")" "$work/caddy-mholt" ;;
-			1) run "cascade-none-$round" "$(zone "headers none")" ;;
-			2) run "cascade-default-$round" "$(zone "")" ;;
-			esac
+		for k in 0 1 2 3; do
+			kind=${kinds[$(((k + round - 1) % 4))]}
+			measure "$kind" "$kind-$round"
 		done
 	done
-	run "plain-$((ROUNDS + 1))" ""
-	echo "== throughput against plain Caddy (the mean of the plain runs before and after) and against mholt (same round)"
+	for kind in "${kinds[@]}"; do stop "$kind"; done
+	echo "== throughput against plain Caddy and against mholt (each in the same round)"
 	python3 - "$work" "$ROUNDS" <<'PY'
 import statistics, sys
 work, rounds = sys.argv[1], int(sys.argv[2])
 rps = lambda name: float(open("%s/%s.rps" % (work, name)).read())
-plain = lambda r: (rps("plain-%d" % r) + rps("plain-%d" % (r + 1))) / 2
+plain = lambda r: rps("plain-%d" % r)
 for kind in ("mholt", "cascade-none", "cascade-default"):
     ratios = [rps("%s-%d" % (kind, r)) / plain(r) for r in range(1, rounds + 1)]
     print("%-16s %.3f x plain Caddy (median of %s)" % (kind, statistics.median(ratios), " ".join("%.3f" % x for x in ratios)))

@@ -37,6 +37,13 @@ type MemoryOptions struct {
 	// background. Zero means one minute; negative disables the sweeper
 	// (tests sweep by hand).
 	SweepInterval time.Duration
+	// Reserve is the memory (bytes) set aside for buckets when the store
+	// is created, spread over its shards and paged in only as buckets
+	// arrive; more is added as needed. Zero means 16 MiB, or 128 bytes a
+	// bucket of MaxKeys if less; negative means the least (64 KiB a
+	// shard). What is reserved counts as heap for the Go runtime (see
+	// reservedBytes).
+	Reserve int
 	// Clock overrides the wall clock, for tests.
 	Clock Clock
 }
@@ -73,7 +80,11 @@ func NewMemory(opts MemoryOptions) *Memory {
 		interval: make(chan time.Duration, 1),
 	}
 	m.maxKeys.Store(int64(opts.MaxKeys))
-	reserve := min(reservedBytes, opts.MaxKeys*128) / memoryShards
+	reserve := opts.Reserve
+	if reserve == 0 {
+		reserve = min(reservedBytes, opts.MaxKeys*128)
+	}
+	reserve = max(reserve, 0) / memoryShards
 	for i := range m.shards {
 		m.shards[i] = newShard(reserve)
 	}

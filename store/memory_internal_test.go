@@ -276,3 +276,28 @@ func TestMemoryMatchesApply(t *testing.T) {
 		m.Close()
 	}
 }
+
+// TestMemoryReserve: the arena set aside up front is 16 MiB by default,
+// less for a store capped at fewer keys, the least when asked.
+func TestMemoryReserve(t *testing.T) {
+	for _, tc := range []struct {
+		opts MemoryOptions
+		want int // bytes a shard
+	}{
+		{MemoryOptions{}, reservedBytes / memoryShards},
+		{MemoryOptions{MaxKeys: 1_000_000_000}, reservedBytes / memoryShards},
+		{MemoryOptions{MaxKeys: 64 * 1024}, 128 * 1024},
+		{MemoryOptions{MaxKeys: 10}, chunkSize},
+		{MemoryOptions{Reserve: 64 << 20}, 1 << 20},
+		{MemoryOptions{Reserve: -1}, chunkSize},
+	} {
+		tc.opts.SweepInterval = -1
+		m := NewMemory(tc.opts)
+		for i := range m.shards {
+			if got := len(m.shards[i].first); got != tc.want {
+				t.Fatalf("%+v: shard %d starts with %d bytes, want %d", tc.opts, i, got, tc.want)
+			}
+		}
+		m.Close()
+	}
+}

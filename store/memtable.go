@@ -67,14 +67,14 @@ type bucket struct {
 
 const headerSize = int(unsafe.Sizeof(bucket{}))
 
-// reservedBytes is the arena the store makes room for up front, spread
-// over its shards: 16 MiB, room for some 100,000 buckets (at most MaxKeys'
-// worth), which pages in only as buckets arrive (each shard carves its
-// arena from the start). Reserving it spares the first buckets any
-// allocation, and, being pointer-free, costs the collector nothing to
-// hold. It does raise the heap size that the Go runtime paces collections
-// by, so a busy Caddy collects several times less often (as with a higher
-// GOGC), for the memory its garbage then takes.
+// reservedBytes is the arena a store sets aside up front by default: 16
+// MiB, room for some 100,000 buckets, which pages in only as buckets
+// arrive (each shard carves its arena from the start). It spares the
+// first buckets any allocation and, being pointer-free, costs the
+// collector nothing to hold; but it counts as heap for the Go runtime,
+// which paces collections by the heap's size: a busy Caddy then collects
+// several times less often (as with a higher GOGC), for the memory its
+// garbage takes in between — and it counts towards a GOMEMLIMIT.
 const reservedBytes = 16 << 20
 
 func newShard(reserve int) memoryShard {
