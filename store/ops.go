@@ -119,12 +119,16 @@ func (m *Memory) Reset(_ context.Context, keys []string) (int, error) {
 func (m *Memory) ResetMatching(_ context.Context, match KeyMatch) (int, error) {
 	now := m.clock()
 	n := 0
+	// The stored keys are the arena's memory, reused once their bucket
+	// goes: Match, the caller's, sees copies it may keep (an operator's
+	// reset, not a request's path).
+	selected := func(k string) bool { return match.Match(strings.Clone(k)) }
 	for i := range m.shards {
 		sh := &m.shards[i]
 		sh.mu.Lock()
 		for h := range sh.index {
 			for {
-				removed, live := m.remove(sh, h, match.Match, now)
+				removed, live := m.remove(sh, h, selected, now)
 				if !removed {
 					break
 				}
