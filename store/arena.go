@@ -3,11 +3,15 @@ package store
 import (
 	"encoding/binary"
 	"math/bits"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"unsafe"
 )
 
-// An arena holds the bytes of a memory store shard's buckets — each
-// bucket's key followed by its sliding log's entries — in blocks carved
-// from chunks of plain bytes. Nothing in it is a pointer, so the collector
+// An arena holds the bytes of a memory store's buckets — each bucket's
+// state and key, and its sliding log's entries — in blocks carved from
+// chunks of plain bytes. Nothing in it is a pointer, so the collector
 // never scans it, however many buckets it holds: a map of entries that
 // each point to a key and a log is scanned on every collection (at a
 // million keys, some 100 MB of pointers), and each new bucket or longer
@@ -15,14 +19,29 @@ import (
 //
 // Blocks come in power-of-two sizes (classes) from 32 bytes to 64 KiB;
 // each class keeps a list of its free blocks, linked through their first
-// eight bytes. A larger block gets a chunk of its own. The
-// arena is not safe for concurrent use: its shard's lock guards it.
+// eight bytes. A larger block gets a chunk of its own.
+//
+// One arena serves all of a store's shards, so that the buckets of a path,
+// created together, are carved next to one another (the first chunk in
+// particular, which is reserved up front), whichever shards their keys
+// fall in: a decision then finds them in neighbouring memory (with 64
+// arenas, a path of 7 fresh buckets took 37% longer to decide). Allocating
+// and releasing take the arena's lock; reading a block does not: a block
+// is read and written only by the shard that holds it, under its lock, and
+// the chunks are replaced, never changed, when one is added or dropped.
 type arena struct {
-	chunks [][]byte
-	free   [arenaClasses]blockRef // each class's free blocks (noBlock: none)
-	spare  []uint32               // chunks given back by blocks of their own
-	cur    uint32                 // the chunk being carved
-	tail   int                    // bytes of it carved so far
+	// first is the first chunk, where most buckets are: found without
+	// loading the list of chunks. Read-only.
+	first  []byte
+	chunks atomic.Pointer[[][]byte] // read without the lock
+	// The rest is written at each allocation: a line of its own, apart
+	// from what every decision reads.
+	_     [64 - 24 - 8]byte
+	mu    sync.Mutex
+	free  [arenaClasses]blockRef // each class's free blocks (noBlock: none)
+	spare []uint32               // chunks given back by blocks of their own
+	cur   uint32                 // the chunk being carved
+	tail  int                    // bytes of it carved so far
 }
 
 // blockRef names a block: its chunk (high 32 bits), and its offset in
@@ -32,7 +51,7 @@ type blockRef uint64
 func (a *arena) ref(chunk uint32, off int) blockRef { return blockRef(chunk)<<32 | blockRef(off) }
 
 const (
-	chunkBits    = 16 // 64 KiB chunks: 64 shards start with 4 MiB
+	chunkBits    = 16 // 64 KiB chunks
 	chunkSize    = 1 << chunkBits
 	minBlockBits = 5 // 32 bytes: a free block holds its successor
 	arenaClasses = chunkBits - minBlockBits + 1
@@ -54,33 +73,38 @@ func classOf(n int) uint8 {
 
 // newArena returns an arena whose first chunk, of reserve bytes (a chunk's
 // at least), is allocated at once.
-func newArena(reserve int) arena {
-	a := arena{}
+func newArena(reserve int) *arena {
+	a := &arena{}
 	for i := range a.free {
 		a.free[i] = noBlock
 	}
+	a.chunks.Store(&[][]byte{})
 	a.cur = a.newChunk(max(reserve, chunkSize))
+	a.first = (*a.chunks.Load())[0]
 	return a
 }
 
-// alloc returns a block of at least n bytes, and its
-// class. Its bytes are whatever they were.
+// alloc returns a block of at least n bytes, and its class. Its bytes are
+// whatever they were.
 func (a *arena) alloc(n int) (blockRef, uint8) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
 	c := classOf(n)
 	if c == ownChunk {
-		return a.allocOwn(n), c
+		return a.ref(a.newChunk(1<<bits.Len(uint(n-1))), 0), c // a log growing in it is not copied at every entry
 	}
 	if ref := a.free[c]; ref != noBlock {
 		a.free[c] = blockRef(binary.LittleEndian.Uint64(a.block(ref, c)))
 		return ref, c
 	}
 	size := 1 << (int(c) + minBlockBits)
-	if a.tail+size > len(a.chunks[a.cur]) {
+	chunk := (*a.chunks.Load())[a.cur]
+	if a.tail+size > len(chunk) {
 		// What is left of the chunk being carved (less than this block)
 		// goes to the free lists, in the largest blocks it holds.
-		for len(a.chunks[a.cur])-a.tail >= 1<<minBlockBits {
-			r := 1 << (bits.Len(uint(len(a.chunks[a.cur])-a.tail)) - 1)
-			a.release(a.ref(a.cur, a.tail), classOf(r))
+		for len(chunk)-a.tail >= 1<<minBlockBits {
+			r := 1 << (bits.Len(uint(len(chunk)-a.tail)) - 1)
+			a.releaseLocked(a.ref(a.cur, a.tail), classOf(r))
 			a.tail += r
 		}
 		a.cur, a.tail = a.newChunk(chunkSize), 0
@@ -90,29 +114,34 @@ func (a *arena) alloc(n int) (blockRef, uint8) {
 	return ref, c
 }
 
-// allocOwn returns a chunk of its own for a block of n bytes, rounded up to
-// a power of two so that a log growing in it is not copied at every entry.
-func (a *arena) allocOwn(n int) blockRef {
-	return a.ref(a.newChunk(1<<bits.Len(uint(n-1))), 0)
-}
-
-// newChunk adds a chunk of size bytes and returns its index.
+// newChunk adds a chunk of size bytes and returns its index. The caller
+// holds the lock.
 func (a *arena) newChunk(size int) uint32 {
+	chunks := slices.Clone(*a.chunks.Load())
+	i := uint32(len(chunks))
 	if k := len(a.spare); k > 0 {
-		i := a.spare[k-1]
-		a.spare = a.spare[:k-1]
-		a.chunks[i] = make([]byte, size)
-		return i
+		i, a.spare = a.spare[k-1], a.spare[:k-1]
+		chunks[i] = make([]byte, size)
+	} else {
+		chunks = append(chunks, make([]byte, size))
 	}
-	a.chunks = append(a.chunks, make([]byte, size))
-	return uint32(len(a.chunks) - 1)
+	a.chunks.Store(&chunks)
+	return i
 }
 
 // release gives a block back.
 func (a *arena) release(ref blockRef, c uint8) {
+	a.mu.Lock()
+	a.releaseLocked(ref, c)
+	a.mu.Unlock()
+}
+
+func (a *arena) releaseLocked(ref blockRef, c uint8) {
 	if c == ownChunk {
 		i := uint32(ref >> 32)
-		a.chunks[i] = nil
+		chunks := slices.Clone(*a.chunks.Load())
+		chunks[i] = nil
+		a.chunks.Store(&chunks)
 		a.spare = append(a.spare, i)
 		return
 	}
@@ -120,23 +149,25 @@ func (a *arena) release(ref blockRef, c uint8) {
 	a.free[c] = ref
 }
 
+// at is where block ref starts.
+func (a *arena) at(ref blockRef) unsafe.Pointer {
+	if ref>>32 == 0 {
+		return unsafe.Pointer(&a.first[uint32(ref)])
+	}
+	return unsafe.Pointer(&(*a.chunks.Load())[ref>>32][uint32(ref)])
+}
+
 // block is the whole of a block: its bytes stay valid until it is
 // released.
 func (a *arena) block(ref blockRef, c uint8) []byte {
-	chunk := a.chunks[ref>>32]
+	chunk := a.first
+	if ref>>32 != 0 {
+		chunk = (*a.chunks.Load())[ref>>32]
+	}
 	if c == ownChunk {
 		return chunk
 	}
 	off := int(uint32(ref))
 	end := off + 1<<(int(c)+minBlockBits)
 	return chunk[off:end:end]
-}
-
-// chunkBytes is the memory the arena holds, free blocks included.
-func (a *arena) chunkBytes() int {
-	n := 0
-	for _, c := range a.chunks {
-		n += len(c)
-	}
-	return n
 }

@@ -74,12 +74,12 @@ func TestArenaBlocksDoNotOverlap(t *testing.T) {
 	}
 	// Everything given back: the chunks carved so far are enough for the
 	// same again.
-	before := len(a.chunks)
+	before := len(*a.chunks.Load())
 	for range 100 {
 		ref, c := a.alloc(1000)
 		defer a.release(ref, c)
 	}
-	if len(a.chunks) != before {
-		t.Fatalf("released blocks were not reused: %d chunks, then %d", before, len(a.chunks))
+	if len(*a.chunks.Load()) != before {
+		t.Fatalf("released blocks were not reused: %d chunks, then %d", before, len(*a.chunks.Load()))
 	}
 }

@@ -38,11 +38,10 @@ type MemoryOptions struct {
 	// (tests sweep by hand).
 	SweepInterval time.Duration
 	// Reserve is the memory (bytes) set aside for buckets when the store
-	// is created, spread over its shards and paged in only as buckets
-	// arrive; more is added as needed. Zero means 16 MiB, or 128 bytes a
-	// bucket of MaxKeys if less; negative means the least (64 KiB a
-	// shard). What is reserved counts as heap for the Go runtime (see
-	// reservedBytes).
+	// is created, paged in only as buckets arrive; more is added as
+	// needed. Zero means 16 MiB, or 128 bytes a bucket of MaxKeys if less;
+	// negative means the least (64 KiB). What is reserved counts as heap
+	// for the Go runtime (see reservedBytes).
 	Reserve int
 	// Clock overrides the wall clock, for tests.
 	Clock Clock
@@ -55,6 +54,7 @@ type Memory struct {
 	maxKeys  atomic.Int64 // MaxKeys
 	count    atomic.Int64 // entries in all shards
 	seed     maphash.Seed
+	arena    *arena // the buckets of every shard
 	shards   [memoryShards]memoryShard
 	stop     chan struct{}
 	done     chan struct{}
@@ -84,9 +84,9 @@ func NewMemory(opts MemoryOptions) *Memory {
 	if reserve == 0 {
 		reserve = min(reservedBytes, opts.MaxKeys*128)
 	}
-	reserve = max(reserve, 0) / memoryShards
+	m.arena = newArena(reserve)
 	for i := range m.shards {
-		m.shards[i] = newShard(reserve)
+		m.shards[i] = newShard(m.arena)
 	}
 	interval := opts.SweepInterval
 	if interval == 0 {

@@ -15,20 +15,21 @@ import (
 	"github.com/caddy-cascade/cascade/rate"
 )
 
-// checkShards verifies every shard's index, chains, counts and arena: each
+// checkShards verifies every shard's index, chains and counts, and the arena: each
 // chained bucket is in its shard under its own hash, no block is both live
 // and free, no two live blocks overlap, and the store's count is the sum of
 // its shards'.
 func checkShards(t *testing.T, m *Memory) {
 	t.Helper()
 	total := 0
+	type span struct{ chunk, lo, hi int }
+	var live []span // the arena is the shards' together
+	chunks := *m.arena.chunks.Load()
 	for si := range m.shards {
 		sh := &m.shards[si]
-		type span struct{ chunk, lo, hi int }
-		var live []span
 		add := func(ref blockRef, c uint8, what string) {
 			chunk := int(ref >> 32)
-			if chunk >= len(sh.arena.chunks) || sh.arena.chunks[chunk] == nil {
+			if chunk >= len(chunks) || chunks[chunk] == nil {
 				t.Fatalf("shard %d: %s %x in a released chunk", si, what, ref)
 			}
 			lo := int(uint32(ref))
@@ -55,7 +56,7 @@ func checkShards(t *testing.T, m *Memory) {
 					t.Fatalf("shard %d: bucket %q of class %d", si, b.key(), b.class)
 				}
 				add(ref, b.class, "bucket")
-				if (b.log == noBlock) != (b.logLen == 0) {
+				if b.log == noBlock && b.logLen != 0 {
 					t.Fatalf("shard %d: bucket %q: log %x of %d bytes", si, b.key(), b.log, b.logLen)
 				}
 				if b.log != noBlock {
@@ -74,19 +75,19 @@ func checkShards(t *testing.T, m *Memory) {
 			t.Fatalf("shard %d: %d buckets chained, n = %d", si, n, sh.n)
 		}
 		total += n
-		for c := range sh.arena.free {
-			steps := 0
-			for ref := sh.arena.free[c]; ref != noBlock; ref = blockRef(leUint64(sh.arena.block(ref, uint8(c)))) {
-				lo := int(uint32(ref))
-				hi := lo + 1<<(c+minBlockBits)
-				for _, s := range live {
-					if s.chunk == int(ref>>32) && lo < s.hi && s.lo < hi {
-						t.Fatalf("shard %d: free block %x (class %d) is live", si, ref, c)
-					}
+	}
+	for c := range m.arena.free {
+		steps := 0
+		for ref := m.arena.free[c]; ref != noBlock; ref = blockRef(leUint64(m.arena.block(ref, uint8(c)))) {
+			lo := int(uint32(ref))
+			hi := lo + 1<<(c+minBlockBits)
+			for _, s := range live {
+				if s.chunk == int(ref>>32) && lo < s.hi && s.lo < hi {
+					t.Fatalf("free block %x (class %d) is live", ref, c)
 				}
-				if steps++; steps > 10_000_000 {
-					t.Fatalf("shard %d: a cycle in free list %d", si, c)
-				}
+			}
+			if steps++; steps > 10_000_000 {
+				t.Fatalf("a cycle in free list %d", c)
 			}
 		}
 	}

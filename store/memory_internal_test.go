@@ -282,22 +282,53 @@ func TestMemoryMatchesApply(t *testing.T) {
 func TestMemoryReserve(t *testing.T) {
 	for _, tc := range []struct {
 		opts MemoryOptions
-		want int // bytes a shard
+		want int // bytes
 	}{
-		{MemoryOptions{}, reservedBytes / memoryShards},
-		{MemoryOptions{MaxKeys: 1_000_000_000}, reservedBytes / memoryShards},
-		{MemoryOptions{MaxKeys: 64 * 1024}, 128 * 1024},
+		{MemoryOptions{}, reservedBytes},
+		{MemoryOptions{MaxKeys: 1_000_000_000}, reservedBytes},
+		{MemoryOptions{MaxKeys: 64 * 1024}, 8 << 20},
 		{MemoryOptions{MaxKeys: 10}, chunkSize},
-		{MemoryOptions{Reserve: 64 << 20}, 1 << 20},
+		{MemoryOptions{Reserve: 64 << 20}, 64 << 20},
 		{MemoryOptions{Reserve: -1}, chunkSize},
 	} {
 		tc.opts.SweepInterval = -1
 		m := NewMemory(tc.opts)
-		for i := range m.shards {
-			if got := len(m.shards[i].first); got != tc.want {
-				t.Fatalf("%+v: shard %d starts with %d bytes, want %d", tc.opts, i, got, tc.want)
-			}
+		if got := len(m.arena.first); got != tc.want {
+			t.Fatalf("%+v: the arena starts with %d bytes, want %d", tc.opts, got, tc.want)
 		}
 		m.Close()
+	}
+}
+
+// TestMemoryPathIsContiguous: the buckets of a path, created together,
+// are carved next to one another in the arena, whichever shards their
+// keys fall in (one arena for every shard: see arena).
+func TestMemoryPathIsContiguous(t *testing.T) {
+	m := NewMemory(MemoryOptions{SweepInterval: -1})
+	defer m.Close()
+	lim := rate.Limit{Algorithm: rate.GCRA, Count: 10, Period: time.Minute}
+	path := make([]Bucket, 7)
+	for i := range path {
+		path[i] = Bucket{Key: fmt.Sprintf("{t|org=1}tier%d", i), Limit: lim, Cost: 1}
+	}
+	if d, err := m.Decide(context.Background(), path); err != nil || !d.Allowed {
+		t.Fatalf("%+v %v", d, err)
+	}
+	var lo, hi uintptr
+	shards := map[uint8]bool{}
+	for i, b := range path {
+		h := maphash.String(m.seed, b.Key)
+		shards[shardOf(h)] = true
+		at := uintptr(unsafe.Pointer(m.shards[shardOf(h)].find(h, b.Key)))
+		if i == 0 || at < lo {
+			lo = at
+		}
+		hi = max(hi, at)
+	}
+	if len(shards) < 2 {
+		t.Fatal("the path's keys share a shard: the test shows nothing")
+	}
+	if span := hi - lo; span > 7*128 {
+		t.Fatalf("the path's 7 buckets span %d bytes", span)
 	}
 }

@@ -8,7 +8,7 @@ import (
 )
 
 // memoryShard is one independently locked part of the memory store. Each
-// bucket is a block of the shard's arena holding its state (a bucket
+// bucket is a block of the store's arena holding its state (a bucket
 // header) and its key; an exact sliding window's log has a block of its
 // own, which the header names. The index maps the 64-bit hash of a key
 // (computed once per key and decision; it also picks the shard) to the
@@ -19,13 +19,9 @@ import (
 type memoryShard struct {
 	mu    sync.Mutex
 	index map[uint64]blockRef
-	// first is the arena's first chunk, where most buckets are: at finds
-	// them without loading the list of chunks, from memory a request may
-	// not have in its caches.
-	first []byte
-	n     int   // buckets, chains included
-	swept int64 // when the shard's expired state was last dropped (µs)
-	arena arena
+	arena *arena // the store's
+	n     int    // buckets, chains included
+	swept int64  // when the shard's expired state was last dropped (µs)
 	// views are the logs that the decision holding the lock reads (one
 	// per bucket of its path, up to maxPath): giving Apply a log costs no
 	// allocation.
@@ -38,10 +34,9 @@ type memoryShard struct {
 const shardBytes = unsafe.Sizeof(struct {
 	mu    sync.Mutex
 	index map[uint64]blockRef
-	first []byte
+	arena *arena
 	n     int
 	swept int64
-	arena arena
 	views [maxPath]rate.Log
 }{})
 
@@ -69,7 +64,7 @@ const headerSize = int(unsafe.Sizeof(bucket{}))
 
 // reservedBytes is the arena a store sets aside up front by default: 16
 // MiB, room for some 100,000 buckets, which pages in only as buckets
-// arrive (each shard carves its arena from the start). It spares the
+// arrive (carved from its start, in the order buckets come). It spares the
 // first buckets any allocation and, being pointer-free, costs the
 // collector nothing to hold; but it counts as heap for the Go runtime,
 // which paces collections by the heap's size: a busy Caddy then collects
@@ -77,9 +72,8 @@ const headerSize = int(unsafe.Sizeof(bucket{}))
 // garbage takes in between — and it counts towards a GOMEMLIMIT.
 const reservedBytes = 16 << 20
 
-func newShard(reserve int) memoryShard {
-	a := newArena(reserve)
-	return memoryShard{index: make(map[uint64]blockRef), first: a.chunks[0], arena: a}
+func newShard(a *arena) memoryShard {
+	return memoryShard{index: make(map[uint64]blockRef), arena: a}
 }
 
 // at is the header of the bucket in block ref.
@@ -87,10 +81,7 @@ func (sh *memoryShard) at(ref blockRef) *bucket {
 	// The arena's chunks are plain bytes, allocated aligned (to 8 bytes at
 	// least), and blocks start at multiples of 32: a header there is
 	// aligned, and holds no pointer for the collector to miss.
-	if ref>>32 == 0 {
-		return (*bucket)(unsafe.Pointer(&sh.first[uint32(ref)]))
-	}
-	return (*bucket)(unsafe.Pointer(&sh.arena.chunks[ref>>32][uint32(ref)]))
+	return (*bucket)(sh.arena.at(ref))
 }
 
 // key is the bucket's key, sharing the arena's bytes: valid while the
@@ -150,11 +141,7 @@ func (sh *memoryShard) write(b *bucket, st rate.State, expires int64) {
 func (sh *memoryShard) writeLog(b *bucket, entries []byte) {
 	n := len(entries)
 	switch {
-	case n == 0:
-		if b.log != noBlock {
-			sh.arena.release(b.log, b.logClass)
-			b.log = noBlock
-		}
+	case n == 0: // the block stays, for the log's next entries
 	case b.log == noBlock:
 		b.log, b.logClass = sh.arena.alloc(n)
 		copy(sh.arena.block(b.log, b.logClass), entries)
