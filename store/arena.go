@@ -17,7 +17,8 @@ import (
 // million keys, some 100 MB of pointers), and each new bucket or longer
 // log is an allocation. The arena allocates only a chunk at a time.
 //
-// Blocks come in power-of-two sizes (classes) from 32 bytes to 64 KiB;
+// Blocks come in sizes (classes) from 32 bytes to 64 KiB, powers of two
+// and the halfway steps;
 // each class keeps a list of its free blocks, linked through their first
 // eight bytes. A larger block gets a chunk of its own.
 //
@@ -42,6 +43,7 @@ type arena struct {
 	spare []uint32               // chunks given back by blocks of their own
 	cur   uint32                 // the chunk being carved
 	tail  int                    // bytes of it carved so far
+	held  int                    // bytes of the blocks allocated and not released
 }
 
 // blockRef names a block: its chunk (high 32 bits), and its offset in
@@ -54,7 +56,10 @@ const (
 	chunkBits    = 16 // 64 KiB chunks
 	chunkSize    = 1 << chunkBits
 	minBlockBits = 5 // 32 bytes: a free block holds its successor
-	arenaClasses = chunkBits - minBlockBits + 1
+	// arenaClasses: 32, 48, 64, 96, 128, … 48 KiB, 64 KiB — powers of two
+	// and the halfway steps, so that a block wastes at most a third of
+	// itself (a full log of 10,010 bytes takes 12 KiB, not 16).
+	arenaClasses = 2*(chunkBits-minBlockBits) + 1
 	ownChunk     = uint8(255) // the class of a block with a chunk of its own
 	noBlock      = ^blockRef(0)
 )
@@ -64,11 +69,30 @@ func classOf(n int) uint8 {
 	if n <= 1<<minBlockBits {
 		return 0
 	}
-	c := bits.Len(uint(n-1)) - minBlockBits
+	k := bits.Len(uint(n-1)) - 1 // 2^k < n ≤ 2^(k+1)
+	c := 2 * (k - minBlockBits + 1)
+	if n <= 3<<(k-1) {
+		c-- // the halfway class, 1.5 × 2^k, holds it
+	}
 	if c >= arenaClasses {
 		return ownChunk
 	}
 	return uint8(c)
+}
+
+// blockSize is the size of a block of class c (not ownChunk): 2^(5+c/2),
+// or 1.5 times that for an odd c.
+func blockSize(c uint8) int {
+	return (2 + int(c&1)) << (int(c)/2 + minBlockBits - 1)
+}
+
+// classBelow is the largest class whose blocks fit in n bytes (n ≥ 32).
+func classBelow(n int) uint8 {
+	c := uint8(arenaClasses - 1)
+	for blockSize(c) > n {
+		c--
+	}
+	return c
 }
 
 // newArena returns an arena whose first chunk, of reserve bytes (a chunk's
@@ -91,21 +115,24 @@ func (a *arena) alloc(n int) (blockRef, uint8) {
 	defer a.mu.Unlock()
 	c := classOf(n)
 	if c == ownChunk {
-		return a.ref(a.newChunk(1<<bits.Len(uint(n-1))), 0), c // a log growing in it is not copied at every entry
+		size := 1 << bits.Len(uint(n-1)) // a log growing in it is not copied at every entry
+		a.held += size
+		return a.ref(a.newChunk(size), 0), c
 	}
+	a.held += blockSize(c)
 	if ref := a.free[c]; ref != noBlock {
 		a.free[c] = blockRef(binary.LittleEndian.Uint64(a.block(ref, c)))
 		return ref, c
 	}
-	size := 1 << (int(c) + minBlockBits)
+	size := blockSize(c)
 	chunk := (*a.chunks.Load())[a.cur]
 	if a.tail+size > len(chunk) {
 		// What is left of the chunk being carved (less than this block)
 		// goes to the free lists, in the largest blocks it holds.
 		for len(chunk)-a.tail >= 1<<minBlockBits {
-			r := 1 << (bits.Len(uint(len(chunk)-a.tail)) - 1)
-			a.releaseLocked(a.ref(a.cur, a.tail), classOf(r))
-			a.tail += r
+			r := classBelow(len(chunk) - a.tail)
+			a.releaseLocked(a.ref(a.cur, a.tail), r)
+			a.tail += blockSize(r)
 		}
 		a.cur, a.tail = a.newChunk(chunkSize), 0
 	}
@@ -132,8 +159,16 @@ func (a *arena) newChunk(size int) uint32 {
 // release gives a block back.
 func (a *arena) release(ref blockRef, c uint8) {
 	a.mu.Lock()
+	a.held -= len(a.block(ref, c))
 	a.releaseLocked(ref, c)
 	a.mu.Unlock()
+}
+
+// heldBytes is the bytes of the blocks allocated and not released.
+func (a *arena) heldBytes() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.held
 }
 
 func (a *arena) releaseLocked(ref blockRef, c uint8) {
@@ -168,6 +203,6 @@ func (a *arena) block(ref blockRef, c uint8) []byte {
 		return chunk
 	}
 	off := int(uint32(ref))
-	end := off + 1<<(int(c)+minBlockBits)
+	end := off + blockSize(c)
 	return chunk[off:end:end]
 }

@@ -9,14 +9,28 @@ import (
 func TestClassOf(t *testing.T) {
 	for _, tc := range []struct {
 		n    int
-		want uint8
+		want int // the class's block size; 0: a chunk of its own
 	}{
-		{0, 0}, {1, 0}, {32, 0}, {33, 1}, {64, 1}, {65, 2}, {1000, 5},
-		{chunkSize / 2, arenaClasses - 2}, {chunkSize/2 + 1, arenaClasses - 1},
-		{chunkSize, arenaClasses - 1}, {chunkSize + 1, ownChunk},
+		{0, 32}, {1, 32}, {32, 32}, {33, 48}, {48, 48}, {49, 64}, {64, 64}, {65, 96},
+		{97, 128}, {1000, 1024}, {1025, 1536}, {10_010, 12 << 10},
+		{chunkSize / 2, chunkSize / 2}, {chunkSize/2 + 1, 3 * chunkSize / 4},
+		{chunkSize, chunkSize}, {chunkSize + 1, 0},
 	} {
-		if got := classOf(tc.n); got != tc.want {
-			t.Errorf("classOf(%d) = %d, want %d", tc.n, got, tc.want)
+		c := classOf(tc.n)
+		got := 0
+		if c != ownChunk {
+			got = blockSize(c)
+		}
+		if got != tc.want {
+			t.Errorf("classOf(%d): blocks of %d bytes, want %d", tc.n, got, tc.want)
+		}
+	}
+	for c := range uint8(arenaClasses) {
+		if classOf(blockSize(c)) != c || (c > 0 && classOf(blockSize(c-1)+1) != c) {
+			t.Errorf("class %d (%d bytes) is not the smallest holding its size", c, blockSize(c))
+		}
+		if classBelow(blockSize(c)) != c || (c+1 < arenaClasses && classBelow(blockSize(c+1)-1) != c) {
+			t.Errorf("classBelow around class %d (%d bytes)", c, blockSize(c))
 		}
 	}
 }

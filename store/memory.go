@@ -289,6 +289,11 @@ func (m *Memory) Len() int {
 	return n
 }
 
+// StateBytes is the memory its buckets hold in the store's arena: their
+// state, keys and sliding logs, in whole blocks (not the free blocks, nor
+// the reservation not yet used, nor the index of hashes).
+func (m *Memory) StateBytes() int { return m.arena.heldBytes() }
+
 // Evictions is the number of buckets evicted at the MaxKeys cap so far.
 func (m *Memory) Evictions() int64 { return m.evictions.Load() }
 

@@ -80,7 +80,7 @@ func checkShards(t *testing.T, m *Memory) {
 		steps := 0
 		for ref := m.arena.free[c]; ref != noBlock; ref = blockRef(leUint64(m.arena.block(ref, uint8(c)))) {
 			lo := int(uint32(ref))
-			hi := lo + 1<<(c+minBlockBits)
+			hi := lo + blockSize(uint8(c))
 			for _, s := range live {
 				if s.chunk == int(ref>>32) && lo < s.hi && s.lo < hi {
 					t.Fatalf("free block %x (class %d) is live", ref, c)

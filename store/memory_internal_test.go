@@ -332,3 +332,33 @@ func TestMemoryPathIsContiguous(t *testing.T) {
 		t.Fatalf("the path's 7 buckets span %d bytes", span)
 	}
 }
+
+// TestMemorySlidingChargeInPlace: at the steady state of a full exact
+// window (each charge drops the oldest entry and logs one), a decision
+// allocates only the Log that Apply returns: the entry is appended in the
+// store's block, which keeps room for it, for every log length. (Not N =
+// 2: its log of one entry empties at each charge, and Apply makes a new
+// one.)
+func TestMemorySlidingChargeInPlace(t *testing.T) {
+	for _, n := range []int64{3, 5, 10, 13, 100, 1000} {
+		now := time.Date(2026, 3, 18, 10, 0, 0, 0, time.UTC).UnixMicro()
+		m := NewMemory(MemoryOptions{SweepInterval: -1, Clock: func() int64 { return now }})
+		lim := rate.Limit{Algorithm: rate.Sliding, Count: n, Period: time.Minute}
+		step := (time.Minute * 101 / 100 / time.Duration(n)).Microseconds()
+		path := []Bucket{{Key: "{t|k}", Limit: lim, Cost: 1}}
+		buf := make([]rate.Result, 1)
+		decide := func() {
+			now += step
+			if d, err := m.DecideInto(context.Background(), path, buf); err != nil || !d.Allowed {
+				t.Fatalf("N=%d: %+v %v", n, d, err)
+			}
+		}
+		for range 2 * n {
+			decide()
+		}
+		if allocs := testing.AllocsPerRun(200, decide); allocs > 1 {
+			t.Errorf("N=%d: %.1f allocations a decision, want at most 1", n, allocs)
+		}
+		m.Close()
+	}
+}

@@ -137,18 +137,21 @@ func (sh *memoryShard) write(b *bucket, st rate.State, expires int64) {
 	sh.writeLog(b, entries)
 }
 
-// writeLog copies entries into b's log block.
+// writeLog copies entries into b's log block, which keeps room for one
+// more entry after them: the next charge, which drops the entries that
+// have left the window from the front of the view Apply is given and
+// appends its own (see rate.LogView), then appends in place.
 func (sh *memoryShard) writeLog(b *bucket, entries []byte) {
 	n := len(entries)
 	switch {
 	case n == 0: // the block stays, for the log's next entries
 	case b.log == noBlock:
-		b.log, b.logClass = sh.arena.alloc(n)
+		b.log, b.logClass = sh.arena.alloc(n + logEntry)
 		copy(sh.arena.block(b.log, b.logClass), entries)
 	default:
 		blk := sh.arena.block(b.log, b.logClass)
-		if n > len(blk) {
-			ref, c := sh.arena.alloc(n)
+		if n+logEntry > len(blk) {
+			ref, c := sh.arena.alloc(n + logEntry)
 			copy(sh.arena.block(ref, c), entries) // before blk is released: entries may be in it
 			sh.arena.release(b.log, b.logClass)
 			b.log, b.logClass = ref, c
@@ -158,6 +161,9 @@ func (sh *memoryShard) writeLog(b *bucket, entries []byte) {
 	}
 	b.logLen = uint32(n)
 }
+
+// logEntry is the size of a sliding log's entry (see rate.Log).
+const logEntry = 10
 
 // insert adds a bucket for key, which must have none.
 func (sh *memoryShard) insert(hash uint64, key string, st rate.State, expires int64, record bool) {
