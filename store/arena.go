@@ -36,8 +36,10 @@ type arena struct {
 	first  []byte
 	chunks atomic.Pointer[[][]byte] // read without the lock
 	// The rest is written at each allocation: a line of its own, apart
-	// from what every decision reads.
-	_     [64 - 24 - 8]byte
+	// from what every decision reads. The heap aligns an arena to its size
+	// class (16 bytes), not to a cache line: 64 bytes of padding keep mu
+	// off the line of chunks' last byte wherever the arena falls.
+	_     [64]byte
 	mu    sync.Mutex
 	free  [arenaClasses]blockRef // each class's free blocks (noBlock: none)
 	spare []uint32               // chunks given back by blocks of their own
@@ -55,7 +57,8 @@ func (a *arena) ref(chunk uint32, off int) blockRef { return blockRef(chunk)<<32
 const (
 	chunkBits    = 16 // 64 KiB chunks
 	chunkSize    = 1 << chunkBits
-	minBlockBits = 5 // 32 bytes: a free block holds its successor
+	maxChunk     = 1 << 32 // the most a blockRef's offset addresses
+	minBlockBits = 5       // 32 bytes: a free block holds its successor
 	// arenaClasses: 32, 48, 64, 96, 128, … 48 KiB, 64 KiB — powers of two
 	// and the halfway steps, so that a block wastes at most a third of
 	// itself (a full log of 10,010 bytes takes 12 KiB, not 16).
@@ -96,8 +99,9 @@ func classBelow(n int) uint8 {
 }
 
 // newArena returns an arena whose first chunk, of reserve bytes (a chunk's
-// at least), is allocated at once.
+// at least, 4 GiB at most: a block's offset is 32 bits), is allocated at once.
 func newArena(reserve int) *arena {
+	reserve = int(min(uint64(max(reserve, 0)), maxChunk)) // int: 32 bits on some platforms
 	a := &arena{}
 	for i := range a.free {
 		a.free[i] = noBlock

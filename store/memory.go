@@ -40,8 +40,9 @@ type MemoryOptions struct {
 	// Reserve is the memory (bytes) set aside for buckets when the store
 	// is created, paged in only as buckets arrive; more is added as
 	// needed. Zero means 16 MiB, or 128 bytes a bucket of MaxKeys if less;
-	// negative means the least (64 KiB). What is reserved counts as heap
-	// for the Go runtime (see reservedBytes).
+	// negative means the least (64 KiB); more than 4 GiB means 4 GiB (a
+	// block's offset in a chunk is 32 bits). What is reserved counts as
+	// heap for the Go runtime (see reservedBytes).
 	Reserve int
 	// Clock overrides the wall clock, for tests.
 	Clock Clock
