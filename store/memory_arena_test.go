@@ -127,11 +127,7 @@ func TestMemoryStress(t *testing.T) {
 					limitOf[k] = limits[i%len(limits)]
 					hashOf[k] = uint64(i%3)*memoryShards + 7 // three chains, one shard
 				}
-				type kept struct {
-					s       rate.State
-					expires int64
-				}
-				ref := map[string]kept{}
+				ref := map[string]applied{}
 				rng := rand.New(rand.NewPCG(7+seed, uint64(maxKeys)))
 				for step := range 15_000 {
 					now += int64(rng.IntN(60))
@@ -154,13 +150,8 @@ func TestMemoryStress(t *testing.T) {
 						}
 						ns := lim.Adjust(s, now, d, 0)
 						m.store(h, Bucket{Key: k, Limit: lim}, lim.Adjust(m.stateOf(h, k, now), now, d, 0), now)
-						if ns.Log != nil {
-							g := rate.LogView(ns.Log.H, bytes.Clone(ns.Log.Entries()))
-							ns.Log = &g
-						}
-						exp := now + lim.TTL(ns, now)
-						if _, ok := ref[k]; ok || exp > now {
-							ref[k] = kept{ns, exp}
+						if _, ok := ref[k]; ok || now+lim.TTL(ns, now) > now {
+							keep(ref, k, ns, now+lim.TTL(ns, now))
 						}
 					default:
 						path := make([]Bucket, 1+rng.IntN(4))
@@ -175,36 +166,11 @@ func TestMemoryStress(t *testing.T) {
 						}
 						results := make([]rate.Result, len(path))
 						m.decideLocked(path, hashes, make([]*bucket, len(path)), make([]rate.State, len(path)), results)
-						next := make([]rate.State, len(path))
-						rs := make([]rate.Result, len(path))
-						allowed := true
-						for i, b := range path {
-							var s rate.State
-							if e, ok := ref[b.Key]; ok && e.expires > now {
-								s = e.s
-							}
-							next[i], rs[i] = b.Limit.Apply(s, now, b.Cost)
-							allowed = allowed && rs[i].Allowed
-						}
+						rs, _ := applyPath(ref, path, now)
 						for i := range rs {
 							if got, want := results[i], rs[i]; got.Allowed != want.Allowed || got.Remaining != want.Remaining || got.RetryAfter != want.RetryAfter {
 								t.Fatalf("step %d, bucket %d (%.10q): the store said %+v, Apply %+v", step, i, path[i].Key, got, want)
 							}
-						}
-						for i, b := range path {
-							if !allowed && !rs[i].Keep {
-								continue
-							}
-							s := next[i]
-							if s.Log != nil {
-								g := rate.LogView(s.Log.H, bytes.Clone(s.Log.Entries()))
-								s.Log = &g
-							}
-							exp := now + b.Limit.TTL(s, now)
-							if !allowed {
-								exp = ref[b.Key].expires
-							}
-							ref[b.Key] = kept{s, exp}
 						}
 					}
 					checkShards(t, m)

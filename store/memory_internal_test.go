@@ -181,6 +181,50 @@ func TestMemoryFullStoreDropsExpiredFirst(t *testing.T) {
 	}
 }
 
+// applied is a bucket's state as the reference of the memory store's tests
+// keeps it: a value, its log a copy.
+type applied struct {
+	s       rate.State
+	expires int64
+}
+
+// keep stores s as key's state in ref, a copy of its log.
+func keep(ref map[string]applied, key string, s rate.State, expires int64) {
+	if s.Log != nil {
+		g := rate.LogView(s.Log.H, bytes.Clone(s.Log.Entries()))
+		s.Log = &g
+	}
+	ref[key] = applied{s, expires}
+}
+
+// applyPath decides path on ref as the memory store must: each bucket's
+// state (fresh once expired) through Apply, all or nothing — a refusal
+// keeps only the states its results mark Keep, their expiry unchanged —
+// the last mention of a key named twice written last. It returns the
+// results, before Combine.
+func applyPath(ref map[string]applied, path []Bucket, now int64) ([]rate.Result, bool) {
+	next := make([]rate.State, len(path))
+	rs := make([]rate.Result, len(path))
+	allowed := true
+	for i, b := range path {
+		var s rate.State
+		if e, ok := ref[b.Key]; ok && e.expires > now {
+			s = e.s
+		}
+		next[i], rs[i] = b.Limit.Apply(s, now, b.Cost)
+		allowed = allowed && rs[i].Allowed
+	}
+	for i, b := range path {
+		switch {
+		case allowed:
+			keep(ref, b.Key, next[i], now+b.Limit.TTL(next[i], now))
+		case rs[i].Keep:
+			keep(ref, b.Key, next[i], ref[b.Key].expires)
+		}
+	}
+	return rs, allowed
+}
+
 // TestMemoryMatchesApply: the memory store decides as rate.Apply does on
 // states kept by the plainest means (a map of values), all or nothing, over
 // random paths of sliding windows (whose logs grow through every block
@@ -192,11 +236,7 @@ func TestMemoryMatchesApply(t *testing.T) {
 	for _, maxKeys := range []int{0, 6} {
 		now := time.Date(2026, 3, 18, 10, 0, 0, 0, time.UTC).UnixMicro()
 		m := NewMemory(MemoryOptions{SweepInterval: -1, MaxKeys: maxKeys, Clock: func() int64 { return now }})
-		type kept struct {
-			s       rate.State
-			expires int64
-		}
-		ref := map[string]kept{}
+		ref := map[string]applied{}
 		limits := map[string]rate.Limit{
 			"{t|s1}": {Algorithm: rate.Sliding, Count: 400, Period: 50 * time.Millisecond},
 			"{t|s2}": {Algorithm: rate.Sliding, Count: 7, Period: 3 * time.Millisecond},
@@ -221,17 +261,7 @@ func TestMemoryMatchesApply(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			next := make([]rate.State, len(path))
-			rs := make([]rate.Result, len(path))
-			allowed := true
-			for i, b := range path {
-				var s rate.State
-				if e, ok := ref[b.Key]; ok && e.expires > now {
-					s = e.s
-				}
-				next[i], rs[i] = b.Limit.Apply(s, now, b.Cost)
-				allowed = allowed && rs[i].Allowed
-			}
+			rs, allowed := applyPath(ref, path, now)
 			for i, r := range rs {
 				if !allowed {
 					r.Remaining = r.Before // nothing was charged
@@ -240,23 +270,11 @@ func TestMemoryMatchesApply(t *testing.T) {
 					t.Fatalf("step %d, bucket %d (%s): the store said %+v, Apply %+v", step, i, path[i].Key, got, r)
 				}
 			}
-			if allowed {
-				for i, b := range path {
-					// A copy of the log: the reference's states share nothing.
-					s := next[i]
-					if s.Log != nil {
-						g := rate.LogView(s.Log.H, bytes.Clone(s.Log.Entries()))
-						s.Log = &g
-					}
-					ref[b.Key] = kept{s, now + b.Limit.TTL(s, now)}
-				}
-			}
 			if maxKeys != 0 {
-				for k, e := range ref { // what the store dropped is fresh in it
+				for k := range ref { // what the store dropped is fresh in it
 					sh := &m.shards[shardOf(maphash.String(m.seed, k))]
 					if sh.find(maphash.String(m.seed, k), k) == nil {
 						delete(ref, k)
-						_ = e
 					}
 				}
 			}
