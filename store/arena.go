@@ -52,7 +52,7 @@ type arena struct {
 // that chunk.
 type blockRef uint64
 
-func (a *arena) ref(chunk uint32, off int) blockRef { return blockRef(chunk)<<32 | blockRef(off) }
+func refOf(chunk uint32, off int) blockRef { return blockRef(chunk)<<32 | blockRef(off) }
 
 const (
 	chunkBits    = 16 // 64 KiB chunks
@@ -121,7 +121,7 @@ func (a *arena) alloc(n int) (blockRef, uint8) {
 	if c == ownChunk {
 		size := 1 << bits.Len(uint(n-1)) // a log growing in it is not copied at every entry
 		a.held += size
-		return a.ref(a.newChunk(size), 0), c
+		return refOf(a.newChunk(size), 0), c
 	}
 	a.held += blockSize(c)
 	if ref := a.free[c]; ref != noBlock {
@@ -135,12 +135,12 @@ func (a *arena) alloc(n int) (blockRef, uint8) {
 		// goes to the free lists, in the largest blocks it holds.
 		for len(chunk)-a.tail >= 1<<minBlockBits {
 			r := classBelow(len(chunk) - a.tail)
-			a.releaseLocked(a.ref(a.cur, a.tail), r)
+			a.releaseLocked(refOf(a.cur, a.tail), r)
 			a.tail += blockSize(r)
 		}
 		a.cur, a.tail = a.newChunk(chunkSize), 0
 	}
-	ref := a.ref(a.cur, a.tail)
+	ref := refOf(a.cur, a.tail)
 	a.tail += size
 	return ref, c
 }

@@ -150,7 +150,7 @@ func (m *Memory) decideLong(buckets []Bucket, results []rate.Result) Decision {
 }
 
 // decideLocked applies every bucket's cost and, when all admit it, stores
-// the new states. Each key is looked up once: the bucket found (noBlock for a
+// the new states. Each key is looked up once: the bucket found (nil for a
 // fresh bucket) is remembered for the write. The caller holds the shard
 // locks of every key. It returns the time of the decision.
 func (m *Memory) decideLocked(buckets []Bucket, hashes []uint64, found []*bucket, next []rate.State, results []rate.Result) (now int64) {

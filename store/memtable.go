@@ -17,6 +17,13 @@ import (
 // says. Neither the arena nor the index holds a pointer, so the collector
 // scans none of it (see arena).
 type memoryShard struct {
+	shardFields
+	// A whole number of cache lines: cores locking neighbouring shards
+	// must not contend for one line (false sharing).
+	_ [64 - unsafe.Sizeof(shardFields{})%64]byte // never empty: a last field of size 0 would be padded
+}
+
+type shardFields struct {
 	mu    sync.Mutex
 	index map[uint64]blockRef
 	arena *arena // the store's
@@ -26,19 +33,7 @@ type memoryShard struct {
 	// per bucket of its path, up to maxPath): giving Apply a log costs no
 	// allocation.
 	views [maxPath]rate.Log
-	// A whole number of cache lines: cores locking neighbouring shards
-	// must not contend for one line (false sharing).
-	_ [64 - shardBytes%64]byte // never empty: a last field of size 0 would be padded
 }
-
-const shardBytes = unsafe.Sizeof(struct {
-	mu    sync.Mutex
-	index map[uint64]blockRef
-	arena *arena
-	n     int
-	swept int64
-	views [maxPath]rate.Log
-}{})
 
 // bucket is the header of a bucket's block, which its key follows:
 // rate.State without its log's bytes.
@@ -73,7 +68,7 @@ const headerSize = int(unsafe.Sizeof(bucket{}))
 const reservedBytes = 16 << 20
 
 func newShard(a *arena) memoryShard {
-	return memoryShard{index: make(map[uint64]blockRef), arena: a}
+	return memoryShard{shardFields: shardFields{index: make(map[uint64]blockRef), arena: a}}
 }
 
 // at is the header of the bucket in block ref.
@@ -86,9 +81,10 @@ func (sh *memoryShard) at(ref blockRef) *bucket {
 
 // key is the bucket's key, sharing the arena's bytes: valid while the
 // caller holds the lock and the bucket stays.
-func (b *bucket) key() string {
-	return unsafe.String((*byte)(unsafe.Add(unsafe.Pointer(b), headerSize)), b.keyLen)
-}
+func (b *bucket) key() string { return unsafe.String(b.keyStart(), b.keyLen) }
+
+// keyStart is where the bucket's key is: right after its header.
+func (b *bucket) keyStart() *byte { return (*byte)(unsafe.Add(unsafe.Pointer(b), headerSize)) }
 
 // find returns the bucket of key, expired or not, nil if there is none.
 func (sh *memoryShard) find(hash uint64, key string) *bucket {
@@ -175,7 +171,7 @@ func (sh *memoryShard) insert(hash uint64, key string, st rate.State, expires in
 	b := sh.at(ref)
 	*b = bucket{hash: hash, expires: expires, a: st.A, b: st.B, t: st.T, next: next, log: noBlock,
 		keyLen: uint32(len(key)), class: c, record: record}
-	copy(unsafe.Slice((*byte)(unsafe.Add(unsafe.Pointer(b), headerSize)), len(key)), key)
+	copy(unsafe.Slice(b.keyStart(), len(key)), key)
 	if entries := st.Log.Entries(); len(entries) > 0 {
 		b.h = st.Log.H
 		sh.writeLog(b, entries)
