@@ -1,30 +1,32 @@
 #!/usr/bin/env bash
 # Load test on loopback: plain Caddy `respond`, Cascade on the memory store
-# (4 tiers), Cascade on Redis (4 tiers, Redis on this machine) deciding
-# every request there (strict), and the same with capacity leases (`lease`:
-# most requests decided in memory on capacity leased from Redis), one after
-# the other, with wrk (1 thread, 32 connections). Prints requests/s, p50 and
-# p99 of each, the throughput ratios against plain Caddy, and Redis's
-# script calls per request.
+# (4 tiers, 1,000 users), Cascade on Redis (4 tiers, Redis on this machine)
+# deciding every request there (strict), and the same with capacity leases
+# (`lease`: most requests decided in memory on capacity leased from Redis),
+# with wrk (1 thread, 32 connections). Prints requests/s, p50 and p99 of
+# each run, Caddy's CPU per request (and its collector's), the throughput
+# ratios against plain Caddy, Redis's script calls per request and Redis's
+# CPU per request.
 #
-# On a small shared machine a single run moves by ±5%, so the three runs are
-# repeated in ROUNDS rounds (plain, memory, Redis, lease, plain, ...,
-# then plain once more): each ratio is taken against the mean of the plain
-# runs on either side of it, and the median over the rounds is reported.
+# This machine's speed drifts by ±30% within a minute, so runs far apart in
+# time cannot be compared: the four Caddys run side by side, started once
+# (an idle one costs the others nothing), and each round runs wrk against
+# each in turn for DURATION, the order turning from round to round (what
+# ran just before moves a run by a few percent). Each ratio is taken within
+# a round, and the median over the rounds is reported.
 #
-#   scripts/load.sh                      # 3 rounds of 10 s runs
-#   ROUNDS=5 DURATION=20s scripts/load.sh
+#   scripts/load.sh                      # 8 rounds of 5 s runs
+#   ROUNDS=12 DURATION=3s scripts/load.sh
+#   LEASE=$'lease {\n\tttl 2s\n}' scripts/load.sh   # the lease run's options
 #   MHOLT=1 scripts/load.sh              # the memory store against mholt
 #
-# With MHOLT=1 four Caddys run side by side: plain; mholt/caddy-ratelimit
-# v0.1.0 (built by scripts/build-mholt.sh) with one zone keyed by the user
-# header (1,000 keys); Cascade with the same zone and `headers none` (equal
+# With MHOLT=1 the four Caddys are: plain; mholt/caddy-ratelimit v0.1.0
+# (built by scripts/build-mholt.sh) with one zone keyed by the user header
+# (1,000 keys); Cascade with the same zone and `headers none` (equal
 # output: mholt writes no rate-limit header on an admitted response); and
-# Cascade with the same zone and its default headers. Each round runs wrk
-# against each in turn, 3 s each, 12 rounds by default, the order turning
-# from round to round; each ratio is against plain Caddy and, for Cascade,
-# against mholt in the same round, and the median over the rounds is
-# reported.
+# Cascade with the same zone and its default headers; 12 rounds of 3 s
+# runs by default. Cascade's ratios are also taken against mholt's in the
+# same round.
 #
 # It installs wrk and redis-server from Debian if absent, builds ./cmd/caddy,
 # starts its own redis-server on a free port, and stops everything at exit.
@@ -34,9 +36,10 @@ if [ -n "${MHOLT:-}" ]; then # short runs, many rounds (see below)
 	DURATION=${DURATION:-3s}
 	ROUNDS=${ROUNDS:-12}
 fi
-DURATION=${DURATION:-10s}
-ROUNDS=${ROUNDS:-3}
+DURATION=${DURATION:-5s}
+ROUNDS=${ROUNDS:-8}
 CONNS=${CONNS:-32}
+LEASE=${LEASE:-lease}
 
 for pkg in wrk redis-server; do
 	if ! command -v "$pkg" >/dev/null 2>&1; then
@@ -62,7 +65,8 @@ go build -o "$work/caddy" ./cmd/caddy
 
 redis_port=$(free_port)
 redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no --daemonize no >"$work/redis.log" 2>&1 &
-pids+=($!)
+redis_pid=$!
+pids+=($redis_pid)
 for _ in $(seq 50); do redis-cli -p "$redis_port" ping >/dev/null 2>&1 && break; sleep 0.1; done
 
 # 1000 users in 50 teams of 10 organisations, 3 agents each.
@@ -127,16 +131,19 @@ measure() {
 	port=$(cat "$work/$server.port")
 	pid=$(cat "$work/$server.pid")
 	redis-cli -p "$redis_port" config resetstat >/dev/null
-	local gc0 cpu0 cpu1
+	local gc0 cpu0 cpu1 rcpu0 rcpu1
 	gc0=$(grep -c '^gc ' "$work/$server.log" || true)
 	cpu0=$(awk '{print $14 + $15}' "/proc/$pid/stat")
+	rcpu0=$(awk '{print $14 + $15}' "/proc/$redis_pid/stat")
 	wrk -t1 -c"$CONNS" -d"$DURATION" --latency -s "$work/headers.lua" "http://127.0.0.1:$port/" >"$work/$name.wrk"
 	cpu1=$(awk '{print $14 + $15}' "/proc/$pid/stat" 2>/dev/null) || {
 		echo "== $name: Caddy exited during the run; its log:" >&2
 		cat "$work/$server.log" >&2
 		exit 2
 	}
+	rcpu1=$(awk '{print $14 + $15}' "/proc/$redis_pid/stat")
 	redis-cli -p "$redis_port" info commandstats >"$work/$name.redis"
+	echo "$((rcpu1 - rcpu0))" >"$work/$name.redis-ticks"
 	grep '^gc ' "$work/$server.log" | tail -n +"$((gc0 + 1))" >"$work/$name.gc" || true
 	echo "$((cpu1 - cpu0))" >"$work/$name.ticks"
 	local rps p50 p99 non2xx
@@ -154,12 +161,6 @@ stop() { # NAME
 	pid=$(cat "$work/$1.pid")
 	kill "$pid"
 	wait "$pid" 2>/dev/null || true
-}
-
-run() { # name, rate_limit block ("" for none), binary: a Caddy of its own for one run
-	start "$1" "$2" "${3:-}"
-	measure "$1" "$1"
-	stop "$1"
 }
 
 # gc_of NAME: what the measured run cost Caddy per request: its CPU, its
@@ -181,6 +182,32 @@ for line in open("%s/%s.gc" % (work, name)):
 if requests:
     print("cpu/req %.1f µs, gc %.1f µs, %.2f gcs/1k req" % (ticks * 1e6 / os.sysconf("SC_CLK_TCK") / requests, ms * 1e3 / requests, cycles * 1e3 / requests))
 PY
+}
+
+# cpu_medians KIND...: Caddy's CPU per request, and its collector's, of
+# each KIND: the medians of gc_of over the rounds.
+cpu_medians() {
+	echo "== Caddy's CPU per request, and its collector's (medians over the rounds)"
+	local kind r
+	for kind in "$@"; do
+		for r in $(seq "$ROUNDS"); do gc_of "$kind-$r"; done | python3 -c '
+import re, statistics, sys
+rows = [list(map(float, re.findall(r"[\d.]+", l))) for l in sys.stdin if l.strip()]
+if rows: print("%-16s cpu/req %.1f µs, gc %.1f µs, %.2f gcs/1k req" % (sys.argv[1], *[statistics.median(r[i] for r in rows) for i in range(3)]))' "$kind"
+	done
+}
+
+# rounds KIND...: ROUNDS rounds of one run against each of the Caddys
+# started as KIND, the order turning from round to round; then stops them.
+rounds() {
+	local kinds=("$@") n=$# round k kind
+	for round in $(seq "$ROUNDS"); do
+		for k in $(seq 0 $((n - 1))); do
+			kind=${kinds[$(((k + round - 1) % n))]}
+			measure "$kind" "$kind-$round"
+		done
+	done
+	for kind in "${kinds[@]}"; do stop "$kind"; done
 }
 
 echo "== wrk -t1 -c$CONNS -d$DURATION (loopback, $(nproc) cores), $ROUNDS rounds"
@@ -205,14 +232,7 @@ if [ -n "${MHOLT:-}" ]; then
 	start mholt "$(zone "")" "$work/caddy-mholt"
 	start cascade-none "$(zone "headers none")"
 	start cascade-default "$(zone "")"
-	kinds=(plain mholt cascade-none cascade-default)
-	for round in $(seq "$ROUNDS"); do
-		for k in 0 1 2 3; do
-			kind=${kinds[$(((k + round - 1) % 4))]}
-			measure "$kind" "$kind-$round"
-		done
-	done
-	for kind in "${kinds[@]}"; do stop "$kind"; done
+	rounds plain mholt cascade-none cascade-default
 	echo "== throughput against plain Caddy and against mholt (each in the same round)"
 	python3 - "$work" "$ROUNDS" <<'PY'
 import statistics, sys
@@ -229,61 +249,61 @@ PY
 	# Where the difference goes: the whole process's CPU per request, and
 	# its collector's share (mholt's rings, 24 MB at 1,000 keys, raise the
 	# heap goal, and so collect several times less often).
-	echo "== Caddy's CPU per request, and its collector's (medians over the rounds)"
-	for kind in plain mholt cascade-none cascade-default; do
-		for r in $(seq "$ROUNDS"); do gc_of "$kind-$r"; done | python3 -c '
-import re, statistics, sys
-rows = [list(map(float, re.findall(r"[\d.]+", l))) for l in sys.stdin if l.strip()]
-if rows: print("%-16s cpu/req %.1f µs, gc %.1f µs, %.2f gcs/1k req" % (sys.argv[1], *[statistics.median(r[i] for r in rows) for i in range(3)]))' "$kind"
-	done
+	cpu_medians plain mholt cascade-none cascade-default
 	exit 0
 fi
-for round in $(seq "$ROUNDS"); do
-	run "plain-$round" ""
-	run "cascade-memory-$round" "rate_limit {$limits
+start plain ""
+start cascade-memory "rate_limit {$limits
 	}"
-	run "cascade-redis-$round" "rate_limit {$limits
+start cascade-redis "rate_limit {$limits
 		store redis {
 			address 127.0.0.1:$redis_port
+			key_prefix strict:
 		}
 	}"
-	run "cascade-lease-$round" "rate_limit {$limits
+start cascade-lease "rate_limit {$limits
 		store redis {
 			address 127.0.0.1:$redis_port
-			key_prefix lease$round:
-			lease
+			key_prefix lease:
+			$LEASE
 		}
 	}"
-done
-run "plain-$((ROUNDS + 1))" ""
+rounds plain cascade-memory cascade-redis cascade-lease
 
-echo "== throughput against plain Caddy (the mean of the plain runs before and after)"
+echo "== throughput against plain Caddy (each in the same round)"
 python3 - "$work" "$ROUNDS" <<'PY'
 import statistics, sys
 work, rounds = sys.argv[1], int(sys.argv[2])
 rps = lambda name: float(open("%s/%s.rps" % (work, name)).read())
 for kind in ("cascade-memory", "cascade-redis", "cascade-lease"):
-    ratios = [rps("%s-%d" % (kind, r)) / ((rps("plain-%d" % r) + rps("plain-%d" % (r + 1))) / 2)
-              for r in range(1, rounds + 1)]
+    ratios = [rps("%s-%d" % (kind, r)) / rps("plain-%d" % r) for r in range(1, rounds + 1)]
     print("%-16s %.3f x plain Caddy (median of %s)" % (kind, statistics.median(ratios), " ".join("%.3f" % x for x in ratios)))
 PY
-# Redis's own accounting of the measured run: its script calls (several
-# decisions each under load: the store batches what queues up) and the
-# server time they took, per call and per decision (per request).
-echo "== Redis server time during the cascade-redis (strict) and cascade-lease runs (4 tiers):"
+# Redis's own accounting of the measured runs: its script calls (several
+# decisions each under load: the store batches what queues up), the server
+# time they took, and the Redis process's CPU (the commands, and the
+# network and event loop around them), per request.
+echo "== Redis during the cascade-redis (strict) and cascade-lease runs (medians over the rounds)"
 python3 - "$work" "$ROUNDS" <<'PY'
-import re, sys
+import os, re, statistics, sys
 work, rounds = sys.argv[1], int(sys.argv[2])
+tick = 1e6 / os.sysconf("SC_CLK_TCK")
 for kind in ("redis", "lease"):
-  for r in range(1, rounds + 1):
-    stats = open("%s/cascade-%s-%d.redis" % (work, kind, r)).read()
-    requests = int(open("%s/cascade-%s-%d.requests" % (work, kind, r)).read())
-    calls = usec = 0
-    for name in ("evalsha", "eval"):
-        m = re.search(r"cmdstat_%s:calls=(\d+),usec=(\d+)" % name, stats)
-        if m:
-            calls += int(m.group(1)); usec += int(m.group(2))
-    if calls and requests:
-        print("%s round %d: %d requests, %d script calls (%.3f per request), %.2f µs of Redis time per request"
-              % (kind, r, requests, calls, calls / requests, usec / requests))
+    rows = []
+    for r in range(1, rounds + 1):
+        name = "%s/cascade-%s-%d" % (work, kind, r)
+        stats = open(name + ".redis").read()
+        requests = int(open(name + ".requests").read() or 0)
+        ticks = int(open(name + ".redis-ticks").read())
+        calls = usec = 0
+        for cmd in ("evalsha", "eval"):
+            m = re.search(r"cmdstat_%s:calls=(\d+),usec=(\d+)" % cmd, stats)
+            if m:
+                calls += int(m.group(1)); usec += int(m.group(2))
+        if requests:
+            rows.append((calls / requests, usec / requests, ticks * tick / requests))
+    if rows:
+        med = [statistics.median(r[i] for r in rows) for i in range(3)]
+        print("%-6s %.3f script calls per request, %.2f µs of script time per request, %.1f µs of Redis CPU per request" % (kind, *med))
 PY
+cpu_medians plain cascade-memory cascade-redis cascade-lease
