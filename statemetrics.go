@@ -14,7 +14,8 @@ import (
 // and the mode of each tree of the running configuration.
 type stateCollector struct {
 	keys, evictions, overrides, mode, breakerOpen, breakerTrips *prometheus.Desc
-	leaseDecisions, leaseGrants, leaseReleases, instances       *prometheus.Desc
+	leaseDecisions, leaseGrants, leaseRenewals, leaseReleases   *prometheus.Desc
+	instances                                                   *prometheus.Desc
 	leasePeerResets                                             *prometheus.Desc
 }
 
@@ -38,6 +39,8 @@ func newStateCollector() *stateCollector {
 			[]string{"store"}, nil),
 		instances: prometheus.NewDesc("cascade_store_instances", "Caddy instances sharing a Redis store, as last counted from their heartbeats (on_store_error local divides each limit by it while Redis is away).",
 			[]string{"store"}, nil),
+		leaseRenewals: prometheus.NewDesc("cascade_lease_renewals_total", "Leases a Redis store with leases asked for ahead of a busy path's lease ending, with no request of their own (several in one round trip).",
+			[]string{"store"}, nil),
 		leaseReleases: prometheus.NewDesc("cascade_lease_releases_total", "Leases that ended and gave back their unspent capacity.",
 			[]string{"store"}, nil),
 		leasePeerResets: prometheus.NewDesc("cascade_lease_peer_resets_total", "Resets made through other instances sharing a Redis store with leases, which revoked this instance's leases on the reset buckets.",
@@ -55,6 +58,7 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.breakerTrips
 	ch <- c.leaseDecisions
 	ch <- c.leaseGrants
+	ch <- c.leaseRenewals
 	ch <- c.leaseReleases
 	ch <- c.leasePeerResets
 	ch <- c.instances
@@ -88,6 +92,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(c.leaseDecisions, prometheus.CounterValue, float64(st.Grants), p.name, "grant")
 			ch <- prometheus.MustNewConstMetric(c.leaseDecisions, prometheus.CounterValue, float64(st.Strict), p.name, "strict")
 			ch <- prometheus.MustNewConstMetric(c.leaseGrants, prometheus.CounterValue, float64(st.Leased), p.name)
+			ch <- prometheus.MustNewConstMetric(c.leaseRenewals, prometheus.CounterValue, float64(st.Renewals), p.name)
 			ch <- prometheus.MustNewConstMetric(c.leaseReleases, prometheus.CounterValue, float64(st.Released), p.name)
 			ch <- prometheus.MustNewConstMetric(c.leasePeerResets, prometheus.CounterValue, float64(st.PeerResets), p.name)
 		}

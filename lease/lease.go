@@ -43,6 +43,7 @@ import (
 	"hash/maphash"
 	"math"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -73,9 +74,11 @@ type Options struct {
 	// were asked for; tests inject one. Default: a monotonic clock (a wall
 	// clock stepped back would make a lease outlive its units).
 	Clock store.Clock
-	// Sweep is how often ended leases are given back (default TTL/4, at
-	// least 10ms); a negative value disables the background sweep (tests
-	// call Sweep themselves).
+	// Sweep is how often ended leases are given back and busy paths'
+	// leases renewed ahead of their end (default TTL/16, at least 10ms):
+	// a lease is renewed 1 to 1¼ sweeps before it ends. A negative value
+	// disables the background sweep (tests call Sweep themselves, as if
+	// every TTL/16).
 	Sweep time.Duration
 	// Logger receives what cannot be returned (a failed release). Nil
 	// discards it.
@@ -118,6 +121,10 @@ type Store struct {
 	opts  Options
 	seed  maphash.Seed
 	ttl   int64 // µs
+	// ahead is how long before its end a busy path's lease is renewed
+	// by the sweep (µs): a sweep interval and a quarter, so that the last
+	// sweep before the end renews it, a ticker late by a few ms included.
+	ahead int64
 	paths [shards]pathShard
 	count atomic.Int64 // paths tracked
 
@@ -170,8 +177,13 @@ type path struct {
 	want  int64 // the last lease's size, in requests
 	used  int64 // local µs of the last request
 
-	lease    *held         // nil: none
+	lease *held // nil: none
+	// next is a renewal of the lease granted while the lease was still
+	// being spent: it takes over when the lease is spent or ends (nil:
+	// none; never without a lease).
+	next     *held
 	renewing chan struct{} // closed when the grant in flight is done; nil: none
+	noRenew  bool          // the store cannot renew its lease ahead (store.ErrNotRenewable)
 	// until is, after a grant that leased nothing (near exhaustion, or a
 	// bucket refilling too fast for the TTL), when to try again: until
 	// then the path is decided in the store, request by request, on the
@@ -179,23 +191,36 @@ type path struct {
 	until int64
 }
 
-// held is a lease: units per bucket, charged in the store at at.
+// held is a lease: units per bucket, charged in the store.
 type held struct {
-	limits  []rate.Limit // the limits it was charged on
-	ats     []int64      // the store's time of the grant, per bucket (a Cluster's masters each have theirs)
-	sent    int64        // local µs when the grant was sent (before the grant: so elapsed is never underestimated)
-	expires int64        // local µs
-	units   []float64
-	used    []float64 // spent or drained
-	levels  []float64
-	stops   []int64       // store time at which a calendar bucket's window ends (0: GCRA)
-	results []rate.Result // the grant's: what remained beyond the lease
-	times   bool          // the buckets were granted at different times (a Cluster's slots)
+	sent    int64 // local µs when the grant was sent (before the grant: so elapsed is never underestimated)
+	expires int64 // local µs
+	times   bool  // the buckets were granted at different times (a Cluster's slots)
+	// ample is whether the lease was granted all the requests asked for,
+	// and is small next to what remains on every bucket (at most a tenth
+	// of MaxShare of it): no bucket is near its limit (see renewable).
+	ample bool
+	// buckets are the path's, in order: one slice, so that a request
+	// decided on the lease reads one stretch of memory.
+	buckets []leased
+}
+
+// leased is what a lease holds on one bucket.
+type leased struct {
+	limit  rate.Limit // the limit it was charged on
+	cost   int64      // a request's cost, which the lease was sized in
+	at     int64      // the store's time of the grant (a Cluster's masters each have theirs)
+	stop   int64      // store time at which a calendar bucket's window ends (0: GCRA)
+	units  float64
+	used   float64     // spent or drained
+	level  float64     // the bucket's level under the units (rate.Limit.LeaseDrained)
+	result rate.Result // the grant's: what remained beyond the lease
 }
 
 // counters are the Store's statistics.
 type counters struct {
 	local, grants, leased, strict, releases, released atomic.Int64
+	renewals, renewCalls                              atomic.Int64
 	peerResets                                        atomic.Int64
 }
 
@@ -211,19 +236,24 @@ type Stats struct {
 	// Releases counts calls that gave back ended leases; Released, the
 	// leases given back (with a grant or on their own).
 	Releases, Released int64
+	// Renewals counts the leases asked for ahead of a busy path's lease
+	// ending (see Sweep), RenewCalls the calls that asked for them
+	// (several each). Leased counts those granted too.
+	Renewals, RenewCalls int64
 	// PeerResets counts the resets other instances told of (see Connect).
 	PeerResets int64
 }
 
-// StoreCalls is the number of calls to the store: grants, strict decisions
-// and releases.
-func (s Stats) StoreCalls() int64 { return s.Grants + s.Strict + s.Releases }
+// StoreCalls is the number of calls to the store: grants, strict decisions,
+// releases and renewals.
+func (s Stats) StoreCalls() int64 { return s.Grants + s.Strict + s.Releases + s.RenewCalls }
 
 // Stats returns the Store's counts.
 func (s *Store) Stats() Stats {
 	return Stats{
 		Local: s.stats.local.Load(), Grants: s.stats.grants.Load(), Leased: s.stats.leased.Load(),
 		Strict: s.stats.strict.Load(), Releases: s.stats.releases.Load(), Released: s.stats.released.Load(),
+		Renewals: s.stats.renewals.Load(), RenewCalls: s.stats.renewCalls.Load(),
 		PeerResets: s.stats.peerResets.Load(),
 	}
 }
@@ -259,8 +289,13 @@ func New(inner store.Leaser, opts Options) (*Store, error) {
 	}
 	sweep := opts.Sweep
 	if sweep == 0 {
-		sweep = max(opts.TTL/4, 10*time.Millisecond)
+		sweep = max(opts.TTL/16, 10*time.Millisecond)
 	}
+	every := sweep
+	if every < 0 { // the caller sweeps
+		every = opts.TTL / 16
+	}
+	s.ahead = (every + every/4).Microseconds()
 	if sweep > 0 {
 		go s.sweepEvery(sweep)
 	} else {
@@ -368,23 +403,46 @@ func (s *Store) DecideInto(ctx context.Context, buckets []store.Bucket, buf []ra
 func (s *Store) grant(ctx context.Context, sh *pathShard, p *path, buckets []store.Bucket, want int64, release []store.Release, gen int64, done chan struct{}) (store.Decision, error) {
 	sent := s.opts.Clock()
 	s.stats.grants.Add(1)
-	l, err := s.inner.Lease(ctx, store.Grant{
+	l, err := s.inner.Lease(ctx, s.grantOf(buckets, want, release, false))
+	d, err := s.install(sh, p, buckets, want, l, err, release, gen, sent, done, false)
+	if errors.Is(err, store.ErrNotLeasable) {
+		// Refused before any call: the path is decided in the store from
+		// now on.
+		return s.strict(ctx, buckets)
+	}
+	return d, err
+}
+
+func (s *Store) grantOf(buckets []store.Bucket, want int64, release []store.Release, renew bool) store.Grant {
+	return store.Grant{
 		Buckets: buckets, Want: want, MaxShare: s.opts.MaxShare, MinRemaining: s.opts.MinRemaining,
-		Hold: s.opts.TTL, Release: release,
-	})
+		Hold: s.opts.TTL, Release: release, Renew: renew,
+	}
+}
+
+// install takes the store's answer to a grant on p sent at sent (a
+// request's, or a renewal's), installing the lease unless a reset or a
+// change of limits came while it was in flight; a renewal's follows the
+// path's lease if it is still being spent. It returns the grant's
+// decision (a renewal's is no request's).
+func (s *Store) install(sh *pathShard, p *path, buckets []store.Bucket, want int64, l store.Leased, err error,
+	release []store.Release, gen, sent int64, done chan struct{}, renewal bool) (store.Decision, error) {
 	sh.mu.Lock()
 	p.renewing = nil
 	close(done)
-	if errors.Is(err, store.ErrNotLeasable) {
+	if notLeasable, notRenewable := errors.Is(err, store.ErrNotLeasable), errors.Is(err, store.ErrNotRenewable); notLeasable || notRenewable {
 		// Refused before any call: the path is decided in the store from
-		// now on, and the old lease is given back on its own.
-		p.strict = true
+		// now on (not leasable), or its next request takes its next lease
+		// (a renewal across Cluster slots); the old lease is given back on
+		// its own.
+		p.strict = p.strict || notLeasable
+		p.noRenew = true
 		if len(release) > 0 {
 			s.stats.released.Add(1)
 			s.queue(release)
 		}
 		sh.mu.Unlock()
-		return s.strict(ctx, buckets)
+		return store.Decision{}, err
 	}
 	defer sh.mu.Unlock()
 	if err != nil {
@@ -403,24 +461,25 @@ func (s *Store) grant(ctx context.Context, sh *pathShard, p *path, buckets []sto
 		return l.Decision, nil
 	}
 	s.stats.leased.Add(1)
-	h := &held{
-		limits: limitsOf(buckets, nil),
-		ats:    make([]int64, len(buckets)), sent: sent, expires: sent + s.ttl,
-		units: make([]float64, len(buckets)), used: make([]float64, len(buckets)),
-		levels: l.Levels, stops: make([]int64, len(buckets)),
-	}
+	h := &held{sent: sent, expires: sent + s.ttl, buckets: make([]leased, len(buckets)),
+		ample: l.Extra >= want || (l.Extra == want-1 && !renewal)}
 	for i, b := range buckets {
-		h.ats[i] = l.ChargedAt(i)
-		h.units[i] = float64(l.Extra * b.Cost)
+		// The decision's results are handed to the caller: the lease keeps
+		// its own copy.
+		lb := leased{limit: b.Limit, cost: b.Cost, at: l.ChargedAt(i), units: float64(l.Extra * b.Cost), level: l.Levels[i], result: l.Results[i]}
 		if l.Units != nil {
-			h.units[i] = float64(l.Units[i])
+			lb.units = float64(l.Units[i])
 		}
 		if b.Limit.Algorithm == rate.Calendar {
-			_, h.stops[i] = b.Limit.Window(h.ats[i])
+			_, lb.stop = b.Limit.Window(lb.at)
 		}
-		if h.ats[i] != h.ats[0] {
+		if i > 0 && lb.at != h.buckets[0].at {
 			h.times = true
 		}
+		if b.Cost > 0 && lb.units > s.opts.MaxShare/10*float64(lb.result.Remaining) {
+			h.ample = false
+		}
+		h.buckets[i] = lb
 	}
 	switch reset := s.resetSince(gen, p.keys); {
 	case reset != nil:
@@ -431,15 +490,14 @@ func (s *Store) grant(ctx context.Context, sh *pathShard, p *path, buckets []sto
 		// what it holds stays charged until it drains); what it holds on
 		// the path's other buckets goes back.
 		s.queue(slices.DeleteFunc(h.release(p.keys), func(r store.Release) bool { return reset(r.Key) }))
-	case !p.sameLimits(buckets) || p.lease != nil || p.strict:
+	case !p.sameLimits(buckets) || p.strict || (p.lease != nil && !renewal):
 		// The path's limits changed while the grant was in flight (an
 		// override, the adaptive factor): the lease is on the old ones,
 		// and goes back at once.
 		s.giveBack(h, p.keys)
+	case p.lease != nil:
+		p.next = h // a renewal, while the lease it follows is spent
 	default:
-		// The decision's results are handed to the caller: the lease keeps
-		// its own copy.
-		h.results = append([]rate.Result(nil), l.Results...)
 		p.lease = h
 	}
 	return l.Decision, nil
@@ -461,7 +519,19 @@ func (s *Store) strict(ctx context.Context, buckets []store.Bucket) (store.Decis
 // spend decides buckets on p's lease, if it has one that covers every
 // bucket's cost now. The caller holds the path's shard lock.
 func (s *Store) spend(p *path, buckets []store.Bucket, now int64, buf []rate.Result) (store.Decision, bool) {
-	l := p.lease
+	for {
+		if d, ok := s.spendOn(p.lease, buckets, now, buf); ok || p.next == nil {
+			return d, ok
+		}
+		// The lease is spent, or ended: its renewal takes over, and what
+		// it left goes back.
+		s.giveBack(p.lease, p.keys)
+		p.lease, p.next = p.next, nil
+	}
+}
+
+// spendOn decides buckets on lease l, if it covers every bucket's cost now.
+func (s *Store) spendOn(l *held, buckets []store.Bucket, now int64, buf []rate.Result) (store.Decision, bool) {
 	if l == nil || now >= l.expires {
 		return store.Decision{}, false
 	}
@@ -469,7 +539,7 @@ func (s *Store) spend(p *path, buckets []store.Bucket, now int64, buf []rate.Res
 	for i, b := range buckets {
 		// A bucket the request does not charge needs nothing of the
 		// lease (it may hold none there).
-		if b.Cost > 0 && float64(b.Cost) > l.avail(i, b.Limit, l.ats[i]+elapsed) {
+		if b.Cost > 0 && float64(b.Cost) > l.buckets[i].avail(b.Limit, elapsed) {
 			return store.Decision{}, false
 		}
 	}
@@ -479,13 +549,14 @@ func (s *Store) spend(p *path, buckets []store.Bucket, now int64, buf []rate.Res
 	}
 	results = results[:len(buckets)]
 	for i, b := range buckets {
-		avail := l.avail(i, b.Limit, l.ats[i]+elapsed)
+		lb := &l.buckets[i]
+		avail := lb.avail(b.Limit, elapsed)
 		if b.Cost > 0 {
-			l.used[i] = l.units[i] - avail + float64(b.Cost)
+			lb.used = lb.units - avail + float64(b.Cost)
 			avail -= float64(b.Cost)
 		}
 		left := max(0, int64(avail))
-		g := l.results[i]
+		g := lb.result
 		results[i] = rate.Result{
 			Allowed:   true,
 			Remaining: g.Remaining + left,
@@ -493,23 +564,25 @@ func (s *Store) spend(p *path, buckets []store.Bucket, now int64, buf []rate.Res
 			Reset:     max(0, g.Reset-elapsed),
 		}
 	}
-	d := store.Decision{Allowed: true, Results: results, At: l.ats[len(l.ats)-1] + elapsed}
+	d := store.Decision{Allowed: true, Results: results, At: l.buckets[len(l.buckets)-1].at + elapsed}
 	if l.times {
-		d.Times = make([]int64, len(l.ats))
-		for i, at := range l.ats {
-			d.Times[i] = at + elapsed
+		d.Times = make([]int64, len(l.buckets))
+		for i, lb := range l.buckets {
+			d.Times[i] = lb.at + elapsed
 		}
 	}
 	return d, true
 }
 
-// avail is what the lease has left on bucket i at the store's time at: the
-// units neither spent nor drained, none once a calendar window has ended.
-func (l *held) avail(i int, limit rate.Limit, at int64) float64 {
-	if l.stops[i] != 0 && at >= l.stops[i] {
+// avail is what the lease has left on the bucket elapsed µs after its
+// grant: the units neither spent nor drained, none once a calendar window
+// has ended.
+func (lb *leased) avail(limit rate.Limit, elapsed int64) float64 {
+	at := lb.at + elapsed // the store's time
+	if lb.stop != 0 && at >= lb.stop {
 		return 0
 	}
-	return l.units[i] - math.Max(l.used[i], limit.LeaseDrained(l.ats[i], l.levels[i], at))
+	return lb.units - math.Max(lb.used, limit.LeaseDrained(lb.at, lb.level, at))
 }
 
 // releaseOf returns what p's lease gives back when it ends (nil: nothing).
@@ -521,28 +594,52 @@ func (s *Store) releaseOf(p *path) []store.Release {
 	return p.lease.release(p.keys)
 }
 
+// requestsLeft is how many requests of the costs it was granted for the
+// lease can still decide at local time now (on its tightest bucket).
+func (l *held) requestsLeft(now int64) int64 {
+	left := int64(math.MaxInt64)
+	for _, lb := range l.buckets {
+		if lb.cost > 0 {
+			left = min(left, int64(lb.avail(lb.limit, now-l.sent)/float64(lb.cost)))
+		}
+	}
+	return max(left, 0)
+}
+
 // release returns what the lease on keys gives back when it ends, on the
 // limits it was charged on (nil: nothing).
 func (l *held) release(keys []string) []store.Release {
 	var out []store.Release
-	for i, limit := range l.limits {
-		if left := l.units[i] - l.used[i]; left >= 1 {
+	for i, lb := range l.buckets {
+		if left := lb.units - lb.used; left >= 1 {
 			out = append(out, store.Release{
-				Bucket: store.Bucket{Key: keys[i], Limit: limit, Charged: l.ats[i]},
-				Offset: l.levels[i] + l.used[i], Units: left,
+				Bucket: store.Bucket{Key: keys[i], Limit: lb.limit, Charged: lb.at},
+				Offset: lb.level + lb.used, Units: left,
 			})
 		}
 	}
 	return out
 }
 
-// retire ends p's lease, queueing what it gives back. The caller holds the
-// path's shard lock.
+// retire ends p's lease and its renewal, queueing what they give back.
+// The caller holds the path's shard lock.
 func (s *Store) retire(p *path) {
-	if p.lease != nil {
-		s.giveBack(p.lease, p.keys)
+	for _, l := range []*held{p.lease, p.next} {
+		if l != nil {
+			s.giveBack(l, p.keys)
+		}
 	}
-	p.lease = nil
+	p.lease, p.next = nil, nil
+}
+
+// endExpired ends p's lease if its TTL is over (its renewal taking over),
+// and the renewal too if its TTL is over. The caller holds the path's
+// shard lock.
+func (s *Store) endExpired(p *path, now int64) {
+	for p.lease != nil && now >= p.lease.expires {
+		s.giveBack(p.lease, p.keys)
+		p.lease, p.next = p.next, nil
+	}
 }
 
 // giveBack queues what lease l on keys gives back, if anything.
@@ -590,8 +687,16 @@ func (s *Store) track(sh *pathShard, h uint64, buckets []store.Bucket, now int64
 	// seen starts below zero: the first request is not counted, it starts
 	// the clock (a rate needs two requests).
 	p := &path{keys: make([]string, len(buckets)), since: now, seen: -1}
+	// The keys are kept in one string, which every request of the path
+	// compares its own with: one stretch of memory, not one per key.
+	var all strings.Builder
+	for _, b := range buckets {
+		all.WriteString(b.Key)
+	}
+	joined, off := all.String(), 0
 	for i, b := range buckets {
-		p.keys[i] = b.Key
+		p.keys[i] = joined[off : off+len(b.Key)]
+		off += len(b.Key)
 		if !b.Limit.Leasable() {
 			p.strict = true
 		}
@@ -646,24 +751,143 @@ func (s *Store) hash(buckets []store.Bucket) uint64 {
 }
 
 // Sweep ends the leases whose TTL is over and gives back what they left,
-// forgets paths idle for ten TTLs, and sends what is queued to the store.
+// forgets paths idle for ten TTLs, sends what is queued to the store, and
+// renews the leases of busy paths about to end (see renew).
 func (s *Store) Sweep(ctx context.Context) {
 	now := s.opts.Clock()
+	var ending []pathOf
 	for i := range s.paths {
 		sh := &s.paths[i]
 		sh.mu.Lock()
 		for h, p := range sh.m {
-			if p.lease != nil && now >= p.lease.expires {
-				s.retire(p)
-			}
+			s.endExpired(p, now)
 			if p.lease == nil && p.renewing == nil && now-p.used > 10*s.ttl {
 				delete(sh.m, h)
 				s.count.Add(-1)
+			}
+			if s.renewable(p, now) {
+				ending = append(ending, pathOf{sh, p})
 			}
 		}
 		sh.mu.Unlock()
 	}
 	s.flush(ctx)
+	s.renew(ctx, ending)
+}
+
+// renewable says whether p's lease is to be renewed now: the path is busy
+// (a request within the last sweep or so), has ample headroom (its lease
+// was granted in full, and is small next to what remains), and
+// its lease ends before the next sweep — its TTL, or its units spent at
+// the path's rate since its last lease. Near a limit a renewal would hold capacity
+// others may need, and what a lease leaves when its renewal follows may
+// be given back beneath another instance's later lease (withheld until
+// it drains): such paths take their next lease when a request needs it.
+// The caller holds p's shard lock.
+func (s *Store) renewable(p *path, now int64) bool {
+	l := p.lease
+	if l == nil || !l.ample || p.next != nil || p.renewing != nil || p.strict || p.noRenew || now-p.used > s.ahead {
+		return false
+	}
+	if l.expires-now <= s.ahead {
+		return true
+	}
+	expected := float64(p.seen) * float64(s.ahead) / float64(max(now-p.since, 1000))
+	return float64(l.requestsLeft(now)) <= expected
+}
+
+// pathOf is a path and its shard.
+type pathOf struct {
+	sh *pathShard
+	p  *path
+}
+
+// renewBatch bounds the renewals sent together: the paths of a batch wait
+// for it (their leases are given back with it), and a Redis script runs
+// alone.
+const renewBatch = 32
+
+// renew takes the next lease of each busy path whose lease is about to
+// end, renewBatch paths at a time in one LeaseAll call (one round trip):
+// each renewal gives back what the old lease left and leases the
+// requests the path is expected to see in TTL, with no request of its own
+// (store.Grant's Renew). A path's requests would otherwise find its lease
+// spent or ended and take the next one themselves, one call each, waiting
+// for it; now they rarely do. What a renewal costs is the churn of giving
+// back and leasing again what the old lease had left, in the same atomic
+// step.
+func (s *Store) renew(ctx context.Context, ending []pathOf) {
+	for len(ending) > 0 {
+		batch := ending[:min(len(ending), renewBatch)]
+		ending = ending[len(batch):]
+		if !s.life.TryRLock() { // closing
+			return
+		}
+		if s.closed {
+			s.life.RUnlock()
+			return
+		}
+		s.renewBatch(ctx, batch)
+		s.life.RUnlock()
+	}
+}
+
+// renewBatch renews the leases of batch that still need it. The caller
+// holds life for reading.
+func (s *Store) renewBatch(ctx context.Context, batch []pathOf) {
+	type renewal struct {
+		sh      *pathShard
+		p       *path
+		buckets []store.Bucket
+		want    int64
+		gen     int64
+		done    chan struct{}
+	}
+	var rs []renewal
+	var grants []store.Grant
+	for _, b := range batch {
+		sh, p := b.sh, b.p
+		sh.mu.Lock()
+		now := s.opts.Clock()
+		if !s.renewable(p, now) { // spent, ended or renewed by a request since
+			sh.mu.Unlock()
+			continue
+		}
+		// The lease goes on being spent while its renewal is in flight,
+		// and until it is spent or ends: the renewal covers the requests
+		// expected in TTL beyond what the lease has left.
+		want := s.size(p, now) - p.lease.requestsLeft(now)
+		if want <= 1 {
+			sh.mu.Unlock()
+			continue
+		}
+		r := renewal{sh: sh, p: p, want: want, buckets: make([]store.Bucket, len(p.keys)),
+			gen: s.gen.Load(), done: make(chan struct{})}
+		for i, lb := range p.lease.buckets {
+			r.buckets[i] = store.Bucket{Key: p.keys[i], Limit: p.limits[i], Cost: lb.cost}
+		}
+		p.renewing = r.done
+		sh.mu.Unlock()
+		rs = append(rs, r)
+		grants = append(grants, s.grantOf(r.buckets, r.want, nil, true))
+	}
+	if len(rs) == 0 {
+		return
+	}
+	sent := s.opts.Clock()
+	s.stats.renewCalls.Add(1)
+	s.stats.renewals.Add(int64(len(rs)))
+	leased, errs := s.inner.LeaseAll(ctx, grants)
+	failed := 0
+	for i, r := range rs {
+		if _, err := s.install(r.sh, r.p, r.buckets, r.want, leased[i], errs[i], nil, r.gen, sent, r.done, true); err != nil {
+			failed++
+		}
+	}
+	if failed > 0 {
+		s.opts.Logger.Debug("renewing leases ahead failed; the paths' next requests take their next leases",
+			zap.Int("failed", failed), zap.Int("renewals", len(rs)), zap.Error(errors.Join(errs...)))
+	}
 }
 
 // flushChunk bounds the releases of one call: a Redis script runs alone,
@@ -728,12 +952,17 @@ func (s *Store) revoke(selected func(key string) bool) {
 			if p.lease == nil || !slices.ContainsFunc(p.keys, selected) {
 				continue
 			}
-			for _, r := range p.lease.release(p.keys) {
-				if !selected(r.Key) {
-					back = append(back, r)
+			for _, l := range []*held{p.lease, p.next} {
+				if l == nil {
+					continue
+				}
+				for _, r := range l.release(p.keys) {
+					if !selected(r.Key) {
+						back = append(back, r)
+					}
 				}
 			}
-			p.lease = nil
+			p.lease, p.next = nil, nil
 		}
 		sh.mu.Unlock()
 	}

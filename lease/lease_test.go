@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -165,6 +166,105 @@ func TestLeaseLifecycle(t *testing.T) {
 		}
 		if got := peekRemaining(t, in, bs); got[1] != 1000-8 {
 			t.Fatalf("after the release the store holds %v, want %d (8 admitted)", got, 1000-8)
+		}
+	})
+}
+
+// TestLeaseRenewal: the sweep renews the lease of a busy path shortly
+// before it ends, with no request of its own, sized for what the path is
+// expected to ask beyond what the lease has left; the lease goes on being
+// spent, and the renewal takes over when it is spent or ends, so that the
+// path's requests go on being decided in memory past the lease's end
+// without taking a lease themselves. An idle path's lease is left to end.
+// Nothing is lost: once every lease has ended the store holds exactly what
+// was admitted.
+func TestLeaseRenewal(t *testing.T) {
+	eachStore(t, func(t *testing.T, kind string) {
+		c := storetest.NewClock(start)
+		in := inner(t, kind, c.Now)
+		// Swept by the test as if every TTL/16: a lease is renewed by the
+		// sweep when it ends within 1¼ sweeps (78.125ms).
+		s := newLease(t, in, c.Now, lease.Options{TTL: time.Second})
+		daily := gcra(1000, 24*time.Hour)
+		busy := path("ann", 1, daily, daily)
+		idle := []store.Bucket{{Key: "{t|beta}|org", Limit: daily, Cost: 1}, {Key: "{t|beta}|user|bob", Limit: daily, Cost: 1}}
+		admitted := map[string]int64{}
+		req := func(bs []store.Bucket) {
+			t.Helper()
+			if d := decide(t, s, bs); !d.Allowed {
+				t.Fatal("refused")
+			}
+			admitted[bs[1].Key]++
+		}
+		for _, bs := range [][]store.Bucket{busy, idle} {
+			req(bs) // first sight: decided in the store
+		}
+		c.Advance(10 * time.Millisecond)
+		req(busy) // a grant: 4 requests, 3 leased
+		req(idle) // the same
+		if st := s.Stats(); st.Leased != 2 {
+			t.Fatalf("stats %+v, want two leases", st)
+		}
+		c.Advance(100 * time.Millisecond)
+		req(busy) // on the lease
+		c.Advance(840 * time.Millisecond)
+		s.Sweep(context.Background()) // 60ms before the leases end: no request since the last sweep
+		if st := s.Stats(); st.Renewals != 0 {
+			t.Fatalf("stats %+v: a path with no request in the last sweep renewed", st)
+		}
+		req(busy) // on the lease: 2 of 3 spent
+		s.Sweep(context.Background())
+		st := s.Stats()
+		if st.Renewals != 1 || st.RenewCalls != 1 || st.Leased != 3 || st.Grants != 2 {
+			t.Fatalf("stats %+v, want one renewal leased, no more grants", st)
+		}
+		// The 2 requests seen since the grant, over 940ms, make 2.1 in a
+		// TTL: 3, of which the lease still has 1: the renewal leased 2.
+		if got := peekRemaining(t, in, busy)[1]; got != 1000-4-1-2 {
+			t.Fatalf("after the renewal the user's bucket holds %d, want %d (4 admitted, 1 and 2 leased)", got, 1000-4-1-2)
+		}
+		c.Advance(50 * time.Millisecond)
+		req(busy) // the lease's last unit
+		// Past the lease's end, on the renewal (sent 940ms after the grant).
+		c.Advance(300 * time.Millisecond)
+		req(busy)
+		req(busy)
+		if st := s.Stats(); st.Local != 5 || st.Grants != 2 || st.Strict != 2 {
+			t.Fatalf("stats %+v, want every request since the grant decided on a lease", st)
+		}
+		// Everything ends; the sweeps give back what is left.
+		c.Advance(2 * time.Second)
+		s.Sweep(context.Background())
+		for _, bs := range [][]store.Bucket{busy, idle} {
+			got := peekRemaining(t, in, bs)
+			if want := 1000 - admitted[bs[1].Key]; got[0] != want || got[1] != want {
+				t.Errorf("%s: the buckets hold %v, want %d", bs[1].Key, got, want)
+			}
+		}
+	})
+}
+
+// TestLeaseNoRenewalNearLimit: a lease that is not small next to what
+// remains (more than a tenth of max_share of it) is not renewed ahead: the
+// path's next lease is taken by the request that needs it, as without
+// renewals, so that no capacity is held ahead near a limit.
+func TestLeaseNoRenewalNearLimit(t *testing.T) {
+	eachStore(t, func(t *testing.T, kind string) {
+		c := storetest.NewClock(start)
+		in := inner(t, kind, c.Now)
+		s := newLease(t, in, c.Now, lease.Options{TTL: time.Second})
+		hourly := gcra(100, time.Hour)
+		bs := path("ann", 1, hourly, hourly)
+		decide(t, s, bs)
+		c.Advance(10 * time.Millisecond)
+		decide(t, s, bs) // a lease of 3: more than 1% of the 95 remaining
+		for range 3 {
+			c.Advance(300 * time.Millisecond)
+			decide(t, s, bs)
+			s.Sweep(context.Background())
+		}
+		if st := s.Stats(); st.Leased < 1 || st.Renewals != 0 {
+			t.Fatalf("stats %+v, want a lease and no renewal", st)
 		}
 	})
 }
@@ -410,6 +510,38 @@ func BenchmarkLeaseLocal(b *testing.B) {
 		before := s.Stats()
 		for b.Loop() {
 			s.DecideInto(context.Background(), path, buf)
+		}
+		if after := s.Stats(); after.Local-before.Local < int64(b.N)*9/10 {
+			b.Fatalf("%d of %d decided on the lease", after.Local-before.Local, b.N)
+		}
+	})
+	// 1,000 paths in turn (the load script's 1,000 users), as a busy
+	// instance sees them: a path's state is rarely still in the cache.
+	b.Run("on a lease, 1,000 paths", func(b *testing.B) {
+		m := store.NewMemory(store.MemoryOptions{SweepInterval: -1})
+		s, err := lease.New(m, lease.Options{TTL: time.Minute, MaxShare: 1, Sweep: -1})
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer s.Close()
+		paths := make([][]store.Bucket, 1000)
+		for u := range paths {
+			for i, b := range path {
+				b.Key += strings.Repeat("/", i) + strconv.Itoa(u)
+				paths[u] = append(paths[u], b)
+			}
+		}
+		buf := make([]rate.Result, len(path))
+		for range 20 {
+			for _, p := range paths {
+				s.DecideInto(context.Background(), p, buf)
+			}
+			time.Sleep(time.Millisecond)
+		}
+		before, n := s.Stats(), 0
+		for b.Loop() {
+			s.DecideInto(context.Background(), paths[n%len(paths)], buf)
+			n++
 		}
 		if after := s.Stats(); after.Local-before.Local < int64(b.N)*9/10 {
 			b.Fatalf("%d of %d decided on the lease", after.Local-before.Local, b.N)

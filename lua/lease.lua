@@ -8,9 +8,12 @@
 --
 -- ARGV[1] is the grant: the test clock (µs) or 0 for Redis TIME, the
 -- requests wanted (this one included), the share of what remains a lease
--- may take, the fraction of the capacity below which none is taken and
--- how long (µs) the leased units must last (the padding), then per bucket decide.lua's numbers (algorithm code, count, period,
--- capacity, cost, a calendar's four window bounds). ARGV[2] holds the
+-- may take, the fraction of the capacity below which none is taken, how
+-- long (µs) the leased units must last (the padding) and 1 for a renewal
+-- (0 otherwise: a renewal has no request of its own, its decision charges
+-- nothing and all the requests wanted are leased), then per bucket
+-- decide.lua's numbers (algorithm code, count, period, capacity, cost, a
+-- calendar's four window bounds). ARGV[2] holds the
 -- releases, each adjust.lua's numbers (with the window of the charge in the
 -- capacity's place; the cost is not used) followed by three doubles: when
 -- the lease was charged, the level under its unspent units, and the units.
@@ -22,10 +25,24 @@
 local apply, adjust, ttl, window, decode, spec, put, level = algorithms()
 local unpk, pack, floor = struct.unpack, struct.pack, math.floor
 local grant, rel = ARGV[1], ARGV[2]
-local now, want, share, minrem, hold, i0 = unpk('<ddddd', grant)
+local now, want, share, minrem, hold, renew, i0 = unpk('<dddddd', grant)
 now = clock(now)
 local values = redis.call('MGET', unpack(KEYS))
 local written = {} -- by key name: the state a release left (false: none)
+-- A release's state is stored once, at the end: a key of the grant that
+-- admits is stored with the grant's charge on it (most releases are the
+-- previous lease of the same path), any other with what the release left.
+-- Until then written holds it with the key's expiry hint unchanged, which
+-- is still the key's.
+local later, order = {}, {}
+local function store(skip)
+  for _, key in ipairs(order) do
+    if not skip[key] then
+      local s = later[key]
+      put(key, s[1], s[2], s[3], s[4], now, s[5], '')
+    end
+  end
+end
 
 -- the grant's buckets, read before the releases' keys
 local nb = 0
@@ -86,13 +103,19 @@ while j <= #rel do
       if not (a > top) then a = top end
       b, t = top, now
     end
-    local _
-    _, _, written[key] = put(key, a, b, t, e, now, ttl(alg, count, period, a, t, now, stop), '')
+    local life = ttl(alg, count, period, a, t, now, stop)
+    if later[key] == nil then order[#order + 1] = key end
+    later[key] = {a, b, t, e, life}
+    if life > 0 then written[key] = pack('<dddd', a, b, t, e) else written[key] = false end
   end
 end
-if nb == 0 then return pack('<d', now) end
+if nb == 0 then
+  store({})
+  return pack('<d', now)
+end
 
--- the decision: every bucket's verdict on the request's own cost
+-- the decision: every bucket's verdict on the request's own cost (a renewal
+-- has none: it charges nothing)
 local st, res = {}, {}
 local admit = true
 for i = 1, nb do
@@ -103,7 +126,9 @@ for i = 1, nb do
   local start, stop
   if s[1] == CALENDAR then start, stop = window(now, s[6], s[7], s[8], s[9]) end
   local ok, imp, remaining, before, retry, reset
-  ok, imp, remaining, before, retry, reset, a, b, t = apply(s[1], s[2], s[3], s[4], s[5], a, b, t, now, start, stop)
+  local n = s[5]
+  if renew == 1 then n = 0 end
+  ok, imp, remaining, before, retry, reset, a, b, t = apply(s[1], s[2], s[3], s[4], n, a, b, t, now, start, stop)
   st[i] = {a, b, t, e, start, stop}
   res[i] = {ok, imp, remaining, before, retry, reset}
   if ok == 0 then admit = false end
@@ -114,6 +139,7 @@ local levels, pads = {}, {}
 if admit then
   -- rate.Limit.LeasePad and LeaseExtra on every bucket
   extra = want - 1
+  if renew == 1 then extra = want end
   for i = 1, nb do
     local s, n, remaining = specs[i], specs[i][5], res[i][3]
     local pad = 0
@@ -152,10 +178,15 @@ if admit then
       levels = {}
     end
   end
+  local granted = {}
   for i = 1, nb do
     local s, c = specs[i], st[i]
     put(KEYS[i], c[1], c[2], c[3], c[4], now, ttl(s[1], s[2], s[3], c[1], c[3], now, c[6]), '')
+    granted[KEYS[i]] = true
   end
+  store(granted)
+else
+  store({})
 end
 
 local reply = {}

@@ -22,9 +22,14 @@ type Leaser interface {
 	// decides g.Buckets as Decide does and, if it admits them, charges
 	// each bucket Extra times its cost more, for the largest Extra below
 	// g.Want that rate.Limit.LeaseExtra allows on every bucket (0: no
-	// lease). All in one atomic step. A path whose keys span Redis
-	// Cluster slots cannot be leased: ErrNotLeasable.
+	// lease). All in one atomic step (on a Redis Cluster, one per slot of
+	// the path, see Redis.Lease).
 	Lease(ctx context.Context, g Grant) (Leased, error)
+	// LeaseAll is Lease for several grants sent together (renewals, which
+	// no request waits for): each is its own atomic step, and has its own
+	// answer or error, in order. A renewal of a path across Redis Cluster
+	// slots is refused with ErrNotRenewable.
+	LeaseAll(ctx context.Context, gs []Grant) ([]Leased, []error)
 	// Release gives back what leases left unspent (and undrained), in one
 	// step per Cluster slot.
 	Release(ctx context.Context, r []Release) error
@@ -34,6 +39,11 @@ type Leaser interface {
 // with Decide.
 var ErrNotLeasable = errors.New("path cannot be leased")
 
+// ErrNotRenewable is LeaseAll's answer for a renewal it cannot make (a path
+// across Redis Cluster slots): its lease ends, and the path's next request
+// takes the next one with Lease.
+var ErrNotRenewable = errors.New("lease cannot be renewed ahead")
+
 // Grant asks Lease for a decision and a lease on the same path.
 type Grant struct {
 	// Buckets are the request's path and costs, as Decide takes them.
@@ -42,6 +52,10 @@ type Grant struct {
 	// Want is how many requests of this cost the lease should cover, the
 	// deciding one included: Extra is at most Want − 1.
 	Want int64
+	// Renew asks for a lease with no request of its own, to follow one
+	// about to end: the decision charges nothing (it only says whether the
+	// buckets could admit a request), and Extra is at most Want.
+	Renew bool
 	// MaxShare bounds Extra on each bucket to this fraction of what
 	// remains after the request (padding included); below MinRemaining (a
 	// fraction of its capacity) remaining, a bucket grants no lease at all.
@@ -105,12 +119,19 @@ func (m *Memory) Lease(_ context.Context, g Grant) (Leased, error) {
 	results := make([]rate.Result, n)
 	allowed := true
 	for i, b := range g.Buckets {
-		next[i], results[i] = b.Limit.Apply(m.stateOf(hashes[i], b.Key, now), now, b.Cost)
+		cost := b.Cost
+		if g.Renew {
+			cost = 0
+		}
+		next[i], results[i] = b.Limit.Apply(m.stateOf(hashes[i], b.Key, now), now, cost)
 		allowed = allowed && results[i].Allowed
 	}
 	out := Leased{Levels: make([]float64, n), Pads: make([]int64, n)}
 	if allowed {
 		extra := g.Want - 1
+		if g.Renew {
+			extra = g.Want
+		}
 		pads := out.Pads
 		for i, b := range g.Buckets {
 			if b.Cost > 0 {
@@ -153,6 +174,15 @@ func (m *Memory) Lease(_ context.Context, g Grant) (Leased, error) {
 	out.Decision = Combine(results)
 	out.At = now
 	return out, nil
+}
+
+// LeaseAll implements Leaser: Lease, grant by grant.
+func (m *Memory) LeaseAll(ctx context.Context, gs []Grant) ([]Leased, []error) {
+	out, errs := make([]Leased, len(gs)), make([]error, len(gs))
+	for i, g := range gs {
+		out[i], errs[i] = m.Lease(ctx, g)
+	}
+	return out, errs
 }
 
 // Release implements Leaser.

@@ -8,6 +8,7 @@ import (
 	"math"
 	"sync"
 
+	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
 	"github.com/caddy-cascade/cascade/lua"
@@ -42,6 +43,87 @@ func (r *Redis) Lease(ctx context.Context, g Grant) (Leased, error) {
 	return l, nil
 }
 
+// LeaseAll implements Leaser: the grants are sent together, one lua.Lease
+// call each in one pipeline (one round trip, and one system call each way
+// for all of them on a single Redis), each its own atomic step. A renewal
+// of a path across Cluster slots is refused (ErrNotRenewable); any other
+// grant across slots is leased on its own, as Lease does.
+func (r *Redis) LeaseAll(ctx context.Context, gs []Grant) ([]Leased, []error) {
+	out, errs := make([]Leased, len(gs)), make([]error, len(gs))
+	fail := func(i int, err error) {
+		errs[i] = fmt.Errorf("redis store: lease: %w: %w", ErrUnavailable, err)
+	}
+	for i, g := range gs {
+		errs[i] = checkGrant(g)
+	}
+	if err := r.breaker.allow(); err != nil {
+		for i := range gs {
+			if errs[i] == nil {
+				errs[i] = err
+			}
+		}
+		return out, errs
+	}
+	ctx, cancel := context.WithTimeout(ctx, r.timeout)
+	defer cancel()
+	now, wall := r.now()
+	pipe := r.client.Pipeline()
+	type call struct {
+		keys       []string
+		grant, rel []byte
+	}
+	calls := make([]call, len(gs))
+	cmds := make([]*redis.Cmd, len(gs))
+	for i, g := range gs {
+		if errs[i] != nil {
+			continue
+		}
+		if groups := r.leaseGroups(g.Buckets); groups != nil && len(groups) > 1 {
+			if g.Renew {
+				errs[i] = fmt.Errorf("redis store: lease: a path across %d slots: %w", len(groups), ErrNotRenewable)
+				continue
+			}
+			out[i], errs[i] = r.Lease(ctx, g)
+			continue
+		}
+		c := &calls[i]
+		c.keys, c.grant, c.rel = r.leaseArgs(g.Buckets, g, g.Release, now, wall)
+		cmds[i] = lua.Lease.EvalSha(ctx, pipe, c.keys, c.grant, c.rel)
+	}
+	if pipe.Len() == 0 {
+		return out, errs
+	}
+	_, err := pipe.Exec(ctx)
+	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		// Redis does not have the script (restarted, flushed): load it
+		// and send what it refused again — a refused call ran nothing.
+		if lerr := lua.Lease.Load(ctx, r.client).Err(); lerr == nil {
+			again := r.client.Pipeline()
+			for i, c := range cmds {
+				if c != nil && redis.HasErrorPrefix(c.Err(), "NOSCRIPT") {
+					cmds[i] = lua.Lease.EvalSha(ctx, again, calls[i].keys, calls[i].grant, calls[i].rel)
+				}
+			}
+			_, err = again.Exec(ctx)
+		}
+	}
+	r.breaker.record(err)
+	for i, c := range cmds {
+		if c == nil {
+			continue
+		}
+		reply, cerr := c.Text()
+		if cerr != nil {
+			fail(i, cerr)
+			continue
+		}
+		if out[i], cerr = parseLeased(reply, len(gs[i].Buckets)); cerr != nil {
+			fail(i, cerr)
+		}
+	}
+	return out, errs
+}
+
 // leaseGroups is slotGroups on a Cluster, nil elsewhere.
 func (r *Redis) leaseGroups(buckets []Bucket) [][]int {
 	if r.cluster == nil {
@@ -53,20 +135,36 @@ func (r *Redis) leaseGroups(buckets []Bucket) [][]int {
 // lease runs lua.Lease once: buckets (one slot on a Cluster) decided and
 // leased as g asks, rels given back first.
 func (r *Redis) lease(ctx context.Context, buckets []Bucket, g Grant, rels []Release, now, wall int64) (Leased, error) {
+	keys, grant, rel := r.leaseArgs(buckets, g, rels, now, wall)
+	reply, err := lua.Lease.Run(ctx, r.client, keys, grant, rel).Text()
+	if err != nil {
+		return Leased{}, err
+	}
+	return parseLeased(reply, len(buckets))
+}
+
+// leaseArgs are lua.Lease's keys and arguments for buckets leased as g asks,
+// rels given back first.
+func (r *Redis) leaseArgs(buckets []Bucket, g Grant, rels []Release, now, wall int64) (keys []string, grant, rel []byte) {
 	keys, _, spec := r.encode(buckets, now, wall, false)
-	grant := make([]byte, 0, len(spec)+32)
+	grant = make([]byte, 0, len(spec)+40)
 	grant = append(grant, spec[:8]...)
 	grant = appendFloat(grant, g.Want)
 	grant = appendFloat64(grant, g.MaxShare)
 	grant = appendFloat64(grant, g.MinRemaining)
 	grant = appendFloat(grant, g.Hold.Microseconds())
+	renew := int64(0)
+	if g.Renew {
+		renew = 1
+	}
+	grant = appendFloat(grant, renew)
 	grant = append(grant, spec[8:]...)
 	relKeys, rel := r.encodeReleases(rels, now, wall)
-	reply, err := lua.Lease.Run(ctx, r.client, append(keys, relKeys...), grant, rel).Text()
-	if err != nil {
-		return Leased{}, err
-	}
-	n := len(buckets)
+	return append(keys, relKeys...), grant, rel
+}
+
+// parseLeased reads lua.Lease's reply for a grant of n buckets.
+func parseLeased(reply string, n int) (Leased, error) {
 	if len(reply) != 64*n+16 {
 		return Leased{}, fmt.Errorf("lease script returned %d bytes for %d buckets", len(reply), n)
 	}
@@ -277,9 +375,9 @@ func (r *Redis) Release(ctx context.Context, rels []Release) error {
 	now, wall := r.now()
 	run := func(part []Release) error {
 		keys, rel := r.encodeReleases(part, now, wall)
-		// A grant of no buckets: the clock and four unused numbers.
-		grant := appendFloat(make([]byte, 0, 40), now)
-		grant = append(grant, make([]byte, 32)...)
+		// A grant of no buckets: the clock and five unused numbers.
+		grant := appendFloat(make([]byte, 0, 48), now)
+		grant = append(grant, make([]byte, 40)...)
 		return lua.Lease.Run(ctx, r.client, keys, grant, rel).Err()
 	}
 	var err error

@@ -160,6 +160,17 @@ func (s *slotPerBucket) Lease(ctx context.Context, g store.Grant) (store.Leased,
 	return s.Redis.Lease(ctx, g)
 }
 
+func (s *slotPerBucket) LeaseAll(ctx context.Context, gs []store.Grant) ([]store.Leased, []error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	tagged := make([]store.Grant, len(gs))
+	for i, g := range gs {
+		g.Buckets, g.Release = retag(g.Buckets), retagReleases(g.Release)
+		tagged[i] = g
+	}
+	return s.Redis.LeaseAll(ctx, tagged)
+}
+
 func (s *slotPerBucket) Release(ctx context.Context, r []store.Release) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()

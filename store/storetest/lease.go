@@ -243,6 +243,48 @@ func RunLeases(t *testing.T, open LeaserOpener) {
 			expectDecide(t, s, []store.Bucket{b("ln", "k", slow, 9)}, true)
 			expectDecide(t, s, []store.Bucket{b("ln", "k", slow, 1)}, false)
 		}},
+		{"a renewal charges only the lease", func(t *testing.T, s store.Leaser, c *Clock) {
+			// No request of its own: all 5 wanted are leased, 2 units each.
+			r := grant([]store.Bucket{b("lr", "org", slow, 2), b("lr", "user", slow, 2)}, 5)
+			r.Renew = true
+			expectLease(t, mustRenew(t, s, r)[0], true, 5, []int64{90, 90})
+			expectDecide(t, s, []store.Bucket{b("lr", "user", slow, 90)}, true)
+			expectDecide(t, s, []store.Bucket{b("lr", "user", slow, 1)}, false)
+		}},
+		{"a renewal gives back the lease it follows first", func(t *testing.T, s store.Leaser, c *Clock) {
+			l := mustLease(t, s, grant([]store.Bucket{b("ls", "k", slow, 1)}, 10))
+			expectLease(t, l, true, 9, []int64{90})
+			// Nothing of the lease spent: its 9 units go back, then 9.9
+			// (a tenth of the 99 remaining) bounds the renewal to 9.
+			rel := store.Release{Bucket: store.Bucket{Key: key("ls", "k"), Limit: slow, Charged: l.At}, Offset: l.Levels[0], Units: 9}
+			r := grant([]store.Bucket{b("ls", "k", slow, 1)}, 20, rel)
+			r.Renew = true
+			expectLease(t, mustRenew(t, s, r)[0], true, 9, []int64{90})
+			expectDecide(t, s, []store.Bucket{b("ls", "k", slow, 90)}, true)
+			expectDecide(t, s, []store.Bucket{b("ls", "k", slow, 1)}, false)
+		}},
+		{"a renewal near exhaustion leases nothing", func(t *testing.T, s store.Leaser, c *Clock) {
+			expectDecide(t, s, []store.Bucket{b("lt", "k", slow, 96)}, true)
+			r := grant([]store.Bucket{b("lt", "k", slow, 1)}, 10)
+			r.Renew = true
+			// The decision charges nothing: 4 remain, below 5% of 100.
+			expectLease(t, mustRenew(t, s, r)[0], true, 0, []int64{4})
+			expectDecide(t, s, []store.Bucket{b("lt", "k", slow, 4)}, true)
+		}},
+		{"grants sent together are each their own step, in order", func(t *testing.T, s store.Leaser, c *Clock) {
+			// Both paths share the organisation's bucket: the second is
+			// sized on what the first left.
+			one := grant([]store.Bucket{b("lu", "org", slow, 1), b("lu", "u1", slow, 1)}, 50)
+			two := grant([]store.Bucket{b("lu", "org", slow, 1), b("lu", "u2", slow, 1)}, 50)
+			two.Renew = true
+			ls := mustRenew(t, s, one, two)
+			// one: the request, then 9 (a tenth of 99) leased on both.
+			expectLease(t, ls[0], true, 9, []int64{90, 90})
+			// two: no request; a tenth of the organisation's 90 remaining.
+			expectLease(t, ls[1], true, 9, []int64{81, 91})
+			expectDecide(t, s, []store.Bucket{b("lu", "org", slow, 81)}, true)
+			expectDecide(t, s, []store.Bucket{b("lu", "org", slow, 1)}, false)
+		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := NewClock(start)
@@ -290,6 +332,22 @@ func mustLease(t *testing.T, s store.Leaser, g store.Grant) store.Leased {
 		t.Fatalf("Lease: %v", err)
 	}
 	return l
+}
+
+// mustRenew sends gs together (store.Leaser's LeaseAll). A store that does
+// not renew a path across Cluster slots skips the test.
+func mustRenew(t *testing.T, s store.Leaser, gs ...store.Grant) []store.Leased {
+	t.Helper()
+	ls, errs := s.LeaseAll(context.Background(), gs)
+	for i, err := range errs {
+		if errors.Is(err, store.ErrNotRenewable) {
+			t.Skipf("renewal %d: %v", i, err)
+		}
+		if err != nil {
+			t.Fatalf("LeaseAll, grant %d: %v", i, err)
+		}
+	}
+	return ls
 }
 
 func expectLease(t *testing.T, l store.Leased, allowed bool, extra int64, remaining []int64) {
