@@ -14,6 +14,14 @@
 // store, which gives back what the old lease left and grants a new one in
 // the same call.
 //
+// A busy path far from its limits is not left to run out: the sweep renews
+// its lease shortly before it ends (Sweep), the renewals of many paths in
+// one round trip (store.Leaser.LeaseAll), each with no request of its own;
+// the lease goes on being spent (until the renewal ends if need be: given
+// back beneath its renewal, what it has left would be withheld), and the
+// renewal takes over once it is spent. When both end, the renewal is given
+// back first, then the lease, each the topmost when it goes.
+//
 // Leased capacity is charged in the store before it is spent, and spent
 // only while its charge is still counted there (rate's "Leases" explains
 // the draining of GCRA charges and the windows of calendar quotas), so the
@@ -63,8 +71,9 @@ type Options struct {
 	// lease is granted on it: near exhaustion every request is decided in
 	// the store (default 0.05).
 	MinRemaining float64
-	// TTL is how long a lease may be spent, and the horizon of its sizing:
-	// a lease is sized for the requests the path is expected to see in TTL
+	// TTL is how long a lease may be spent (a lease its renewal follows:
+	// until the renewal's TTL ends), and the horizon of its sizing: a
+	// lease is sized for the requests the path is expected to see in TTL
 	// (default 1s).
 	TTL time.Duration
 	// MaxPaths bounds the paths tracked; beyond it new paths are decided in
@@ -520,7 +529,7 @@ func (s *Store) strict(ctx context.Context, buckets []store.Bucket) (store.Decis
 // bucket's cost now. The caller holds the path's shard lock.
 func (s *Store) spend(p *path, buckets []store.Bucket, now int64, buf []rate.Result) (store.Decision, bool) {
 	for {
-		if d, ok := s.spendOn(p.lease, buckets, now, buf); ok || p.next == nil {
+		if d, ok := s.spendOn(p.lease, buckets, now, buf, p.next); ok || p.next == nil {
 			return d, ok
 		}
 		// The lease is spent, or ended: its renewal takes over, and what
@@ -531,8 +540,14 @@ func (s *Store) spend(p *path, buckets []store.Bucket, now int64, buf []rate.Res
 }
 
 // spendOn decides buckets on lease l, if it covers every bucket's cost now.
-func (s *Store) spendOn(l *held, buckets []store.Bucket, now int64, buf []rate.Result) (store.Decision, bool) {
-	if l == nil || now >= l.expires {
+// While a renewal follows it, the lease is spent until the renewal ends
+// (what it has left is drained or spent): given back beneath the renewal,
+// it would be withheld.
+func (s *Store) spendOn(l *held, buckets []store.Bucket, now int64, buf []rate.Result, next *held) (store.Decision, bool) {
+	if l == nil {
+		return store.Decision{}, false
+	}
+	if end := l.expires; now >= end && (next == nil || now >= next.expires) {
 		return store.Decision{}, false
 	}
 	elapsed := now - l.sent // since the grant, never underestimated
@@ -624,7 +639,7 @@ func (l *held) release(keys []string) []store.Release {
 // retire ends p's lease and its renewal, queueing what they give back.
 // The caller holds the path's shard lock.
 func (s *Store) retire(p *path) {
-	for _, l := range []*held{p.lease, p.next} {
+	for _, l := range []*held{p.next, p.lease} {
 		if l != nil {
 			s.giveBack(l, p.keys)
 		}
@@ -636,9 +651,12 @@ func (s *Store) retire(p *path) {
 // and the renewal too if its TTL is over. The caller holds the path's
 // shard lock.
 func (s *Store) endExpired(p *path, now int64) {
-	for p.lease != nil && now >= p.lease.expires {
+	switch {
+	case p.next != nil && now >= p.next.expires:
+		s.retire(p)
+	case p.next == nil && p.lease != nil && now >= p.lease.expires:
 		s.giveBack(p.lease, p.keys)
-		p.lease, p.next = p.next, nil
+		p.lease = nil
 	}
 }
 
@@ -660,14 +678,22 @@ func (s *Store) queue(r []store.Release) {
 	s.pendingMu.Unlock()
 }
 
-// size is how many requests the path's next lease should cover: its rate
-// since the last lease times TTL, growing at most fourfold from one lease
-// to the next. The caller holds the path's shard lock.
+// size is how many requests the path's next lease should cover (see
+// expected), and starts counting the path's rate afresh. The caller holds
+// the path's shard lock.
 func (s *Store) size(p *path, now int64) int64 {
+	want := s.expected(p, now)
+	p.seen, p.since = 0, now
+	return want
+}
+
+// expected is how many requests the path's next lease should cover: its
+// rate since the last lease times TTL, growing at most fourfold from one
+// lease to the next. The caller holds the path's shard lock.
+func (s *Store) expected(p *path, now int64) int64 {
 	elapsed := max(now-p.since, 1000) // at least 1ms: two requests at once are not an infinite rate
 	want := int64(math.Ceil(float64(p.seen) * float64(s.ttl) / float64(elapsed)))
 	want = min(want, max(4*p.want, 4), maxWant)
-	p.seen, p.since = 0, now
 	return max(want, 1)
 }
 
@@ -802,20 +828,21 @@ type pathOf struct {
 	p  *path
 }
 
-// renewBatch bounds the renewals sent together: the paths of a batch wait
-// for it (their leases are given back with it), and a Redis script runs
-// alone.
+// renewBatch bounds the renewals sent together: a Redis script runs alone,
+// and a path whose lease runs out while its renewal is on the wire waits
+// for it.
 const renewBatch = 32
 
 // renew takes the next lease of each busy path whose lease is about to
 // end, renewBatch paths at a time in one LeaseAll call (one round trip):
-// each renewal gives back what the old lease left and leases the
-// requests the path is expected to see in TTL, with no request of its own
+// each renewal leases the requests the path is expected to see in TTL
+// beyond what its lease still has, with no request of its own
 // (store.Grant's Renew). A path's requests would otherwise find its lease
 // spent or ended and take the next one themselves, one call each, waiting
-// for it; now they rarely do. What a renewal costs is the churn of giving
-// back and leasing again what the old lease had left, in the same atomic
-// step.
+// for it; now they rarely do. The lease is not given back: it is charged
+// beneath its renewal, where a give-back would be withheld (see rate's
+// Leases), so it goes on being spent, until the renewal ends if need be
+// (spendOn), and the renewal takes over once it is spent.
 func (s *Store) renew(ctx context.Context, ending []pathOf) {
 	for len(ending) > 0 {
 		batch := ending[:min(len(ending), renewBatch)]
@@ -856,11 +883,12 @@ func (s *Store) renewBatch(ctx context.Context, batch []pathOf) {
 		// The lease goes on being spent while its renewal is in flight,
 		// and until it is spent or ends: the renewal covers the requests
 		// expected in TTL beyond what the lease has left.
-		want := s.size(p, now) - p.lease.requestsLeft(now)
+		want := s.expected(p, now) - p.lease.requestsLeft(now)
 		if want <= 1 {
 			sh.mu.Unlock()
 			continue
 		}
+		s.size(p, now) // counting afresh
 		r := renewal{sh: sh, p: p, want: want, buckets: make([]store.Bucket, len(p.keys)),
 			gen: s.gen.Load(), done: make(chan struct{})}
 		for i, lb := range p.lease.buckets {
@@ -952,7 +980,7 @@ func (s *Store) revoke(selected func(key string) bool) {
 			if p.lease == nil || !slices.ContainsFunc(p.keys, selected) {
 				continue
 			}
-			for _, l := range []*held{p.lease, p.next} {
+			for _, l := range []*held{p.next, p.lease} {
 				if l == nil {
 					continue
 				}

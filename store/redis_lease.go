@@ -32,6 +32,10 @@ func (r *Redis) Lease(ctx context.Context, g Grant) (Leased, error) {
 	var l Leased
 	var err error
 	if groups := r.leaseGroups(g.Buckets); groups != nil {
+		if g.Renew {
+			// leaseSlots sizes and gives back as for a request's grant.
+			return Leased{}, fmt.Errorf("redis store: lease: a path across %d slots: %w", len(groups), ErrNotRenewable)
+		}
 		l, err = r.leaseSlots(ctx, g, groups, now, wall)
 	} else {
 		l, err = r.lease(ctx, g.Buckets, g, g.Release, now, wall)

@@ -1109,3 +1109,29 @@ func TestPresence(t *testing.T) {
 	a.Close()
 	b.Close()
 }
+
+// TestRedisClusterRenewalAcrossSlots: a renewal (a grant with no request of
+// its own) of a path across Cluster slots is refused, by Lease as by
+// LeaseAll, before anything is sent: the slot-by-slot grant sizes and
+// gives back as for a request's charge, which a renewal does not make.
+func TestRedisClusterRenewalAcrossSlots(t *testing.T) {
+	s := newRedis(t, store.RedisOptions{Addrs: redistest.SharedCluster(t).Addrs(), KeyPrefix: prefix(t)})
+	path := retag([]store.Bucket{
+		{Key: "{r}|org", Limit: gcra(1000, time.Hour), Cost: 1},
+		{Key: "{r}|user", Limit: gcra(100, time.Hour), Cost: 1},
+	})
+	g := store.Grant{Buckets: path, Want: 10, MaxShare: 0.1, MinRemaining: 0.05, Renew: true}
+	if _, err := s.Lease(context.Background(), g); !errors.Is(err, store.ErrNotRenewable) {
+		t.Fatalf("Lease: %v, want ErrNotRenewable", err)
+	}
+	if _, errs := s.LeaseAll(context.Background(), []store.Grant{g}); !errors.Is(errs[0], store.ErrNotRenewable) {
+		t.Fatalf("LeaseAll: %v, want ErrNotRenewable", errs[0])
+	}
+	d, err := store.Peek(context.Background(), s, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Results[0].Remaining != 1000 || d.Results[1].Remaining != 100 {
+		t.Fatalf("the buckets hold %+v, want nothing charged", d.Results)
+	}
+}
