@@ -250,12 +250,12 @@ func TestLeaseRenewalLeftoverGivenBack(t *testing.T) {
 				if st := s.Stats(); st.Renewals != 1 || st.Leased != 2 {
 					t.Fatalf("stats %+v, want one renewal leased", st)
 				}
-				// The lease's last unit is not spent.
+				// The lease's last unit is not spent before its end.
 				if end == "Close" {
 					s.Close()
 				} else {
 					c.Advance(300 * time.Millisecond) // past the lease's end
-					req()                             // on the renewal
+					req()                             // the lease's last unit
 					c.Advance(2 * time.Second)
 					s.Sweep(context.Background())
 				}
