@@ -397,7 +397,7 @@ func (s *Store) DecideInto(ctx context.Context, buckets []store.Bucket, buf []ra
 			return s.strict(ctx, buckets)
 		}
 		release := s.releaseOf(p)
-		p.lease = nil
+		p.lease, p.next = nil, nil
 		done := make(chan struct{})
 		p.renewing = done
 		gen := s.gen.Load()
@@ -529,11 +529,16 @@ func (s *Store) strict(ctx context.Context, buckets []store.Bucket) (store.Decis
 // bucket's cost now. The caller holds the path's shard lock.
 func (s *Store) spend(p *path, buckets []store.Bucket, now int64, buf []rate.Result) (store.Decision, bool) {
 	for {
-		if d, ok := s.spendOn(p.lease, buckets, now, buf, p.next); ok || p.next == nil {
+		d, ok := s.spendOn(p.lease, buckets, now, buf, p.next)
+		if ok || p.next == nil || now >= p.next.expires {
+			// Decided, or no lease left to decide on: ended ones go back
+			// together, the renewal first (releaseOf), with the path's
+			// next grant or by the sweep.
 			return d, ok
 		}
-		// The lease is spent, or ended: its renewal takes over, and what
-		// it left goes back.
+		// The lease cannot pay for the request (spent, or what is left is
+		// less than its cost): its renewal takes over, and what it left
+		// goes back (beneath the renewal: withheld until it drains).
 		s.giveBack(p.lease, p.keys)
 		p.lease, p.next = p.next, nil
 	}
@@ -600,13 +605,18 @@ func (lb *leased) avail(limit rate.Limit, elapsed int64) float64 {
 	return lb.units - math.Max(lb.used, limit.LeaseDrained(lb.at, lb.level, at))
 }
 
-// releaseOf returns what p's lease gives back when it ends (nil: nothing).
-// The caller holds the path's shard lock.
+// releaseOf returns what p's lease and its renewal give back when they end
+// (nil: nothing): the renewal's first, so that each is the topmost when
+// the store applies it (see retire). The caller holds the path's shard
+// lock.
 func (s *Store) releaseOf(p *path) []store.Release {
-	if p.lease == nil {
-		return nil
+	var out []store.Release
+	for _, l := range []*held{p.next, p.lease} {
+		if l != nil {
+			out = append(out, l.release(p.keys)...)
+		}
 	}
-	return p.lease.release(p.keys)
+	return out
 }
 
 // requestsLeft is how many requests of the costs it was granted for the

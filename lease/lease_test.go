@@ -65,6 +65,15 @@ func newLease(t *testing.T, in store.Leaser, clock store.Clock, opts lease.Optio
 	return s
 }
 
+// leaseOn is a lease store of TTL ttl over a fresh inner store of kind,
+// both on a test clock (see newLease).
+func leaseOn(t *testing.T, kind string, ttl time.Duration) (*storetest.Clock, store.Leaser, *lease.Store) {
+	t.Helper()
+	c := storetest.NewClock(start)
+	in := inner(t, kind, c.Now)
+	return c, in, newLease(t, in, c.Now, lease.Options{TTL: ttl})
+}
+
 type noClose struct{ store.Leaser }
 
 func (noClose) Close() error { return nil }
@@ -180,11 +189,9 @@ func TestLeaseLifecycle(t *testing.T) {
 // was admitted.
 func TestLeaseRenewal(t *testing.T) {
 	eachStore(t, func(t *testing.T, kind string) {
-		c := storetest.NewClock(start)
-		in := inner(t, kind, c.Now)
 		// Swept by the test as if every TTL/16: a lease is renewed by the
 		// sweep when it ends within 1¼ sweeps (78.125ms).
-		s := newLease(t, in, c.Now, lease.Options{TTL: time.Second})
+		c, in, s := leaseOn(t, kind, time.Second)
 		daily := gcra(1000, 24*time.Hour)
 		busy := path("ann", 1, daily, daily)
 		idle := []store.Bucket{{Key: "{t|beta}|org", Limit: daily, Cost: 1}, {Key: "{t|beta}|user|bob", Limit: daily, Cost: 1}}
@@ -250,9 +257,7 @@ func TestLeaseRenewal(t *testing.T) {
 // renewals, so that no capacity is held ahead near a limit.
 func TestLeaseNoRenewalNearLimit(t *testing.T) {
 	eachStore(t, func(t *testing.T, kind string) {
-		c := storetest.NewClock(start)
-		in := inner(t, kind, c.Now)
-		s := newLease(t, in, c.Now, lease.Options{TTL: time.Second})
+		c, _, s := leaseOn(t, kind, time.Second)
 		hourly := gcra(100, time.Hour)
 		bs := path("ann", 1, hourly, hourly)
 		decide(t, s, bs)

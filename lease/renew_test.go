@@ -178,9 +178,11 @@ func TestLeaseRenewalConcurrentConservation(t *testing.T) {
 	})
 }
 
-// TestLeaseRenewalLosesNothing: one instance, one busy path, background sweep
-// (renewals ahead): once closed, the store holds what was admitted, no
-// more (the buckets drain about 3 units in the test).
+// TestLeaseRenewalLosesNothing: one instance, one busy path, background
+// sweep (renewals ahead): once closed, the store holds what was admitted,
+// no more (the buckets drain about 3 units in the test). It caught a lease
+// and its renewal that had both ended given back in the wrong order (the
+// lease beneath the renewal: withheld).
 func TestLeaseRenewalLosesNothing(t *testing.T) {
 	eachStore(t, func(t *testing.T, kind string) {
 		ctx := context.Background()
@@ -219,15 +221,13 @@ func TestLeaseRenewalLosesNothing(t *testing.T) {
 // give-back would be withheld: it goes on being spent past its own end
 // rather than given back, and when both end the renewal goes back first,
 // then the lease, each the topmost. Once every lease has ended the store
-// holds exactly what was admitted, whether the leases end by time or by
-// Close.
+// holds exactly what was admitted, whether the leases end by time (one
+// after the other, or both before the path's next request) or by Close.
 func TestLeaseRenewalLeftoverGivenBack(t *testing.T) {
-	for _, end := range []string{"the lease ends", "Close"} {
+	for _, end := range []string{"the lease ends", "both end before a request", "Close"} {
 		t.Run(end, func(t *testing.T) {
 			eachStore(t, func(t *testing.T, kind string) {
-				c := storetest.NewClock(start)
-				in := inner(t, kind, c.Now)
-				s := newLease(t, in, c.Now, lease.Options{TTL: time.Second})
+				c, in, s := leaseOn(t, kind, time.Second)
 				daily := gcra(1000, 24*time.Hour)
 				busy := path("ann", 1, daily, daily)
 				admitted := int64(0)
@@ -251,9 +251,18 @@ func TestLeaseRenewalLeftoverGivenBack(t *testing.T) {
 					t.Fatalf("stats %+v, want one renewal leased", st)
 				}
 				// The lease's last unit is not spent before its end.
-				if end == "Close" {
+				switch end {
+				case "Close":
 					s.Close()
-				} else {
+				case "both end before a request":
+					// The next request finds both ended, and takes a lease
+					// of its own, giving both back with it: the renewal's
+					// first, then the lease's, each the topmost.
+					c.Advance(1100 * time.Millisecond)
+					req()
+					c.Advance(2 * time.Second)
+					s.Sweep(context.Background())
+				default:
 					c.Advance(300 * time.Millisecond) // past the lease's end
 					req()                             // the lease's last unit
 					c.Advance(2 * time.Second)
