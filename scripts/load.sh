@@ -11,9 +11,10 @@
 # This machine's speed drifts by ±30% within a minute, so runs far apart in
 # time cannot be compared: the four Caddys run side by side, started once
 # (an idle one costs the others nothing), and each round runs wrk against
-# each in turn for DURATION, the order turning from round to round (what
-# ran just before moves a run by a few percent). Each ratio is taken within
-# a round, and the median over the rounds is reported.
+# each in turn for DURATION (after WARMUP, 1 s, of the same load), the
+# order turning from round to round (what ran just before moves a run by a
+# few percent). Each ratio is taken within a round, and the median over
+# the rounds is reported.
 #
 #   scripts/load.sh                      # 8 rounds of 5 s runs
 #   ROUNDS=12 DURATION=3s scripts/load.sh
@@ -40,6 +41,7 @@ DURATION=${DURATION:-5s}
 ROUNDS=${ROUNDS:-8}
 CONNS=${CONNS:-32}
 LEASE=${LEASE:-lease}
+WARMUP=${WARMUP:-1s}
 
 for pkg in wrk redis-server; do
 	if ! command -v "$pkg" >/dev/null 2>&1; then
@@ -125,11 +127,15 @@ CF
 }
 
 # measure SERVER RUN: one wrk run of DURATION against the Caddy started as
-# SERVER, recorded as RUN (its throughput, latency, CPU and collections).
+# SERVER, recorded as RUN (its throughput, latency, CPU and collections),
+# after WARMUP of the same load unrecorded: a Caddy idle while the others
+# ran has let its leases end and forgotten its paths, and is measured in
+# its steady state, as the others are.
 measure() {
 	local server=$1 name=$2 port pid
 	port=$(cat "$work/$server.port")
 	pid=$(cat "$work/$server.pid")
+	wrk -t1 -c"$CONNS" -d"$WARMUP" -s "$work/headers.lua" "http://127.0.0.1:$port/" >/dev/null
 	redis-cli -p "$redis_port" config resetstat >/dev/null
 	local gc0 cpu0 cpu1 rcpu0 rcpu1
 	gc0=$(grep -c '^gc ' "$work/$server.log" || true)

@@ -48,10 +48,13 @@ func (r *Redis) Lease(ctx context.Context, g Grant) (Leased, error) {
 }
 
 // LeaseAll implements Leaser: the grants are sent together, one lua.Lease
-// call each in one pipeline (one round trip, and one system call each way
-// for all of them on a single Redis), each its own atomic step. A renewal
-// of a path across Cluster slots is refused (ErrNotRenewable); any other
-// grant across slots is leased on its own, as Lease does.
+// call for all those of a slot (all of them on a single Redis), a call per
+// slot in one pipeline: one round trip, and the script's fixed cost (about
+// 30 µs of Redis's time a call on this project's test machine, against 12
+// a bucket) shared. Each grant is its own step in the call, in order, as
+// if sent on its own. A renewal of a path across Cluster slots is refused
+// (ErrNotRenewable); any other grant across slots is leased on its own, as
+// Lease does.
 func (r *Redis) LeaseAll(ctx context.Context, gs []Grant) ([]Leased, []error) {
 	out, errs := make([]Leased, len(gs)), make([]error, len(gs))
 	fail := func(i int, err error) {
@@ -71,58 +74,92 @@ func (r *Redis) LeaseAll(ctx context.Context, gs []Grant) ([]Leased, []error) {
 	ctx, cancel := context.WithTimeout(ctx, r.timeout)
 	defer cancel()
 	now, wall := r.now()
-	pipe := r.client.Pipeline()
+	// The grants of one slot (all of them but on a Cluster) go in one
+	// call, a call per slot in one pipeline.
 	type call struct {
-		keys       []string
-		grant, rel []byte
+		grants []int // indexes into gs, in order
+		keys   []string
+		args   []any
 	}
-	calls := make([]call, len(gs))
-	cmds := make([]*redis.Cmd, len(gs))
+	var calls []*call
+	bySlot := map[int]*call{}
 	for i, g := range gs {
 		if errs[i] != nil {
 			continue
 		}
-		if groups := r.leaseGroups(g.Buckets); groups != nil && len(groups) > 1 {
-			if g.Renew {
-				errs[i] = fmt.Errorf("redis store: lease: a path across %d slots: %w", len(groups), ErrNotRenewable)
+		slot := 0
+		if groups := r.leaseGroups(g.Buckets); groups != nil {
+			if len(groups) > 1 {
+				if g.Renew {
+					errs[i] = fmt.Errorf("redis store: lease: a path across %d slots: %w", len(groups), ErrNotRenewable)
+					continue
+				}
+				out[i], errs[i] = r.Lease(ctx, g)
 				continue
 			}
-			out[i], errs[i] = r.Lease(ctx, g)
-			continue
+			slot = RedisKeySlot(r.prefix + g.Buckets[0].Key)
 		}
-		c := &calls[i]
-		c.keys, c.grant, c.rel = r.leaseArgs(g.Buckets, g, g.Release, now, wall)
-		cmds[i] = lua.Lease.EvalSha(ctx, pipe, c.keys, c.grant, c.rel)
+		c := bySlot[slot]
+		if c == nil {
+			c = &call{}
+			bySlot[slot] = c
+			calls = append(calls, c)
+		}
+		keys, grant, rel := r.leaseArgs(g.Buckets, g, g.Release, now, wall)
+		c.grants = append(c.grants, i)
+		c.keys = append(c.keys, keys...)
+		c.args = append(c.args, grant, rel)
 	}
-	if pipe.Len() == 0 {
+	if len(calls) == 0 {
 		return out, errs
 	}
-	_, err := pipe.Exec(ctx)
+	send := func(calls []*call) ([]*redis.Cmd, error) {
+		pipe := r.client.Pipeline()
+		cmds := make([]*redis.Cmd, len(calls))
+		for ci, c := range calls {
+			cmds[ci] = lua.Lease.EvalSha(ctx, pipe, c.keys, c.args...)
+		}
+		_, err := pipe.Exec(ctx)
+		return cmds, err
+	}
+	cmds, err := send(calls)
 	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
 		// Redis does not have the script (restarted, flushed): load it
 		// and send what it refused again — a refused call ran nothing.
 		if lerr := lua.Lease.Load(ctx, r.client).Err(); lerr == nil {
-			again := r.client.Pipeline()
-			for i, c := range cmds {
-				if c != nil && redis.HasErrorPrefix(c.Err(), "NOSCRIPT") {
-					cmds[i] = lua.Lease.EvalSha(ctx, again, calls[i].keys, calls[i].grant, calls[i].rel)
+			var again []*call
+			var at []int
+			for ci, c := range cmds {
+				if redis.HasErrorPrefix(c.Err(), "NOSCRIPT") {
+					again, at = append(again, calls[ci]), append(at, ci)
 				}
 			}
-			_, err = again.Exec(ctx)
+			var retried []*redis.Cmd
+			retried, err = send(again)
+			for k, ci := range at {
+				cmds[ci] = retried[k]
+			}
 		}
 	}
 	r.breaker.record(err)
-	for i, c := range cmds {
-		if c == nil {
-			continue
-		}
-		reply, cerr := c.Text()
-		if cerr != nil {
-			fail(i, cerr)
-			continue
-		}
-		if out[i], cerr = parseLeased(reply, len(gs[i].Buckets)); cerr != nil {
-			fail(i, cerr)
+	for ci, c := range calls {
+		reply, cerr := cmds[ci].Text()
+		for _, i := range c.grants {
+			if cerr != nil {
+				fail(i, cerr)
+				continue
+			}
+			size := 64*len(gs[i].Buckets) + 16
+			if len(reply) < size {
+				fail(i, fmt.Errorf("lease script returned %d bytes for the rest of a call", len(reply)))
+				reply = ""
+				continue
+			}
+			out[i], errs[i] = parseLeased(reply[:size], len(gs[i].Buckets))
+			if errs[i] != nil {
+				fail(i, errs[i])
+			}
+			reply = reply[size:]
 		}
 	}
 	return out, errs

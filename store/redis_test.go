@@ -1135,3 +1135,49 @@ func TestRedisClusterRenewalAcrossSlots(t *testing.T) {
 		t.Fatalf("the buckets hold %+v, want nothing charged", d.Results)
 	}
 }
+
+// TestRedisLeaseAllOneCall: grants sent together go to Redis as one script
+// call (one EVALSHA for all of a slot), each applied in turn; after a
+// SCRIPT FLUSH the call is refused (NOSCRIPT, nothing ran), the script is
+// loaded and the call sent again: every grant is applied once.
+func TestRedisLeaseAllOneCall(t *testing.T) {
+	srv := redistest.Start(t)
+	s := newRedis(t, store.RedisOptions{Addrs: []string{srv.Addr()}})
+	ctx := context.Background()
+	hourly := gcra(1000, time.Hour)
+	grants := func() []store.Grant {
+		var gs []store.Grant
+		for u := range 5 {
+			gs = append(gs, store.Grant{Buckets: []store.Bucket{
+				{Key: "{all}|org", Limit: hourly, Cost: 1}, {Key: fmt.Sprintf("{all}|user%d", u), Limit: hourly, Cost: 1},
+			}, Want: 10, MaxShare: 0.1, MinRemaining: 0.05, Renew: true})
+		}
+		return gs
+	}
+	renew := func() {
+		t.Helper()
+		ls, errs := s.LeaseAll(ctx, grants())
+		for i, l := range ls {
+			if errs[i] != nil || l.Extra != 10 {
+				t.Fatalf("grant %d: extra %d, error %v; want 10 leased", i, l.Extra, errs[i])
+			}
+		}
+	}
+	resetStats(t, srv.Addr())
+	renew()
+	if st := commandStats(t, srv.Addr()); st["evalsha"].calls != 1 {
+		t.Fatalf("5 grants sent together ran %d EVALSHA, want 1", st["evalsha"].calls)
+	}
+	if _, err := redistest.Do(srv.Addr(), "SCRIPT", "FLUSH"); err != nil {
+		t.Fatal(err)
+	}
+	renew()
+	// Each grant leased 10 on the organisation's bucket, in turn: 100.
+	d, err := store.Peek(ctx, s, []store.Bucket{{Key: "{all}|org", Limit: hourly}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := d.Results[0].Remaining; got != 1000-100 {
+		t.Fatalf("the organisation's bucket has %d remaining, want 900: a grant applied twice or not at all", got)
+	}
+}
