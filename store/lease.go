@@ -26,9 +26,10 @@ type Leaser interface {
 	// the path, see Redis.Lease).
 	Lease(ctx context.Context, g Grant) (Leased, error)
 	// LeaseAll is Lease for several grants sent together (renewals, which
-	// no request waits for): each is its own atomic step, and has its own
-	// answer or error, in order. A renewal of a path across Redis Cluster
-	// slots is refused with ErrNotRenewable.
+	// no request waits for): each is applied in turn as if on its own (the
+	// Redis store applies those of a slot in one script: together atomic),
+	// and has its own answer or error, in order. A renewal of a path across
+	// Redis Cluster slots is refused with ErrNotRenewable.
 	LeaseAll(ctx context.Context, gs []Grant) ([]Leased, []error)
 	// Release gives back what leases left unspent (and undrained), in one
 	// step per Cluster slot.
