@@ -701,10 +701,16 @@ func (s *Store) size(p *path, now int64) int64 {
 // rate since the last lease times TTL, growing at most fourfold from one
 // lease to the next. The caller holds the path's shard lock.
 func (s *Store) expected(p *path, now int64) int64 {
-	elapsed := max(now-p.since, 1000) // at least 1ms: two requests at once are not an infinite rate
-	want := int64(math.Ceil(float64(p.seen) * float64(s.ttl) / float64(elapsed)))
+	want := int64(math.Ceil(p.seenIn(s.ttl, now)))
 	want = min(want, max(4*p.want, 4), maxWant)
 	return max(want, 1)
+}
+
+// seenIn is how many requests the path sees in window µs at its rate since
+// its last lease. The caller holds the path's shard lock.
+func (p *path) seenIn(window, now int64) float64 {
+	elapsed := max(now-p.since, 1000) // at least 1ms: two requests at once are not an infinite rate
+	return float64(p.seen) * float64(window) / float64(elapsed)
 }
 
 // track starts tracking a path (replacing whatever hashed the same), or
@@ -813,13 +819,13 @@ func (s *Store) Sweep(ctx context.Context) {
 
 // renewable says whether p's lease is to be renewed now: the path is busy
 // (a request within the last sweep or so), has ample headroom (its lease
-// was granted in full, and is small next to what remains), and
-// its lease ends before the next sweep — its TTL, or its units spent at
-// the path's rate since its last lease. Near a limit a renewal would hold capacity
-// others may need, and what a lease leaves when its renewal follows may
-// be given back beneath another instance's later lease (withheld until
-// it drains): such paths take their next lease when a request needs it.
-// The caller holds p's shard lock.
+// was granted in full, and is small next to what remains), and its lease
+// ends before the next sweep — its TTL, or its units spent at the path's
+// rate since its last lease. Near a limit a renewal would hold capacity
+// others may need, and what a lease leaves when its renewal follows may be
+// given back beneath another instance's later lease (withheld until it
+// drains): such paths take their next lease when a request needs it. The
+// caller holds p's shard lock.
 func (s *Store) renewable(p *path, now int64) bool {
 	l := p.lease
 	if l == nil || !l.ample || p.next != nil || p.renewing != nil || p.strict || p.noRenew || now-p.used > s.ahead {
@@ -828,8 +834,7 @@ func (s *Store) renewable(p *path, now int64) bool {
 	if l.expires-now <= s.ahead {
 		return true
 	}
-	expected := float64(p.seen) * float64(s.ahead) / float64(max(now-p.since, 1000))
-	return float64(l.requestsLeft(now)) <= expected
+	return float64(l.requestsLeft(now)) <= p.seenIn(s.ahead, now)
 }
 
 // pathOf is a path and its shard.
@@ -990,14 +995,9 @@ func (s *Store) revoke(selected func(key string) bool) {
 			if p.lease == nil || !slices.ContainsFunc(p.keys, selected) {
 				continue
 			}
-			for _, l := range []*held{p.next, p.lease} {
-				if l == nil {
-					continue
-				}
-				for _, r := range l.release(p.keys) {
-					if !selected(r.Key) {
-						back = append(back, r)
-					}
+			for _, r := range s.releaseOf(p) {
+				if !selected(r.Key) {
+					back = append(back, r)
 				}
 			}
 			p.lease, p.next = nil, nil

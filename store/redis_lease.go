@@ -74,90 +74,77 @@ func (r *Redis) LeaseAll(ctx context.Context, gs []Grant) ([]Leased, []error) {
 	ctx, cancel := context.WithTimeout(ctx, r.timeout)
 	defer cancel()
 	now, wall := r.now()
-	// The grants of one slot (all of them but on a Cluster) go in one
-	// call, a call per slot in one pipeline.
-	type call struct {
-		grants []int // indexes into gs, in order
-		keys   []string
-		args   []any
-	}
-	var calls []*call
-	bySlot := map[int]*call{}
+	// A grant across Cluster slots is leased on its own (Lease refuses a
+	// renewal); the others go in one call per slot (one call but on a
+	// Cluster), the calls in one pipeline.
+	var batched []int
 	for i, g := range gs {
 		if errs[i] != nil {
 			continue
 		}
-		slot := 0
-		if groups := r.leaseGroups(g.Buckets); groups != nil {
-			if len(groups) > 1 {
-				if g.Renew {
-					errs[i] = fmt.Errorf("redis store: lease: a path across %d slots: %w", len(groups), ErrNotRenewable)
-					continue
-				}
-				out[i], errs[i] = r.Lease(ctx, g)
-				continue
-			}
-			slot = RedisKeySlot(r.prefix + g.Buckets[0].Key)
+		if len(r.leaseGroups(g.Buckets)) > 1 {
+			out[i], errs[i] = r.Lease(ctx, g)
+			continue
 		}
-		c := bySlot[slot]
-		if c == nil {
-			c = &call{}
-			bySlot[slot] = c
-			calls = append(calls, c)
-		}
-		keys, grant, rel := r.leaseArgs(g.Buckets, g, g.Release, now, wall)
-		c.grants = append(c.grants, i)
-		c.keys = append(c.keys, keys...)
-		c.args = append(c.args, grant, rel)
+		batched = append(batched, i)
 	}
-	if len(calls) == 0 {
+	if len(batched) == 0 {
 		return out, errs
 	}
-	send := func(calls []*call) ([]*redis.Cmd, error) {
+	slots := [][]int{batched}
+	if r.cluster != nil {
+		slots = groupBySlot(len(batched), func(k int) int { return RedisKeySlot(r.prefix + gs[batched[k]].Buckets[0].Key) })
+		for _, slot := range slots {
+			for k, at := range slot {
+				slot[k] = batched[at]
+			}
+		}
+	}
+	keys, args := make([][]string, len(slots)), make([][]any, len(slots))
+	for c, slot := range slots {
+		for _, i := range slot {
+			k, grant, rel := r.leaseArgs(gs[i].Buckets, gs[i], gs[i].Release, now, wall)
+			keys[c] = append(keys[c], k...)
+			args[c] = append(args[c], grant, rel)
+		}
+	}
+	// As the batches of decisions are sent (batcher.send): one call is
+	// Run (EVALSHA, then EVAL on NOSCRIPT); several are pipelined, and a
+	// call refused NOSCRIPT (it ran nothing) is Run again.
+	replies, rerrs := make([]string, len(slots)), make([]error, len(slots))
+	if len(slots) == 1 {
+		replies[0], rerrs[0] = lua.Lease.Run(ctx, r.client, keys[0], args[0]...).Text()
+	} else {
 		pipe := r.client.Pipeline()
-		cmds := make([]*redis.Cmd, len(calls))
-		for ci, c := range calls {
-			cmds[ci] = lua.Lease.EvalSha(ctx, pipe, c.keys, c.args...)
+		cmds := make([]*redis.Cmd, len(slots))
+		for c := range slots {
+			cmds[c] = pipe.EvalSha(ctx, lua.Lease.Hash(), keys[c], args[c]...)
 		}
-		_, err := pipe.Exec(ctx)
-		return cmds, err
-	}
-	cmds, err := send(calls)
-	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-		// Redis does not have the script (restarted, flushed): load it
-		// and send what it refused again — a refused call ran nothing.
-		if lerr := lua.Lease.Load(ctx, r.client).Err(); lerr == nil {
-			var again []*call
-			var at []int
-			for ci, c := range cmds {
-				if redis.HasErrorPrefix(c.Err(), "NOSCRIPT") {
-					again, at = append(again, calls[ci]), append(at, ci)
-				}
-			}
-			var retried []*redis.Cmd
-			retried, err = send(again)
-			for k, ci := range at {
-				cmds[ci] = retried[k]
+		_, _ = pipe.Exec(ctx) // errors are per command, below
+		for c := range slots {
+			replies[c], rerrs[c] = cmds[c].Text()
+			if rerrs[c] != nil && redis.HasErrorPrefix(rerrs[c], "NOSCRIPT") {
+				replies[c], rerrs[c] = lua.Lease.Run(ctx, r.client, keys[c], args[c]...).Text()
 			}
 		}
 	}
-	r.breaker.record(err)
-	for ci, c := range calls {
-		reply, cerr := cmds[ci].Text()
-		for _, i := range c.grants {
-			if cerr != nil {
-				fail(i, cerr)
+	r.breaker.record(errors.Join(rerrs...))
+	for c, slot := range slots {
+		reply, err := replies[c], rerrs[c]
+		for _, i := range slot {
+			if err != nil {
+				fail(i, err)
 				continue
 			}
 			size := 64*len(gs[i].Buckets) + 16
 			if len(reply) < size {
-				fail(i, fmt.Errorf("lease script returned %d bytes for the rest of a call", len(reply)))
-				reply = ""
+				err = fmt.Errorf("lease script returned %d bytes for the rest of a call", len(reply))
+				fail(i, err)
 				continue
 			}
-			out[i], errs[i] = parseLeased(reply[:size], len(gs[i].Buckets))
-			if errs[i] != nil {
-				fail(i, errs[i])
+			var perr error
+			if out[i], perr = parseLeased(reply[:size], len(gs[i].Buckets)); perr != nil {
+				fail(i, perr)
 			}
 			reply = reply[size:]
 		}

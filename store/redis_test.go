@@ -1181,3 +1181,29 @@ func TestRedisLeaseAllOneCall(t *testing.T) {
 		t.Fatalf("the organisation's bucket has %d remaining, want 900: a grant applied twice or not at all", got)
 	}
 }
+
+// TestRedisClusterLeaseAllSlots: grants of different slots sent together go
+// one call per slot, pipelined, and each gets its own answer, in order.
+func TestRedisClusterLeaseAllSlots(t *testing.T) {
+	s := newRedis(t, store.RedisOptions{Addrs: redistest.SharedCluster(t).Addrs(), KeyPrefix: prefix(t)})
+	hourly := gcra(1000, time.Hour)
+	var gs []store.Grant
+	slots := map[int]bool{}
+	for u := range 6 {
+		key := fmt.Sprintf("{slot%d}|user", u)
+		slots[store.RedisKeySlot(prefix(t)+key)] = true
+		gs = append(gs, store.Grant{Buckets: []store.Bucket{{Key: key, Limit: hourly, Cost: int64(u + 1)}},
+			Want: 10, MaxShare: 0.5, MinRemaining: 0.05, Renew: true})
+	}
+	if len(slots) < 2 {
+		t.Fatalf("the grants are in %d slots, want several", len(slots))
+	}
+	ls, errs := s.LeaseAll(context.Background(), gs)
+	for u, l := range ls {
+		// No request of its own: 10 requests of cost u+1 leased.
+		if errs[u] != nil || l.Extra != 10 || l.Results[0].Remaining != 1000-10*int64(u+1) {
+			t.Fatalf("grant %d: extra %d, remaining %d, error %v; want 10 leased, %d remaining",
+				u, l.Extra, l.Results[0].Remaining, errs[u], 1000-10*(u+1))
+		}
+	}
+}
