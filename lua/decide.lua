@@ -52,6 +52,12 @@ local lapply, lsync, reader, lcheck -- from algorithms('log'), for the first exa
 -- sliding window: its key's index, what apply said to drop and push, its
 -- entries, and the key's expiry action and E.
 local lpend, nl = nil, 0 -- made for the first exact sliding window
+-- logged[k] is true when key k's log was written: its expiry is set again
+-- after the key's own SET … PX below. Redis 7.0 takes each command's expiry
+-- from the clock as the command runs, so a log expired mid-script by ms + 1
+-- would end before a key given ms at the end of a script that ran longer
+-- than a millisecond (a batch of decisions on a busy machine).
+local logged
 local nowPacked -- Redis TIME, packed once for every decision's reply
 local used, spend -- concurrency limits' (SLOTS): made for the first
 local keep -- idempotency records' writes on a refusal (IDEM): made for the first
@@ -244,6 +250,8 @@ for d = 2, #ARGV do
     -- The lists change now, so that the decisions after this one read
     -- them as this one left them.
     lsync(KEYS[lpend[1] + 1], lpend[2], lpend[3], lpend[4], lpend[5], lpend[6], now)
+    if not logged then logged = {} end
+    logged[lpend[1]] = true
   elseif admit and nl > 0 then
     -- Several logs. A key named twice in one decision (by two indexes in
     -- a lone call, by one in a batch) takes its last mention's state, as
@@ -260,6 +268,8 @@ for d = 2, #ARGV do
       local ms = lpend[j + 4]
       if ms == 0 and exp[lk] then ms = exp[lk] end
       lsync(lk, lpend[j + 1], lpend[j + 2], lpend[j + 3], ms, lpend[j + 5], now)
+      if not logged then logged = {} end
+      logged[lpend[j]] = true
     end
   end
   nl = 0
@@ -306,6 +316,7 @@ for k = 1, #KEYS do
     redis.call('SET', KEYS[k], values[k], 'KEEPTTL')
   elseif ms then
     redis.call('SET', KEYS[k], values[k], 'PX', ms)
+    if logged and logged[k] then redis.call('PEXPIRE', KEYS[k + 1], ms + 1) end
   elseif ms == false then
     redis.call('DEL', KEYS[k])
   end
