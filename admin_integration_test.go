@@ -497,6 +497,7 @@ http://127.0.0.1:%s {
 	if err := caddy.Load(cfg, true); err != nil {
 		t.Fatal(err)
 	}
+	reloaded()
 	erin := []string{"X-Org: acme", "X-User: erin"}
 	if r := do(t, "GET", site, erin...); r.body != "reloaded" {
 		t.Fatalf("not reloaded: %s", r.body)

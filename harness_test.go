@@ -166,12 +166,17 @@ func reload(t testing.TB, sites string, global ...string) error {
 		t.Fatalf("adapting Caddyfile: %v\n%s", err, sites)
 	}
 	err = caddy.Load(cfg, true)
-	lastReload.Store(time.Now().UnixNano())
-	// Connections kept alive to the old configuration's servers are closed
-	// by them as they stop: a request sent on one just then would fail
-	// with EOF. Later requests dial the new servers.
-	client.CloseIdleConnections()
+	reloaded()
 	return err
+}
+
+// reloaded is said after a configuration replaced a running one. Connections
+// kept alive to the old configuration's servers are closed by them as they
+// stop: a request sent on one just then would fail with EOF or a reset, so
+// they are closed here, and do retries a GET that meets one soon after.
+func reloaded() {
+	lastReload.Store(time.Now().UnixNano())
+	client.CloseIdleConnections()
 }
 
 // runningMetrics is the metrics of the family name in the running Caddy's

@@ -263,8 +263,7 @@ func TestPriorityAcrossReload(t *testing.T) {
 	loaded := make(chan error, 1)
 	go func() { loaded <- caddy.Load(priorityConfig(t, "limit 2/s", storeBlock, "new", port, adminPort), true) }()
 	time.Sleep(100 * time.Millisecond)
-	lastReload.Store(time.Now().UnixNano())
-	client.CloseIdleConnections()
+	reloaded()
 	r := do(t, "GET", url, "X-User: ann")
 	took := time.Since(start)
 	if r.status != 200 || r.body != "new" || took > 700*time.Millisecond {
