@@ -171,8 +171,9 @@ type Store struct {
 }
 
 type pathShard struct {
-	mu sync.Mutex
-	m  map[uint64]*path
+	mu  sync.Mutex
+	m   map[uint64]*path
+	rec records // the shard's part of the reservation of lease records (records.go)
 }
 
 // path is one bucket path this instance has seen: its sizing and its lease.
@@ -209,17 +210,23 @@ type held struct {
 	// and is small next to what remains on every bucket (at most a tenth
 	// of MaxShare of it): no bucket is near its limit (see renewable).
 	ample bool
-	// buckets are the path's, in order: one slice, so that a request
-	// decided on the lease reads one stretch of memory.
+	// buckets are the path's, in order: one run of records, so that a
+	// request decided on the lease reads one stretch of memory. Nil once
+	// the lease has ended (drop): a lease read after its end panics
+	// rather than read records another lease now holds.
 	buckets []leased
+	from    *records // where buckets was carved (its shard's)
+	at      int32    // and at which record (-1: an ordinary allocation)
+	// limits are the limits the lease was charged on, bucket by bucket.
+	limits []rate.Limit
 }
 
-// leased is what a lease holds on one bucket.
+// leased is what a lease holds on one bucket. It holds no pointers (see
+// records.go).
 type leased struct {
-	limit  rate.Limit // the limit it was charged on
-	cost   int64      // a request's cost, which the lease was sized in
-	at     int64      // the store's time of the grant (a Cluster's masters each have theirs)
-	stop   int64      // store time at which a calendar bucket's window ends (0: GCRA)
+	cost   int64 // a request's cost, which the lease was sized in
+	at     int64 // the store's time of the grant (a Cluster's masters each have theirs)
+	stop   int64 // store time at which a calendar bucket's window ends (0: GCRA)
 	units  float64
 	used   float64     // spent or drained
 	level  float64     // the bucket's level under the units (rate.Limit.LeaseDrained)
@@ -293,8 +300,12 @@ func New(inner store.Leaser, opts Options) (*Store, error) {
 	}
 	s := &Store{inner: inner, opts: opts, seed: maphash.MakeSeed(), ttl: opts.TTL.Microseconds(),
 		stop: make(chan struct{}), done: make(chan struct{})}
+	// One reservation, shared out among the shards.
+	mem := make([]leased, reservedRecords(opts.MaxPaths))
+	per := len(mem) / shards
 	for i := range s.paths {
 		s.paths[i].m = map[uint64]*path{}
+		s.paths[i].rec.mem = mem[i*per : (i+1)*per : (i+1)*per]
 	}
 	sweep := opts.Sweep
 	if sweep == 0 {
@@ -396,8 +407,7 @@ func (s *Store) DecideInto(ctx context.Context, buckets []store.Bucket, buf []ra
 			sh.mu.Unlock()
 			return s.strict(ctx, buckets)
 		}
-		release := s.releaseOf(p)
-		p.lease, p.next = nil, nil
+		release := s.end(p)
 		done := make(chan struct{})
 		p.renewing = done
 		gen := s.gen.Load()
@@ -470,12 +480,13 @@ func (s *Store) install(sh *pathShard, p *path, buckets []store.Bucket, want int
 		return l.Decision, nil
 	}
 	s.stats.leased.Add(1)
-	h := &held{sent: sent, expires: sent + s.ttl, buckets: make([]leased, len(buckets)),
+	h := &held{sent: sent, expires: sent + s.ttl, from: &sh.rec, limits: limitsOf(buckets, nil),
 		ample: l.Extra >= want || (l.Extra == want-1 && !renewal)}
+	h.buckets, h.at = sh.rec.get(len(buckets))
 	for i, b := range buckets {
 		// The decision's results are handed to the caller: the lease keeps
 		// its own copy.
-		lb := leased{limit: b.Limit, cost: b.Cost, at: l.ChargedAt(i), units: float64(l.Extra * b.Cost), level: l.Levels[i], result: l.Results[i]}
+		lb := leased{cost: b.Cost, at: l.ChargedAt(i), units: float64(l.Extra * b.Cost), level: l.Levels[i], result: l.Results[i]}
 		if l.Units != nil {
 			lb.units = float64(l.Units[i])
 		}
@@ -499,6 +510,7 @@ func (s *Store) install(sh *pathShard, p *path, buckets []store.Bucket, want int
 		// what it holds stays charged until it drains); what it holds on
 		// the path's other buckets goes back.
 		s.queue(slices.DeleteFunc(h.release(p.keys), func(r store.Release) bool { return reset(r.Key) }))
+		h.drop()
 	case !p.sameLimits(buckets) || p.strict || (p.lease != nil && !renewal):
 		// The path's limits changed while the grant was in flight (an
 		// override, the adaptive factor): the lease is on the old ones,
@@ -532,7 +544,7 @@ func (s *Store) spend(p *path, buckets []store.Bucket, now int64, buf []rate.Res
 		d, ok := s.spendOn(p.lease, buckets, now, buf, p.next)
 		if ok || p.next == nil || now >= p.next.expires {
 			// Decided, or no lease left to decide on: ended ones go back
-			// together, the renewal first (releaseOf), with the path's
+			// together, the renewal first (end), with the path's
 			// next grant or by the sweep.
 			return d, ok
 		}
@@ -605,27 +617,38 @@ func (lb *leased) avail(limit rate.Limit, elapsed int64) float64 {
 	return lb.units - math.Max(lb.used, limit.LeaseDrained(lb.at, lb.level, at))
 }
 
-// releaseOf returns what p's lease and its renewal give back when they end
+// end ends p's lease and its renewal, and returns what they give back
 // (nil: nothing): the renewal's first, so that each is the topmost when
 // the store applies it (see retire). The caller holds the path's shard
 // lock.
-func (s *Store) releaseOf(p *path) []store.Release {
+func (s *Store) end(p *path) []store.Release {
 	var out []store.Release
 	for _, l := range []*held{p.next, p.lease} {
 		if l != nil {
 			out = append(out, l.release(p.keys)...)
+			l.drop()
 		}
 	}
+	p.lease, p.next = nil, nil
 	return out
+}
+
+// drop gives the lease's records back to its shard's reservation. The
+// caller holds that shard's lock, and the lease is no longer read.
+func (l *held) drop() {
+	if l.buckets != nil {
+		l.from.put(l.at, len(l.buckets))
+		l.buckets = nil
+	}
 }
 
 // requestsLeft is how many requests of the costs it was granted for the
 // lease can still decide at local time now (on its tightest bucket).
 func (l *held) requestsLeft(now int64) int64 {
 	left := int64(math.MaxInt64)
-	for _, lb := range l.buckets {
+	for i, lb := range l.buckets {
 		if lb.cost > 0 {
-			left = min(left, int64(lb.avail(lb.limit, now-l.sent)/float64(lb.cost)))
+			left = min(left, int64(lb.avail(l.limits[i], now-l.sent)/float64(lb.cost)))
 		}
 	}
 	return max(left, 0)
@@ -638,7 +661,7 @@ func (l *held) release(keys []string) []store.Release {
 	for i, lb := range l.buckets {
 		if left := lb.units - lb.used; left >= 1 {
 			out = append(out, store.Release{
-				Bucket: store.Bucket{Key: keys[i], Limit: lb.limit, Charged: lb.at},
+				Bucket: store.Bucket{Key: keys[i], Limit: l.limits[i], Charged: lb.at},
 				Offset: lb.level + lb.used, Units: left,
 			})
 		}
@@ -670,12 +693,14 @@ func (s *Store) endExpired(p *path, now int64) {
 	}
 }
 
-// giveBack queues what lease l on keys gives back, if anything.
+// giveBack ends lease l on keys, queueing what it gives back, if anything.
+// The caller holds the lease's shard lock.
 func (s *Store) giveBack(l *held, keys []string) {
 	if r := l.release(keys); len(r) > 0 {
 		s.stats.released.Add(1)
 		s.queue(r)
 	}
+	l.drop()
 }
 
 func (s *Store) queue(r []store.Release) {
@@ -995,12 +1020,11 @@ func (s *Store) revoke(selected func(key string) bool) {
 			if p.lease == nil || !slices.ContainsFunc(p.keys, selected) {
 				continue
 			}
-			for _, r := range s.releaseOf(p) {
+			for _, r := range s.end(p) {
 				if !selected(r.Key) {
 					back = append(back, r)
 				}
 			}
-			p.lease, p.next = nil, nil
 		}
 		sh.mu.Unlock()
 	}
