@@ -212,8 +212,8 @@ type held struct {
 	ample bool
 	// buckets are the path's, in order: one run of records, so that a
 	// request decided on the lease reads one stretch of memory. Nil once
-	// the lease has ended (drop): a lease read after its end panics
-	// rather than read records another lease now holds.
+	// the lease has ended (drop), so that a lease read after its end reads
+	// nothing (spendOn panics) rather than records another lease now holds.
 	buckets []leased
 	from    *records // where buckets was carved (its shard's)
 	at      int32    // and at which record (-1: an ordinary allocation)
@@ -362,7 +362,7 @@ func (s *Store) DecideInto(ctx context.Context, buckets []store.Bucket, buf []ra
 			}
 		} else if !p.sameLimits(buckets) {
 			s.retire(p)
-			p.limits = limitsOf(buckets, p.limits[:0])
+			p.limits = limitsOf(buckets, nil) // a new slice: leases share the old (held.limits)
 			p.want = 0
 		}
 		if attempt == 0 {
@@ -480,7 +480,11 @@ func (s *Store) install(sh *pathShard, p *path, buckets []store.Bucket, want int
 		return l.Decision, nil
 	}
 	s.stats.leased.Add(1)
-	h := &held{sent: sent, expires: sent + s.ttl, from: &sh.rec, limits: limitsOf(buckets, nil),
+	limits := p.limits // never written in place: the lease shares it
+	if !p.sameLimits(buckets) {
+		limits = limitsOf(buckets, nil) // given back at once, below
+	}
+	h := &held{sent: sent, expires: sent + s.ttl, from: &sh.rec, limits: limits,
 		ample: l.Extra >= want || (l.Extra == want-1 && !renewal)}
 	h.buckets, h.at = sh.rec.get(len(buckets))
 	for i, b := range buckets {

@@ -21,8 +21,10 @@ import "unsafe"
 // length. When a shard's part is used up, or a path is longer than
 // maxRun, a lease's records are an ordinary allocation.
 
-// reservedBytes is the reservation of a Store with the default MaxPaths;
-// fewer paths reserve less (room for two leases of eight buckets a path).
+// reservedBytes is the reservation of a Store with the default MaxPaths
+// (room for a lease and its renewal of four buckets on some 20,000
+// paths); a Store of fewer paths reserves less (two leases of eight
+// buckets a path).
 const reservedBytes = 16 << 20
 
 // maxRun is the longest run carved from the reservation.

@@ -3,7 +3,10 @@ package lease
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"reflect"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -120,6 +123,174 @@ func TestLeaseRecordsReused(t *testing.T) {
 	for i, l := range ended {
 		if l.buckets != nil {
 			t.Fatalf("lease %d still holds its records after Close", i)
+		}
+	}
+}
+
+// checkRecords checks, with every shard locked, that each live lease (a
+// path's lease or renewal) holds its own run of its shard's reservation,
+// that no run is both live and free or free twice, and that every record
+// carved is either live or free (none leaked).
+func checkRecords(t *testing.T, s *Store) {
+	t.Helper()
+	for i := range s.paths {
+		s.paths[i].mu.Lock()
+	}
+	defer func() {
+		for i := range s.paths {
+			s.paths[i].mu.Unlock()
+		}
+	}()
+	for i := range s.paths {
+		sh := &s.paths[i]
+		owner := make([]string, sh.rec.used)
+		mark := func(at int32, n int, who string) {
+			if int(at)+n > sh.rec.used {
+				t.Fatalf("shard %d: %s at %d+%d beyond the %d carved", i, who, at, n, sh.rec.used)
+			}
+			for k := int(at); k < int(at)+n; k++ {
+				if owner[k] != "" {
+					t.Fatalf("shard %d: record %d is %s's and %s's", i, k, owner[k], who)
+				}
+				owner[k] = who
+			}
+		}
+		for h, p := range sh.m {
+			if p.next != nil && p.lease == nil {
+				t.Fatalf("shard %d: a renewal without a lease", i)
+			}
+			for j, l := range []*held{p.lease, p.next} {
+				if l == nil {
+					continue
+				}
+				who := fmt.Sprintf("path %x lease %d", h, j)
+				if l.buckets == nil || len(l.buckets) != len(p.keys) || len(l.limits) != len(p.keys) {
+					t.Fatalf("shard %d: %s: %d records, %d limits for %d keys", i, who, len(l.buckets), len(l.limits), len(p.keys))
+				}
+				if l.at < 0 {
+					continue
+				}
+				if l.from != &sh.rec || &l.buckets[0] != &sh.rec.mem[l.at] {
+					t.Fatalf("shard %d: %s's records are not where it says", i, who)
+				}
+				mark(l.at, len(l.buckets), who)
+			}
+		}
+		for n, f := range sh.rec.free {
+			for _, at := range f {
+				mark(at, n, fmt.Sprintf("free run of %d", n))
+			}
+		}
+		for k, o := range owner {
+			if o == "" {
+				t.Fatalf("shard %d: record %d neither live nor free (leaked)", i, k)
+			}
+		}
+	}
+}
+
+// TestRecordsInvariantUnderLoad: requests on paths of many lengths (one
+// longer than maxRun), limit changes, resets, sweeps and collisions
+// race; every record of the reservation stays with one lease or on one
+// free list.
+func TestRecordsInvariantUnderLoad(t *testing.T) {
+	c := storetest.NewClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	in := store.NewMemory(store.MemoryOptions{Clock: c.Now, SweepInterval: -1})
+	s, err := New(in, Options{TTL: 200 * time.Millisecond, Clock: c.Now, Sweep: -1, MaxPaths: 300})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	base := rate.Limit{Algorithm: rate.GCRA, Count: 1e6, Period: time.Hour}
+	other := rate.Limit{Algorithm: rate.GCRA, Count: 2e6, Period: time.Hour}
+	cal := rate.Limit{Algorithm: rate.Calendar, Count: 1e7, Unit: rate.Day, Location: time.UTC}
+	var paths [][]store.Bucket
+	for i := range 60 {
+		n := 1 + i%5
+		if i == 59 {
+			n = maxRun + 1
+		}
+		var p []store.Bucket
+		for j := range n {
+			l := base
+			if j == 0 {
+				l = cal
+			}
+			p = append(p, store.Bucket{Key: fmt.Sprintf("{t}|%d|%d", i%7, j*100+i), Limit: l, Cost: 1})
+		}
+		paths = append(paths, p)
+	}
+	var flip atomic.Bool
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := rand.New(rand.NewPCG(uint64(g), 1))
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				p := paths[r.IntN(len(paths))]
+				bs := append([]store.Bucket(nil), p...)
+				if flip.Load() && len(bs) > 1 {
+					bs[1].Limit = other
+				}
+				if _, err := s.Decide(ctx, bs); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	r := rand.New(rand.NewPCG(99, 2))
+	for range 400 {
+		switch r.IntN(10) {
+		case 0:
+			flip.Store(!flip.Load())
+		case 1:
+			k := paths[r.IntN(len(paths))][0].Key
+			if _, err := s.Reset(ctx, []string{k}); err != nil {
+				t.Fatal(err)
+			}
+		case 2:
+			// A collision: another path hashing as one tracked.
+			sh := &s.paths[r.IntN(shards)]
+			sh.mu.Lock()
+			for h := range sh.m {
+				s.track(sh, h, paths[r.IntN(len(paths))], c.Now())
+				break
+			}
+			sh.mu.Unlock()
+		}
+		s.Sweep(ctx)
+		c.Advance(time.Duration(r.IntN(40)) * time.Millisecond)
+		time.Sleep(200 * time.Microsecond)
+		checkRecords(t, s)
+	}
+	close(stop)
+	wg.Wait()
+	checkRecords(t, s)
+	st := s.Stats()
+	t.Logf("%+v", st)
+	if st.Leased < 100 || st.Renewals == 0 {
+		t.Fatalf("too few leases to tell: %+v", st)
+	}
+	s.Close()
+	checkRecords(t, s)
+	for i := range s.paths {
+		if live := s.paths[i].rec.used; live > 0 {
+			// every record is free after Close (checkRecords: none leaked)
+			free := 0
+			for n, f := range s.paths[i].rec.free {
+				free += n * len(f)
+			}
+			if free != live {
+				t.Fatalf("shard %d: %d carved, %d free after Close", i, live, free)
+			}
 		}
 	}
 }
