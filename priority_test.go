@@ -149,8 +149,11 @@ func TestPriorityWait(t *testing.T) {
 		for _, a := range all {
 			switch {
 			case strings.HasPrefix(a.name, "interactive"):
-				if d := a.at - want[a.name]; a.status != 200 || d < -20*time.Millisecond || d > 100*time.Millisecond {
-					t.Errorf("%s: %d after %v, want 200 after %v ± 100 ms (all: %v)", a.name, a.status, a.at, want[a.name], all)
+				// Late by up to 200 ms: under -race, with the other
+				// packages' tests on two cores, a release 118 ms late was
+				// seen; the next release is 500 ms away.
+				if d := a.at - want[a.name]; a.status != 200 || d < -20*time.Millisecond || d > 200*time.Millisecond {
+					t.Errorf("%s: %d after %v, want 200 after %v (-20, +200 ms) (all: %v)", a.name, a.status, a.at, want[a.name], all)
 				}
 				released = append(released, a.at)
 			case a.name == "late batch":

@@ -172,7 +172,7 @@ func (l Limit) reset(live bool, t, now int64) int64 {
 	return t + l.Period.Microseconds() - now
 }
 
-func (l Limit) slidingLog(s State, now, n int64) (State, Result) {
+func (l Limit) slidingLog(s State, now, n int64, dst *Log) (State, Result) {
 	v := l.scan(s, now)
 	max := float64(l.Count)
 	before := floorNonNeg(max - v.used)
@@ -181,7 +181,7 @@ func (l Limit) slidingLog(s State, now, n int64) (State, Result) {
 	}
 	if v.used+float64(n) <= max {
 		c, g := l.compact(s, v)
-		next := l.record(c, g, now, n)
+		next := l.record(c, g, now, n, dst)
 		return next, Result{Allowed: true, Remaining: floorNonNeg(max - v.used - float64(n)), Before: before, Reset: l.reset(next.B > 0, next.T, now)}
 	}
 	return s, Result{Remaining: before, Before: before, RetryAfter: l.retry(s, v, now, v.used+float64(n)-max), Reset: l.reset(v.live, s.T, now)}
@@ -211,10 +211,11 @@ func (l Limit) compact(s State, v view) (next State, g Log) {
 // is g (see compact): in the newest entry when now falls in its tick (and
 // the entry has room), else in a new newest entry, the previous newest
 // joining the Log. A clock that went back logs at the newest entry's time:
-// entries stay in time order.
-func (l Limit) record(s State, g Log, now, n int64) State {
+// entries stay in time order. A new Log is written to dst when it is not
+// nil (see ApplyTo).
+func (l Limit) record(s State, g Log, now, n int64, dst *Log) State {
 	if n == 0 {
-		return s.withLog(g)
+		return s.withLog(g, dst)
 	}
 	at := l.tickOf(now)
 	if s.B == 0 {
@@ -226,18 +227,28 @@ func (l Limit) record(s State, g Log, now, n int64) State {
 	if at == s.T && s.B+float64(n) <= maxEntryCost {
 		s.A += float64(n)
 		s.B += float64(n)
-		return s.withLog(g)
+		return s.withLog(g, dst)
 	}
-	return State{A: s.A + float64(n), B: float64(n), T: at, Log: &Log{H: g.H, buf: appendEntry(g.buf, at-s.T, int64(s.B))}}
+	return State{A: s.A + float64(n), B: float64(n), T: at, Log: newLog(dst, g.H, appendEntry(g.buf, at-s.T, int64(s.B)))}
 }
 
 // withLog is s, compacted, holding its log g: s.Log when it already does,
-// else a new Log if g has entries.
-func (s State) withLog(g Log) State {
+// else a new Log (dst when not nil) if g has entries.
+func (s State) withLog(g Log, dst *Log) State {
 	if s.Log == nil && len(g.buf) > 0 {
-		s.Log = &Log{H: g.H, buf: g.buf}
+		s.Log = newLog(dst, g.H, g.buf)
 	}
 	return s
+}
+
+// newLog is a Log of h and buf: dst, so set, when it is not nil, else a new
+// one.
+func newLog(dst *Log, h int64, buf []byte) *Log {
+	if dst == nil {
+		return &Log{H: h, buf: buf}
+	}
+	*dst = Log{H: h, buf: buf}
+	return dst
 }
 
 // retry is the wait until need units of the oldest charges in the window

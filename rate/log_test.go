@@ -430,6 +430,50 @@ func TestSlidingLogApplyKeepsItsInput(t *testing.T) {
 	}
 }
 
+// TestApplyTo: ApplyTo decides as Apply does, state for state, and keeps a
+// new state's log in the Log it is given instead of a new one.
+func TestApplyTo(t *testing.T) {
+	l := Limit{Algorithm: Sliding, Count: 40, Period: time.Second}
+	now := int64(1_790_000_000) * sec
+	r := rand.New(rand.NewPCG(7, 7))
+	var a, b State
+	var dst Log
+	for i := 0; i < 2000; i++ {
+		now += r.Int64N(60_000)
+		cost := r.Int64N(4)
+		var ra, rb Result
+		in := b.Log
+		a, ra = l.Apply(a, now, cost)
+		b, rb = l.ApplyTo(b, now, cost, &dst)
+		ea, _ := a.Log.AppendBinary(nil)
+		eb, _ := b.Log.AppendBinary(nil)
+		if ra != rb || a.A != b.A || a.B != b.B || a.T != b.T || !bytes.Equal(ea, eb) {
+			t.Fatalf("step %d: Apply %+v %+v, ApplyTo %+v %+v", i, a, ra, b, rb)
+		}
+		if b.Log != nil && b.Log != &dst && b.Log != in {
+			t.Fatalf("step %d: a log neither the one given nor the input's", i)
+		}
+		// As a store does: the state's log copied into memory of its own.
+		if b.Log != nil {
+			c := append([]byte(nil), b.Log.Entries()...)
+			view := LogView(b.Log.H, c)
+			b.Log = &view
+		}
+	}
+	s, _ := l.Apply(State{}, now, 1)
+	s, _ = l.Apply(s, now+sec/2, 1) // a log of one entry
+	// As the memory store gives it: in memory of its own, with room for
+	// the next entry.
+	view := LogView(s.Log.H, append(make([]byte, 0, len(s.Log.Entries())+entrySize), s.Log.Entries()...))
+	s.Log = &view
+	if n := testing.AllocsPerRun(100, func() { l.ApplyTo(s, now+sec/2+sec/4, 1, &dst) }); n != 0 {
+		t.Errorf("ApplyTo of a charge in a new tick: %v allocations, want none", n)
+	}
+	if n := testing.AllocsPerRun(100, func() { l.Apply(s, now+sec/2+sec/4, 1) }); n != 1 {
+		t.Errorf("Apply of a charge in a new tick: %v allocations, want the new log's", n)
+	}
+}
+
 // TestSlidingLogClockBack: a clock that goes back logs at the newest
 // entry's time, so entries stay in order and nothing leaves the window early.
 func TestSlidingLogClockBack(t *testing.T) {

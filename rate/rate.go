@@ -372,7 +372,7 @@ type Result struct {
 func (l Limit) Apply(s State, now, n int64) (State, Result) {
 	switch l.Algorithm {
 	case Sliding:
-		return l.slidingLog(s, now, n)
+		return l.slidingLog(s, now, n, nil)
 	case SlidingApprox:
 		return l.sliding(s, now, n)
 	case Calendar:
@@ -384,6 +384,19 @@ func (l Limit) Apply(s State, now, n int64) (State, Result) {
 	default:
 		return l.gcra(s, now, n)
 	}
+}
+
+// ApplyTo is Apply for a store that copies a new state's log into memory
+// of its own before it applies again (the memory store): when an exact
+// sliding window's new state needs a Log of its own — a charge in a new
+// tick, on most requests — it is written to *log, which the state then
+// points to, rather than allocated. The state returned is valid until
+// *log is written again. A nil log is Apply.
+func (l Limit) ApplyTo(s State, now, n int64, log *Log) (State, Result) {
+	if l.Algorithm == Sliding {
+		return l.slidingLog(s, now, n, log)
+	}
+	return l.Apply(s, now, n)
 }
 
 // Adjust changes a bucket by delta units at time now: a negative delta

@@ -165,7 +165,7 @@ func (m *Memory) decideLocked(buckets []Bucket, hashes []uint64, found []*bucket
 		if f != nil && f.expires > now {
 			s = sh.state(f, sh.view(i))
 		}
-		next[i], results[i] = b.Limit.Apply(s, now, b.Cost)
+		next[i], results[i] = b.Limit.ApplyTo(s, now, b.Cost, sh.nextLog(i))
 		allowed = allowed && results[i].Allowed
 	}
 	if !allowed {

@@ -33,6 +33,9 @@ type shardFields struct {
 	// per bucket of its path, up to maxPath): giving Apply a log costs no
 	// allocation.
 	views [maxPath]rate.Log
+	// logs are the logs of the new states it computes, which are copied
+	// into the arena before the lock is released (see rate.ApplyTo).
+	logs [maxPath]rate.Log
 }
 
 // bucket is the header of a bucket's block, which its key follows:
@@ -119,6 +122,15 @@ func (sh *memoryShard) view(i int) *rate.Log {
 		return &sh.views[i]
 	}
 	return new(rate.Log)
+}
+
+// nextLog is where the new state of the bucket at position i of a path
+// keeps its log until it is written (nil: a new allocation).
+func (sh *memoryShard) nextLog(i int) *rate.Log {
+	if i < maxPath {
+		return &sh.logs[i]
+	}
+	return nil
 }
 
 // write sets the state of a bucket. Its log's bytes are copied into the
