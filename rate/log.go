@@ -35,9 +35,10 @@ const (
 
 // Log is the part of an exact sliding window's state older than its newest
 // charge (which State.B and State.T hold, so that a charge in the same tick
-// as the newest changes no byte here): its entries, oldest first. A Log is
-// never changed once a State holds it; a new state gets a new Log, which
-// may share this one's array (see Limit.Apply).
+// as the newest changes no byte here): its entries, oldest first. Apply
+// never changes a Log a State holds; a new state gets a new Log, which may
+// share this one's array (see Limit.Apply) — or the Log a caller of
+// Limit.ApplyTo gives, which that call overwrites.
 //
 // The Redis store keeps H (and the number of entries) in the bucket's key,
 // and each entry's 10 bytes as one element of a list (see package lua).

@@ -594,3 +594,51 @@ func TestSlidingLogScaledCount(t *testing.T) {
 		}
 	}
 }
+
+// TestApplyToMatchesApply: ApplyTo decides as Apply for every algorithm,
+// coarse ticks, a clock going back and impossible costs, whether its Log
+// is reused without copying (as the memory store reuses it) or nil.
+func TestApplyToMatchesApply(t *testing.T) {
+	limits := []Limit{
+		{Algorithm: Sliding, Count: 40, Period: time.Second},
+		{Algorithm: Sliding, Count: 3, Period: 50 * time.Microsecond},
+		{Algorithm: Sliding, Count: 5000, Period: 3 * time.Millisecond},
+		{Algorithm: Sliding, Count: 1000, Period: time.Hour},
+		{Algorithm: SlidingApprox, Count: 10, Period: time.Millisecond},
+		{Algorithm: GCRA, Count: 10, Period: time.Millisecond},
+		{Algorithm: Calendar, Count: 100, Unit: Hour, Location: time.UTC},
+		{Algorithm: Idempotent, Count: 100, Period: time.Millisecond, Burst: 2},
+		{Algorithm: Concurrent, Count: 3},
+	}
+	for li, l := range limits {
+		for _, reuse := range []bool{true, false} {
+			r := rand.New(rand.NewPCG(uint64(li), 1))
+			now := int64(1_790_000_000) * 1_000_000
+			var a, b State
+			var dst Log
+			for i := 0; i < 5000; i++ {
+				now += r.Int64N(200) - 20 // the clock sometimes goes back
+				cost := r.Int64N(5)
+				if r.IntN(30) == 0 {
+					cost = l.Count + 1
+				}
+				var d *Log
+				if reuse {
+					d = &dst
+				}
+				a2, ra := l.Apply(a, now, cost)
+				b2, rb := l.ApplyTo(b, now, cost, d)
+				ea, _ := a2.Log.AppendBinary(nil)
+				eb, _ := b2.Log.AppendBinary(nil)
+				if ra != rb || a2.A != b2.A || a2.B != b2.B || a2.T != b2.T || (a2.Log == nil) != (b2.Log == nil) || !bytes.Equal(ea, eb) {
+					t.Fatalf("limit %d reuse %v step %d: Apply %+v %+v, ApplyTo %+v %+v", li, reuse, i, a2, ra, b2, rb)
+				}
+				a, b = a2, b2
+				if reuse && b.Log == &dst { // as the store: the log copied out before dst is written again
+					c := LogView(b.Log.H, bytes.Clone(b.Log.Entries()))
+					b.Log = &c
+				}
+			}
+		}
+	}
+}

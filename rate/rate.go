@@ -391,7 +391,8 @@ func (l Limit) Apply(s State, now, n int64) (State, Result) {
 // sliding window's new state needs a Log of its own — a charge in a new
 // tick, on most requests — it is written to *log, which the state then
 // points to, rather than allocated. The state returned is valid until
-// *log is written again. A nil log is Apply.
+// *log is written again, and log must not be s.Log (s would change). A
+// nil log is Apply.
 func (l Limit) ApplyTo(s State, now, n int64, log *Log) (State, Result) {
 	if l.Algorithm == Sliding {
 		return l.slidingLog(s, now, n, log)
