@@ -480,8 +480,9 @@ func (s *Store) install(sh *pathShard, p *path, buckets []store.Bucket, want int
 		return l.Decision, nil
 	}
 	s.stats.leased.Add(1)
+	same := p.sameLimits(buckets)
 	limits := p.limits // never written in place: the lease shares it
-	if !p.sameLimits(buckets) {
+	if !same {
 		limits = limitsOf(buckets, nil) // given back at once, below
 	}
 	h := &held{sent: sent, expires: sent + s.ttl, from: &sh.rec, limits: limits,
@@ -515,7 +516,7 @@ func (s *Store) install(sh *pathShard, p *path, buckets []store.Bucket, want int
 		// the path's other buckets goes back.
 		s.queue(slices.DeleteFunc(h.release(p.keys), func(r store.Release) bool { return reset(r.Key) }))
 		h.drop()
-	case !p.sameLimits(buckets) || p.strict || (p.lease != nil && !renewal):
+	case !same || p.strict || (p.lease != nil && !renewal):
 		// The path's limits changed while the grant was in flight (an
 		// override, the adaptive factor): the lease is on the old ones,
 		// and goes back at once.

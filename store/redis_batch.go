@@ -261,32 +261,17 @@ func (b *batcher) send(batch []*call, m *merger) {
 	if b.cluster && len(live) > 1 {
 		groups = bySlot(live)
 	}
-	if len(groups) == 1 { // one script call: Run sends EVALSHA, then EVAL on NOSCRIPT
-		keys, args := m.merge(live)
-		reply, err := b.script.Run(ctx, b.client, keys, args...).Text()
-		b.moved(err)
-		b.deliver(live, reply, err)
-		return
-	}
-	// Several slots of a Cluster master: one script call per slot,
-	// pipelined.
-	pipe := b.client.Pipeline()
-	cmds := make([]*redis.Cmd, len(groups))
+	// One script call for the batch, or one per slot of a Cluster master
+	// (pipelined).
 	keys := make([][]string, len(groups))
 	args := make([][]any, len(groups))
 	for i, g := range groups {
 		keys[i], args[i] = m.merge(g)
-		cmds[i] = pipe.EvalSha(ctx, b.script.Hash(), keys[i], args[i]...)
 	}
-	_, _ = pipe.Exec(ctx) // errors are per command, below
+	replies, errs := runCalls(ctx, b.client, b.script, keys, args)
 	for i, g := range groups {
-		reply, err := cmds[i].Text()
-		if err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
-			// The node's script cache was flushed: this call loads it again.
-			reply, err = b.script.Run(ctx, b.client, keys[i], args[i]...).Text()
-		}
-		b.moved(err)
-		b.deliver(g, reply, err)
+		b.moved(errs[i])
+		b.deliver(g, replies[i], errs[i])
 	}
 }
 
@@ -404,4 +389,30 @@ func (m *merger) merge(calls []*call) (keys []string, args []any) {
 		args[0] = idx
 	}
 	return keys, args
+}
+
+// runCalls sends calls of script to client, call i with keys[i] and
+// args[i], and returns each call's reply and error, in order. One call is
+// Run (EVALSHA, then EVAL on NOSCRIPT); several are pipelined, one round
+// trip, and a call refused NOSCRIPT (the node's script cache was flushed:
+// it ran nothing) is Run again, which loads the script.
+func runCalls(ctx context.Context, client redis.UniversalClient, script *redis.Script, keys [][]string, args [][]any) ([]string, []error) {
+	replies, errs := make([]string, len(keys)), make([]error, len(keys))
+	if len(keys) == 1 {
+		replies[0], errs[0] = script.Run(ctx, client, keys[0], args[0]...).Text()
+		return replies, errs
+	}
+	pipe := client.Pipeline()
+	cmds := make([]*redis.Cmd, len(keys))
+	for i := range keys {
+		cmds[i] = pipe.EvalSha(ctx, script.Hash(), keys[i], args[i]...)
+	}
+	_, _ = pipe.Exec(ctx) // errors are per command, below
+	for i := range keys {
+		replies[i], errs[i] = cmds[i].Text()
+		if errs[i] != nil && strings.HasPrefix(errs[i].Error(), "NOSCRIPT") {
+			replies[i], errs[i] = script.Run(ctx, client, keys[i], args[i]...).Text()
+		}
+	}
+	return replies, errs
 }

@@ -127,3 +127,32 @@ func TestClosedBatcherFailsQueuedCalls(t *testing.T) {
 		}
 	}
 }
+
+// TestRunCallsAfterScriptFlush: calls sent together after the server lost
+// its scripts (a restart, SCRIPT FLUSH) are each refused NOSCRIPT, having
+// run nothing, and sent again: every call runs exactly once, alone or
+// pipelined.
+func TestRunCallsAfterScriptFlush(t *testing.T) {
+	client := redis.NewClient(&redis.Options{Addr: redistest.Start(t).Addr(), MaxRetries: -1})
+	defer client.Close()
+	ctx := context.Background()
+	incr := redis.NewScript(`return tostring(redis.call('INCR', KEYS[1]))`)
+	for _, n := range []int{1, 3} {
+		if err := client.ScriptFlush(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		keys, args := make([][]string, n), make([][]any, n)
+		for i := range n {
+			keys[i] = []string{fmt.Sprintf("runcalls:%d:%d", n, i)}
+		}
+		replies, errs := runCalls(ctx, client, incr, keys, args)
+		for i := range n {
+			if errs[i] != nil || replies[i] != "1" {
+				t.Fatalf("%d calls: call %d replied %q, %v; want 1 (run once)", n, i, replies[i], errs[i])
+			}
+			if v, err := client.Get(ctx, keys[i][0]).Int(); err != nil || v != 1 {
+				t.Fatalf("%d calls: key of call %d is %d (%v), want 1", n, i, v, err)
+			}
+		}
+	}
+}

@@ -8,7 +8,6 @@ import (
 	"math"
 	"sync"
 
-	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
 	"github.com/caddy-cascade/cascade/lua"
@@ -108,26 +107,7 @@ func (r *Redis) LeaseAll(ctx context.Context, gs []Grant) ([]Leased, []error) {
 			args[c] = append(args[c], grant, rel)
 		}
 	}
-	// As the batches of decisions are sent (batcher.send): one call is
-	// Run (EVALSHA, then EVAL on NOSCRIPT); several are pipelined, and a
-	// call refused NOSCRIPT (it ran nothing) is Run again.
-	replies, rerrs := make([]string, len(slots)), make([]error, len(slots))
-	if len(slots) == 1 {
-		replies[0], rerrs[0] = lua.Lease.Run(ctx, r.client, keys[0], args[0]...).Text()
-	} else {
-		pipe := r.client.Pipeline()
-		cmds := make([]*redis.Cmd, len(slots))
-		for c := range slots {
-			cmds[c] = pipe.EvalSha(ctx, lua.Lease.Hash(), keys[c], args[c]...)
-		}
-		_, _ = pipe.Exec(ctx) // errors are per command, below
-		for c := range slots {
-			replies[c], rerrs[c] = cmds[c].Text()
-			if rerrs[c] != nil && redis.HasErrorPrefix(rerrs[c], "NOSCRIPT") {
-				replies[c], rerrs[c] = lua.Lease.Run(ctx, r.client, keys[c], args[c]...).Text()
-			}
-		}
-	}
+	replies, rerrs := runCalls(ctx, r.client, lua.Lease, keys, args)
 	r.breaker.record(errors.Join(rerrs...))
 	for c, slot := range slots {
 		reply, err := replies[c], rerrs[c]
