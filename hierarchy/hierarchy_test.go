@@ -287,18 +287,21 @@ func FuzzEscape(f *testing.F) {
 	})
 }
 
-// BenchmarkResolve is one request's plan on the acme tree (8 buckets) and
-// on a 4-tier tree of one limit per tier (the load script's).
+// BenchmarkResolve is one request's plan on the acme tree (8 buckets), on
+// a 4-tier tree of one limit per tier (the load script's) and on a tree of
+// one tier and one limit (a mholt zone's).
 func BenchmarkResolve(b *testing.B) {
 	four := &Tree{Name: "acme"}
 	for _, name := range []string{"org", "team", "user", "agent"} {
 		four.Tiers = append(four.Tiers, &Tier{Name: name, Key: "{http.request.header.X-" + name + "}",
 			Limits: []*Limit{{Count: 1000000000, Per: "h"}}})
 	}
+	one := &Tree{Name: "users", Tiers: []*Tier{{Name: "users", Key: "{http.request.header.X-User}",
+		Limits: []*Limit{{Count: 1000, Per: "s"}}}}}
 	for _, tc := range []struct {
 		name string
 		tree *Tree
-	}{{"acme", acme()}, {"four", four}} {
+	}{{"acme", acme()}, {"four", four}, {"one", one}} {
 		if err := tc.tree.Compile(); err != nil {
 			b.Fatal(err)
 		}

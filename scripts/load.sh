@@ -27,7 +27,11 @@
 # output: mholt writes no rate-limit header on an admitted response); and
 # Cascade with the same zone and its default headers; 12 rounds of 3 s
 # runs by default. Cascade's ratios are also taken against mholt's in the
-# same round.
+# same round; and each round ends with mholt and Cascade (`headers none`)
+# loaded at once, each by its own wrk, for DURATION: the two then share
+# every moment of the machine's drift, and the one that costs less a
+# request serves more (the ratio of those is reported too, with each one's
+# CPU per request over the same seconds).
 #
 # It installs wrk and redis-server from Debian if absent, builds ./cmd/caddy,
 # starts its own redis-server on a free port, and stops everything at exit.
@@ -162,6 +166,52 @@ measure() {
 	echo "$rps" >"$work/$name.rps"
 }
 
+# measure_pair A B RUN: A and B measured at once, each under its own wrk of
+# the same load (after WARMUP, at once too), recorded as A-at-once-RUN and
+# B-at-once-RUN. Run one after the other, two servers meet different
+# moments of a machine whose speed drifts; run at once, they share every
+# moment, and what separates them is what each costs: the one cheaper a
+# request serves more of them in its share of the cores (and its own CPU
+# per request is measured over the same seconds).
+measure_pair() {
+	local a=$1 b=$2 run=$3 s pid port
+	local -A cpu0
+	for s in "$a" "$b"; do
+		wrk -t1 -c"$CONNS" -d"$WARMUP" -s "$work/headers.lua" "http://127.0.0.1:$(cat "$work/$s.port")/" >/dev/null &
+	done
+	wait_wrk
+	for s in "$a" "$b"; do
+		pid=$(cat "$work/$s.pid")
+		cpu0[$s]=$(awk '{print $14 + $15}' "/proc/$pid/stat")
+		grep -c '^gc ' "$work/$s.log" >"$work/$s.gc0" || true
+	done
+	local order=("$a" "$b")
+	[ $((run % 2)) = 1 ] || order=("$b" "$a") # which starts first takes turns
+	for s in "${order[@]}"; do
+		port=$(cat "$work/$s.port")
+		wrk -t1 -c"$CONNS" -d"$DURATION" -s "$work/headers.lua" "http://127.0.0.1:$port/" >"$work/$s-at-once-$run.wrk" &
+	done
+	wait_wrk
+	for s in "$a" "$b"; do
+		local name=$s-at-once-$run
+		pid=$(cat "$work/$s.pid")
+		echo "$(($(awk '{print $14 + $15}' "/proc/$pid/stat") - cpu0[$s]))" >"$work/$name.ticks"
+		grep '^gc ' "$work/$s.log" | tail -n +"$(($(cat "$work/$s.gc0") + 1))" >"$work/$name.gc" || true
+		awk '/ requests in / {print $1}' "$work/$name.wrk" >"$work/$name.requests"
+		awk '/^Requests\/sec/ {print $2}' "$work/$name.wrk" >"$work/$name.rps"
+		printf '%-18s %10s req/s   %s\n' "$name" "$(cat "$work/$name.rps")" "$(gc_of "$name")"
+	done
+}
+
+# wait_wrk: waits for the wrk runs started in the background (not for the
+# Caddys and Redis, which are this shell's children too).
+wait_wrk() {
+	local p
+	for p in $(jobs -p); do
+		case " ${pids[*]} " in *" $p "*) ;; *) wait "$p" ;; esac
+	done
+}
+
 stop() { # NAME
 	local pid
 	pid=$(cat "$work/$1.pid")
@@ -212,6 +262,9 @@ rounds() {
 			kind=${kinds[$(((k + round - 1) % n))]}
 			measure "$kind" "$kind-$round"
 		done
+		if [ -n "${PAIR:-}" ]; then # MHOLT's: two of them at once, as well
+			measure_pair $PAIR "$round"
+		fi
 	done
 	for kind in "${kinds[@]}"; do stop "$kind"; done
 }
@@ -238,7 +291,7 @@ if [ -n "${MHOLT:-}" ]; then
 	start mholt "$(zone "")" "$work/caddy-mholt"
 	start cascade-none "$(zone "headers none")"
 	start cascade-default "$(zone "")"
-	rounds plain mholt cascade-none cascade-default
+	PAIR="mholt cascade-none" rounds plain mholt cascade-none cascade-default
 	echo "== throughput against plain Caddy and against mholt (each in the same round)"
 	python3 - "$work" "$ROUNDS" <<'PY'
 import statistics, sys
@@ -251,11 +304,14 @@ for kind in ("mholt", "cascade-none", "cascade-default"):
 for kind in ("cascade-none", "cascade-default"):
     ratios = [rps("%s-%d" % (kind, r)) / rps("mholt-%d" % r) for r in range(1, rounds + 1)]
     print("%-16s %.3f x mholt (median of %s)" % (kind, statistics.median(ratios), " ".join("%.3f" % x for x in ratios)))
+ratios = [rps("cascade-none-at-once-%d" % r) / rps("mholt-at-once-%d" % r) for r in range(1, rounds + 1)]
+print("%-16s %.3f x mholt, the two at once (median of %s; geometric mean %.3f)" % ("cascade-none", statistics.median(ratios),
+    " ".join("%.3f" % x for x in ratios), statistics.geometric_mean(ratios)))
 PY
 	# Where the difference goes: the whole process's CPU per request, and
 	# its collector's share (mholt's rings, 24 MB at 1,000 keys, raise the
 	# heap goal, and so collect several times less often).
-	cpu_medians plain mholt cascade-none cascade-default
+	cpu_medians plain mholt cascade-none cascade-default mholt-at-once cascade-none-at-once
 	exit 0
 fi
 start plain ""
