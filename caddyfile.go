@@ -115,6 +115,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	            max_share     <fraction>            # of what remains, per lease (0.1)
 //	            min_remaining <fraction>|<n>%       # below it no lease: per-request decisions (5%)
 //	            ttl           <duration>            # how long a lease may be spent (1s)
+//	            max_paths     <n>                   # paths tracked, and the memory set aside for them (100000)
 //	        }]
 //	    }
 //	    store redis <name> { ... }                  # a further store, for route
@@ -999,10 +1000,10 @@ func parseRedis(d *caddyfile.Dispenser, r *RedisStoreConfig) error {
 	return nil
 }
 
-// parseLease reads `lease [{ max_share … min_remaining … ttl … }]`.
+// parseLease reads `lease [{ max_share … min_remaining … ttl … max_paths … }]`.
 func parseLease(d *caddyfile.Dispenser, r *RedisStoreConfig) error {
 	if d.NextArg() {
-		return d.Errf("lease takes no arguments: write its options in a block (max_share, min_remaining, ttl)")
+		return d.Errf("lease takes no arguments: write its options in a block (max_share, min_remaining, ttl, max_paths)")
 	}
 	r.Lease = &RedisLease{}
 	for n := d.Nesting(); d.NextBlock(n); {
@@ -1030,8 +1031,14 @@ func parseLease(d *caddyfile.Dispenser, r *RedisStoreConfig) error {
 				return d.Errf("lease ttl %q: give a positive duration of at most a minute, e.g. 1s", args[0])
 			}
 			r.Lease.TTL = caddy.Duration(dur)
+		case "max_paths":
+			n, err := strconv.Atoi(args[0])
+			if err != nil || n <= 0 {
+				return d.Errf("lease max_paths %q: give a positive number of paths, e.g. 100000", args[0])
+			}
+			r.Lease.MaxPaths = n
 		default:
-			return d.Errf("lease: unknown option %q: expected max_share, min_remaining or ttl", opt)
+			return d.Errf("lease: unknown option %q: expected max_share, min_remaining, ttl or max_paths", opt)
 		}
 	}
 	return nil

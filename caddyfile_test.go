@@ -63,6 +63,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 				max_share 20%
 				min_remaining 0.01
 				ttl 500ms
+				max_paths 20000
 			}
 		}
 		on_store_error allow
@@ -83,7 +84,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 		`"costs":[{"dimension":"tokens","value":"{header.X-Tokens}"}]`,
 		`"addresses":["{$REDIS:localhost:6379}","10.0.0.2:6379"],"cluster":true`, `"db":2`,
 		`"tls":{"server_name":"redis.internal","insecure_skip_verify":true}`, `"timeout":150000000`, `"key_prefix":"rl:"`, `"breaker":{"failures":5,"cooldown":2000000000}`, `"slot_ttl":10000000000`, `"tenant_in_flight":64`,
-		`"lease":{"max_share":0.2,"min_remaining":0.01,"ttl":500000000}`,
+		`"lease":{"max_share":0.2,"min_remaining":0.01,"ttl":500000000,"max_paths":20000}`,
 		`"on_store_error":"allow"`, `"mode":"warn"`, `"headers":{"ietf":true,"x_ratelimit":false,"retry_after":false,"openai":true}`,
 		`"jitter":1.5`,
 	} {
@@ -157,6 +158,7 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"bad lease share", "rate_limit {\n store redis {\n  lease {\n   max_share 2\n  }\n }\n}", "lease max_share \"2\": give a fraction"},
 		{"bad lease min_remaining", "rate_limit {\n store redis {\n  lease {\n   min_remaining 100%\n  }\n }\n}", "lease min_remaining \"100%\""},
 		{"bad lease ttl", "rate_limit {\n store redis {\n  lease {\n   ttl 2m\n  }\n }\n}", "lease ttl \"2m\": give a positive duration of at most a minute"},
+		{"bad lease max_paths", "rate_limit {\n store redis {\n  lease {\n   max_paths 0\n  }\n }\n}", "lease max_paths \"0\": give a positive number of paths"},
 		{"unknown lease option", "rate_limit {\n store redis {\n  lease {\n   size 3\n  }\n }\n}", "lease: unknown option \"size\""},
 		{"bad breaker cooldown", "rate_limit {\n store redis {\n  breaker 3 soon\n }\n}", "breaker cooldown \"soon\""},
 		{"bad tz", "rate_limit {\n tree t {\n  tier a k {\n   limit 5/day calendar tz Mars/Base\n  }\n }\n}", "timezone \"Mars/Base\""},

@@ -107,11 +107,17 @@ type RedisLease struct {
 	MinRemaining float64 `json:"min_remaining,omitempty"`
 	// TTL is how long a lease may be spent (default 1s, at most 1m).
 	TTL caddy.Duration `json:"ttl,omitempty"`
+	// MaxPaths bounds the paths (a request's buckets) whose leases this
+	// instance tracks (default 100,000); beyond it, a new path is decided
+	// in Redis request by request until idle paths are forgotten. The room
+	// set aside up front for leases' state is sized from it: 16 records
+	// of 96 bytes a path, at most 16 MiB (the default's).
+	MaxPaths int `json:"max_paths,omitempty"`
 }
 
 // options translates the JSON config into lease.Options.
 func (l *RedisLease) options(logger *zap.Logger) (lease.Options, error) {
-	o := lease.Options{MaxShare: l.MaxShare, MinRemaining: l.MinRemaining, TTL: time.Duration(l.TTL), Logger: logger}
+	o := lease.Options{MaxShare: l.MaxShare, MinRemaining: l.MinRemaining, TTL: time.Duration(l.TTL), MaxPaths: l.MaxPaths, Logger: logger}
 	if err := o.Validate(); err != nil {
 		return o, err
 	}

@@ -32,10 +32,15 @@ func TestLeaseOptionsInJSON(t *testing.T) {
 		{RedisLease{MinRemaining: 1}, "lease min_remaining must be in [0, 1), got 1"},
 		{RedisLease{TTL: caddy.Duration(-time.Second)}, "lease ttl must not be negative"},
 		{RedisLease{TTL: caddy.Duration(time.Hour)}, "lease ttl 1h0m0s is longer than a minute"},
+		{RedisLease{MaxPaths: -1}, "lease max_paths must not be negative, got -1"},
 	} {
 		_, err := tc.lease.options(nil)
 		if tc.err == "" && err != nil || tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)) {
 			t.Errorf("%+v: error %v, want %q", tc.lease, err, tc.err)
 		}
+	}
+	o, err := (&RedisLease{MaxShare: 0.2, MinRemaining: 0.01, TTL: caddy.Duration(time.Second), MaxPaths: 1000}).options(nil)
+	if err != nil || o.MaxShare != 0.2 || o.MinRemaining != 0.01 || o.TTL != time.Second || o.MaxPaths != 1000 {
+		t.Errorf("options: %+v, %v; want every option carried over", o, err)
 	}
 }

@@ -36,6 +36,30 @@ func TestRecordsHoldNoPointers(t *testing.T) {
 	walk(reflect.TypeFor[leased](), "leased")
 }
 
+// TestReservationFollowsMaxPaths: the room set aside is 16 records a
+// path, up to reservedBytes, shared out among the shards.
+func TestReservationFollowsMaxPaths(t *testing.T) {
+	for _, tc := range []struct{ maxPaths, records int }{
+		{0, reservedBytes / recordSize}, // the default, 100,000 paths: the cap
+		{1000, 16000},
+		{64, 1024},
+	} {
+		in := store.NewMemory(store.MemoryOptions{SweepInterval: -1})
+		s, err := New(in, Options{Sweep: -1, MaxPaths: tc.maxPaths})
+		if err != nil {
+			t.Fatal(err)
+		}
+		total := 0
+		for i := range s.paths {
+			total += cap(s.paths[i].rec.mem)
+		}
+		if want := tc.records / shards * shards; total != want {
+			t.Errorf("MaxPaths %d: %d records set aside, want %d", tc.maxPaths, total, want)
+		}
+		s.Close()
+	}
+}
+
 func TestRecords(t *testing.T) {
 	r := records{mem: make([]leased, 10)}
 	a, at := r.get(4)
