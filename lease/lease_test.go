@@ -179,6 +179,42 @@ func TestLeaseLifecycle(t *testing.T) {
 	})
 }
 
+// TestLeaseMaxPaths: past MaxPaths a new path is decided in the store on
+// every request, never leased; once the tracked paths have been idle for
+// ten TTLs the sweep forgets them, and the new path is leased as any.
+func TestLeaseMaxPaths(t *testing.T) {
+	c := storetest.NewClock(start)
+	in := inner(t, "memory", c.Now)
+	s := newLease(t, in, c.Now, lease.Options{TTL: time.Second, MaxPaths: 2})
+	daily := gcra(1000, 24*time.Hour)
+	for _, user := range []string{"ann", "bob"} {
+		decide(t, s, path(user, 1, daily, daily))
+		c.Advance(10 * time.Millisecond)
+		decide(t, s, path(user, 1, daily, daily))
+	}
+	if st := s.Stats(); st.Grants != 2 {
+		t.Fatalf("stats %+v, want a lease on each of the two paths", st)
+	}
+	cid := path("cid", 1, daily, daily)
+	for i := range 5 {
+		c.Advance(10 * time.Millisecond)
+		if d := decide(t, s, cid); !d.Allowed {
+			t.Fatalf("request %d of a path past MaxPaths refused", i)
+		}
+	}
+	if st := s.Stats(); st.Grants != 2 || st.Strict != 2+5 {
+		t.Fatalf("stats %+v, want the third path's 5 requests decided in the store (7 in all), no grant", st)
+	}
+	c.Advance(11 * time.Second) // the leases end, and the paths are idle for ten TTLs
+	s.Sweep(context.Background())
+	decide(t, s, cid)
+	c.Advance(10 * time.Millisecond)
+	decide(t, s, cid)
+	if st := s.Stats(); st.Grants != 3 {
+		t.Fatalf("stats %+v, want the third path leased once the idle paths are forgotten", st)
+	}
+}
+
 // TestLeaseRenewal: the sweep renews the lease of a busy path shortly
 // before it ends, with no request of its own, sized for what the path is
 // expected to ask beyond what the lease has left; the lease goes on being

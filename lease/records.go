@@ -35,7 +35,8 @@ const recordSize = int(unsafe.Sizeof(leased{}))
 
 // reservedRecords is how many records a Store of maxPaths paths reserves.
 func reservedRecords(maxPaths int) int {
-	return min(reservedBytes/recordSize, maxPaths*2*8)
+	most := reservedBytes / recordSize
+	return min(most, min(maxPaths, most)*2*8) // min first: a huge maxPaths must not overflow
 }
 
 // records is one shard's part of the reservation. Its methods are called

@@ -43,6 +43,7 @@ func TestReservationFollowsMaxPaths(t *testing.T) {
 		{0, reservedBytes / recordSize}, // the default, 100,000 paths: the cap
 		{1000, 16000},
 		{64, 1024},
+		{1 << 59, reservedBytes / recordSize}, // maxPaths*16 would overflow
 	} {
 		in := store.NewMemory(store.MemoryOptions{SweepInterval: -1})
 		s, err := New(in, Options{Sweep: -1, MaxPaths: tc.maxPaths})

@@ -193,13 +193,18 @@ measure_pair() {
 	done
 	wait_wrk
 	for s in "$a" "$b"; do
-		local name=$s-at-once-$run
+		local name=$s-at-once-$run cpu1
 		pid=$(cat "$work/$s.pid")
-		echo "$(($(awk '{print $14 + $15}' "/proc/$pid/stat") - cpu0[$s]))" >"$work/$name.ticks"
+		cpu1=$(awk '{print $14 + $15}' "/proc/$pid/stat" 2>/dev/null) || {
+			echo "== $name: Caddy exited during the run; its log:" >&2
+			cat "$work/$s.log" >&2
+			exit 2
+		}
+		echo "$((cpu1 - cpu0[$s]))" >"$work/$name.ticks"
 		grep '^gc ' "$work/$s.log" | tail -n +"$(($(cat "$work/$s.gc0") + 1))" >"$work/$name.gc" || true
 		awk '/ requests in / {print $1}' "$work/$name.wrk" >"$work/$name.requests"
 		awk '/^Requests\/sec/ {print $2}' "$work/$name.wrk" >"$work/$name.rps"
-		printf '%-18s %10s req/s   %s\n' "$name" "$(cat "$work/$name.rps")" "$(gc_of "$name")"
+		printf '%-24s %10s req/s   %s\n' "$name" "$(cat "$work/$name.rps")" "$(gc_of "$name")"
 	done
 }
 
@@ -208,7 +213,13 @@ measure_pair() {
 wait_wrk() {
 	local p
 	for p in $(jobs -p); do
-		case " ${pids[*]} " in *" $p "*) ;; *) wait "$p" ;; esac
+		case " ${pids[*]} " in
+		*" $p "*) ;;
+		*) wait "$p" || {
+			echo "== wrk failed (exit status $?): is the Caddy it loads still answering?" >&2
+			exit 2
+		} ;;
+		esac
 	done
 }
 
@@ -249,7 +260,7 @@ cpu_medians() {
 		for r in $(seq "$ROUNDS"); do gc_of "$kind-$r"; done | python3 -c '
 import re, statistics, sys
 rows = [list(map(float, re.findall(r"[\d.]+", l))) for l in sys.stdin if l.strip()]
-if rows: print("%-16s cpu/req %.1f µs, gc %.1f µs, %.2f gcs/1k req" % (sys.argv[1], *[statistics.median(r[i] for r in rows) for i in range(3)]))' "$kind"
+if rows: print("%-21s cpu/req %.1f µs, gc %.1f µs, %.2f gcs/1k req" % (sys.argv[1], *[statistics.median(r[i] for r in rows) for i in range(3)]))' "$kind"
 	done
 }
 
@@ -263,6 +274,7 @@ rounds() {
 			measure "$kind" "$kind-$round"
 		done
 		if [ -n "${PAIR:-}" ]; then # MHOLT's: two of them at once, as well
+			# shellcheck disable=SC2086 # PAIR is two names
 			measure_pair $PAIR "$round"
 		fi
 	done
