@@ -130,6 +130,32 @@ CF
 	wrk -t1 -c"$CONNS" -d2s -s "$work/headers.lua" "http://127.0.0.1:$port/" >/dev/null # warm up
 }
 
+# ticks PID: the CPU time (user and system, in clock ticks) process PID
+# has used.
+ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+
+# collections SERVER: how many collections the Caddy started as SERVER
+# has logged.
+collections() { grep -c '^gc ' "$work/$1.log" || true; }
+
+# record SERVER RUN GC0 CPU0: what run RUN (wrk's output in RUN.wrk) cost
+# the Caddy started as SERVER, which had logged GC0 collections and used
+# CPU0 ticks before it: its CPU (RUN.ticks), its collections (RUN.gc), and
+# the requests served (RUN.requests) and their rate (RUN.rps). A Caddy
+# that exited during the run ends the script, with its log.
+record() {
+	local server=$1 name=$2 gc0=$3 cpu0=$4 cpu1
+	cpu1=$(ticks "$(cat "$work/$server.pid")" 2>/dev/null) || {
+		echo "== $name: Caddy exited during the run; its log:" >&2
+		cat "$work/$server.log" >&2
+		exit 2
+	}
+	echo "$((cpu1 - cpu0))" >"$work/$name.ticks"
+	grep '^gc ' "$work/$server.log" | tail -n +"$((gc0 + 1))" >"$work/$name.gc" || true
+	awk '/ requests in / {print $1}' "$work/$name.wrk" >"$work/$name.requests"
+	awk '/^Requests\/sec/ {print $2}' "$work/$name.wrk" >"$work/$name.rps"
+}
+
 # measure SERVER RUN: one wrk run of DURATION against the Caddy started as
 # SERVER, recorded as RUN (its throughput, latency, CPU and collections),
 # after WARMUP of the same load unrecorded: a Caddy idle while the others
@@ -141,29 +167,20 @@ measure() {
 	pid=$(cat "$work/$server.pid")
 	wrk -t1 -c"$CONNS" -d"$WARMUP" -s "$work/headers.lua" "http://127.0.0.1:$port/" >/dev/null
 	redis-cli -p "$redis_port" config resetstat >/dev/null
-	local gc0 cpu0 cpu1 rcpu0 rcpu1
-	gc0=$(grep -c '^gc ' "$work/$server.log" || true)
-	cpu0=$(awk '{print $14 + $15}' "/proc/$pid/stat")
-	rcpu0=$(awk '{print $14 + $15}' "/proc/$redis_pid/stat")
+	local gc0 cpu0 rcpu0 rcpu1
+	gc0=$(collections "$server")
+	cpu0=$(ticks "$pid")
+	rcpu0=$(ticks "$redis_pid")
 	wrk -t1 -c"$CONNS" -d"$DURATION" --latency -s "$work/headers.lua" "http://127.0.0.1:$port/" >"$work/$name.wrk"
-	cpu1=$(awk '{print $14 + $15}' "/proc/$pid/stat" 2>/dev/null) || {
-		echo "== $name: Caddy exited during the run; its log:" >&2
-		cat "$work/$server.log" >&2
-		exit 2
-	}
-	rcpu1=$(awk '{print $14 + $15}' "/proc/$redis_pid/stat")
+	record "$server" "$name" "$gc0" "$cpu0"
+	rcpu1=$(ticks "$redis_pid")
 	redis-cli -p "$redis_port" info commandstats >"$work/$name.redis"
 	echo "$((rcpu1 - rcpu0))" >"$work/$name.redis-ticks"
-	grep '^gc ' "$work/$server.log" | tail -n +"$((gc0 + 1))" >"$work/$name.gc" || true
-	echo "$((cpu1 - cpu0))" >"$work/$name.ticks"
-	local rps p50 p99 non2xx
-	rps=$(awk '/^Requests\/sec/ {print $2}' "$work/$name.wrk")
+	local p50 p99 non2xx
 	p50=$(awk '$1=="50%" {print $2}' "$work/$name.wrk")
 	p99=$(awk '$1=="99%" {print $2}' "$work/$name.wrk")
 	non2xx=$(awk '/Non-2xx/ {print $NF}' "$work/$name.wrk")
-	awk '/ requests in / {print $1}' "$work/$name.wrk" >"$work/$name.requests"
-	printf '%-18s %10s req/s   p50 %8s   p99 %8s   non-2xx %s   %s\n' "$name" "$rps" "$p50" "$p99" "${non2xx:-0}" "$(gc_of "$name")"
-	echo "$rps" >"$work/$name.rps"
+	printf '%-18s %10s req/s   p50 %8s   p99 %8s   non-2xx %s   %s\n' "$name" "$(cat "$work/$name.rps")" "$p50" "$p99" "${non2xx:-0}" "$(gc_of "$name")"
 }
 
 # measure_pair A B RUN: A and B measured at once, each under its own wrk of
@@ -174,37 +191,25 @@ measure() {
 # request serves more of them in its share of the cores (and its own CPU
 # per request is measured over the same seconds).
 measure_pair() {
-	local a=$1 b=$2 run=$3 s pid port
-	local -A cpu0
+	local a=$1 b=$2 run=$3 s
+	local -A gc0 cpu0
 	for s in "$a" "$b"; do
 		wrk -t1 -c"$CONNS" -d"$WARMUP" -s "$work/headers.lua" "http://127.0.0.1:$(cat "$work/$s.port")/" >/dev/null &
 	done
 	wait_wrk
 	for s in "$a" "$b"; do
-		pid=$(cat "$work/$s.pid")
-		cpu0[$s]=$(awk '{print $14 + $15}' "/proc/$pid/stat")
-		grep -c '^gc ' "$work/$s.log" >"$work/$s.gc0" || true
+		gc0[$s]=$(collections "$s")
+		cpu0[$s]=$(ticks "$(cat "$work/$s.pid")")
 	done
 	local order=("$a" "$b")
 	[ $((run % 2)) = 1 ] || order=("$b" "$a") # which starts first takes turns
 	for s in "${order[@]}"; do
-		port=$(cat "$work/$s.port")
-		wrk -t1 -c"$CONNS" -d"$DURATION" -s "$work/headers.lua" "http://127.0.0.1:$port/" >"$work/$s-at-once-$run.wrk" &
+		wrk -t1 -c"$CONNS" -d"$DURATION" -s "$work/headers.lua" "http://127.0.0.1:$(cat "$work/$s.port")/" >"$work/$s-at-once-$run.wrk" &
 	done
 	wait_wrk
 	for s in "$a" "$b"; do
-		local name=$s-at-once-$run cpu1
-		pid=$(cat "$work/$s.pid")
-		cpu1=$(awk '{print $14 + $15}' "/proc/$pid/stat" 2>/dev/null) || {
-			echo "== $name: Caddy exited during the run; its log:" >&2
-			cat "$work/$s.log" >&2
-			exit 2
-		}
-		echo "$((cpu1 - cpu0[$s]))" >"$work/$name.ticks"
-		grep '^gc ' "$work/$s.log" | tail -n +"$(($(cat "$work/$s.gc0") + 1))" >"$work/$name.gc" || true
-		awk '/ requests in / {print $1}' "$work/$name.wrk" >"$work/$name.requests"
-		awk '/^Requests\/sec/ {print $2}' "$work/$name.wrk" >"$work/$name.rps"
-		printf '%-24s %10s req/s   %s\n' "$name" "$(cat "$work/$name.rps")" "$(gc_of "$name")"
+		record "$s" "$s-at-once-$run" "${gc0[$s]}" "${cpu0[$s]}"
+		printf '%-24s %10s req/s   %s\n' "$s-at-once-$run" "$(cat "$work/$s-at-once-$run.rps")" "$(gc_of "$s-at-once-$run")"
 	done
 }
 
