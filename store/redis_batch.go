@@ -410,7 +410,7 @@ func runCalls(ctx context.Context, client redis.UniversalClient, script *redis.S
 	_, _ = pipe.Exec(ctx) // errors are per command, below
 	for i := range keys {
 		replies[i], errs[i] = cmds[i].Text()
-		if errs[i] != nil && strings.HasPrefix(errs[i].Error(), "NOSCRIPT") {
+		if redis.HasErrorPrefix(errs[i], "NOSCRIPT") { // as go-redis's Script.Run tells it
 			replies[i], errs[i] = script.Run(ctx, client, keys[i], args[i]...).Text()
 		}
 	}
