@@ -18,15 +18,23 @@ import (
 // of its own.
 func provisionJSON(t *testing.T, cfg string) *Handler {
 	t.Helper()
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	t.Cleanup(cancel)
+	return provisionIn(t, ctx, cfg)
+}
+
+// provisionIn provisions a handler from its JSON config in ctx: handlers
+// provisioned in one context are one configuration's.
+func provisionIn(t *testing.T, ctx caddy.Context, cfg string) *Handler {
+	t.Helper()
 	h := new(Handler)
 	if err := json.Unmarshal([]byte(cfg), h); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
 	if err := h.Provision(ctx); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { h.Cleanup(); cancel() })
+	t.Cleanup(func() { h.Cleanup() })
 	return h
 }
 
@@ -114,6 +122,60 @@ func TestPlaceholdersOutliveTheRequest(t *testing.T) {
 		"policy": "user", "tier": "user", "limit": "3", "remaining": "0", "reset": "60"}
 	if code != 429 || fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("denied: code %d\n got %v\nwant %v", code, got, want)
+	}
+}
+
+// TestPlaceholdersOfHandlersAloneOrNot: a handler alone in its
+// configuration publishes its placeholders without touching the request's
+// variables; two handlers of one configuration on one request mark them,
+// and the placeholders show the second one's decision.
+func TestPlaceholdersOfHandlersAloneOrNot(t *testing.T) {
+	handler := func(tree string, count int) string {
+		return fmt.Sprintf(`{"trees": [{"name": %q, "tiers": [{"name": "user", "key": "{http.request.header.X-User}",
+			"limits": [{"count": %d, "per": "min"}]}]}], "store": {"memory": {"name": %q}}}`, tree, count, t.Name()+tree)
+	}
+	serve := func(handlers ...*Handler) (map[string]any, *caddy.Replacer) {
+		r := httptest.NewRequest("GET", "/", nil)
+		r.Header.Set("X-User", "u")
+		repl := caddy.NewReplacer()
+		vars := map[string]any{}
+		ctx := context.WithValue(r.Context(), caddy.ReplacerCtxKey, repl)
+		r = r.WithContext(context.WithValue(ctx, caddyhttp.VarsCtxKey, vars))
+		var next caddyhttp.Handler = caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return nil })
+		for i := len(handlers) - 1; i >= 0; i-- {
+			h, n := handlers[i], next
+			next = caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error { return h.ServeHTTP(w, r, n) })
+		}
+		if err := next.ServeHTTP(httptest.NewRecorder(), r); err != nil {
+			t.Fatal(err)
+		}
+		return vars, repl
+	}
+
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	defer cancel()
+	alone := provisionIn(t, ctx, handler("alone", 1))
+	vars, repl := serve(alone)
+	if _, marked := vars[placeholdersVar]; marked || !alone.alone() {
+		t.Fatalf("a handler alone in its configuration: alone() %v, variables %v; want true and untouched", alone.alone(), vars)
+	}
+	if got := readPlaceholders(repl); got["tier"] != "user" || got["allowed"] != "true" || got["limit"] != "1" {
+		t.Fatalf("alone: placeholders %v", got)
+	}
+
+	ctx2, cancel2 := caddy.NewContext(caddy.Context{Context: context.Background()})
+	defer cancel2()
+	first, second := provisionIn(t, ctx2, handler("first", 1000)), provisionIn(t, ctx2, handler("second", 1))
+	serve(first, second) // spends second's one request a minute
+	vars, repl = serve(first, second)
+	if first.alone() || second.alone() {
+		t.Fatal("two handlers of one configuration: each thinks it is alone")
+	}
+	if _, marked := vars[placeholdersVar]; !marked {
+		t.Fatalf("two handlers: the variables lack the mark: %v", vars)
+	}
+	if got := readPlaceholders(repl); got["blocked_by"] != "second/user" || got["allowed"] != "false" {
+		t.Fatalf("two handlers: placeholders %v; want the second handler's refusal", got)
 	}
 }
 

@@ -215,8 +215,10 @@ type Handler struct {
 
 	routeKeys  []string // the pool keys of the stores routes use
 	unregister func()
-	pending    *held         // decisions waiting for a usage report (Forwarded)
-	local      *store.Memory // on_store_error local's store
+	configDone <-chan struct{} // the Done channel of this handler's configuration's context
+	company    *atomic.Int32   // whether other rate_limit handlers share the configuration (see alone)
+	pending    *held           // decisions waiting for a usage report (Forwarded)
+	local      *store.Memory   // on_store_error local's store
 }
 
 // Tree is a hierarchy.Tree with optional request matchers.
@@ -470,6 +472,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		Logger:      h.logger, Reconciled: h.metrics.reconcile,
 	})
 	h.unregister = running.Register(h.engine, ctx.Done())
+	h.configDone, h.company = ctx.Done(), new(atomic.Int32)
 	return nil
 }
 

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"hash/maphash"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -388,8 +389,8 @@ func (m *Memory) store(hash uint64, b Bucket, s rate.State, now int64) {
 func (m *Memory) removeExpired(sh *memoryShard, hash uint64, now int64) int {
 	removed := 0
 	prev := noBlock
-	at, ok := sh.index[hash]
-	for ok && at != noBlock {
+	at, _ := sh.index.get(hash) // noBlock if none
+	for at != noBlock {
 		next := sh.at(at).next
 		if sh.at(at).expires <= now {
 			sh.unlink(at, prev)
@@ -406,7 +407,7 @@ func (m *Memory) removeExpired(sh *memoryShard, hash uint64, now int64) int {
 // sweepShard drops every expired bucket of a shard. The caller holds its lock.
 func (m *Memory) sweepShard(sh *memoryShard, now int64) int {
 	removed := 0
-	for h := range sh.index {
+	for h := range sh.index.all() {
 		removed += m.removeExpired(sh, h, now)
 	}
 	sh.swept = now
@@ -422,7 +423,7 @@ func (m *Memory) makeRoom(sh *memoryShard, now int64) {
 	}
 	victim := noBlock
 	soonest, seen := int64(0), 0
-	for h, at := range sh.index { // map iteration order is randomised
+	for h, at := range sh.index.from(rand.Int()) { // from a random slot: a random sample
 		if m.removeExpired(sh, h, now) > 0 {
 			return
 		}

@@ -42,7 +42,7 @@ func checkShards(t *testing.T, m *Memory) {
 			live = append(live, span{chunk, lo, hi})
 		}
 		n := 0
-		for h, ref := range sh.index {
+		for h, ref := range sh.index.all() {
 			if shardOf(h) != uint8(si) {
 				t.Fatalf("shard %d holds hash %x of shard %d", si, h, shardOf(h))
 			}

@@ -133,7 +133,7 @@ func TestMemorySharedArenaStress(t *testing.T) {
 		checkShards(t, m)
 		for si := range m.shards {
 			sh := &m.shards[si]
-			for h, ref := range sh.index {
+			for h, ref := range sh.index.all() {
 				for ; ref != noBlock; ref = sh.at(ref).next {
 					if b := sh.at(ref); maphash.String(m.seed, b.key()) != h {
 						t.Fatalf("shard %d: a bucket at %x whose key (%.20q) is not its hash's", si, ref, b.key())

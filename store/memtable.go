@@ -25,7 +25,7 @@ type memoryShard struct {
 
 type shardFields struct {
 	mu    sync.Mutex
-	index map[uint64]blockRef
+	index index
 	arena *arena // the store's
 	n     int    // buckets, chains included
 	swept int64  // when the shard's expired state was last dropped (µs)
@@ -71,7 +71,7 @@ const headerSize = int(unsafe.Sizeof(bucket{}))
 const reservedBytes = 16 << 20
 
 func newShard(a *arena) memoryShard {
-	return memoryShard{shardFields: shardFields{index: make(map[uint64]blockRef), arena: a}}
+	return memoryShard{shardFields: shardFields{index: newIndex(), arena: a}}
 }
 
 // at is the header of the bucket in block ref.
@@ -91,10 +91,7 @@ func (b *bucket) keyStart() *byte { return (*byte)(unsafe.Add(unsafe.Pointer(b),
 
 // find returns the bucket of key, expired or not, nil if there is none.
 func (sh *memoryShard) find(hash uint64, key string) *bucket {
-	ref, ok := sh.index[hash]
-	if !ok {
-		return nil
-	}
+	ref, _ := sh.index.get(hash) // noBlock if none
 	for ref != noBlock {
 		b := sh.at(ref)
 		if b.key() == key {
@@ -176,10 +173,7 @@ const logEntry = 10
 // insert adds a bucket for key, which must have none.
 func (sh *memoryShard) insert(hash uint64, key string, st rate.State, expires int64, record bool) {
 	ref, c := sh.arena.alloc(headerSize + len(key))
-	next, ok := sh.index[hash]
-	if !ok {
-		next = noBlock
-	}
+	next, _ := sh.index.get(hash) // noBlock if none
 	b := sh.at(ref)
 	*b = bucket{hash: hash, expires: expires, a: st.A, b: st.B, t: st.T, next: next, log: noBlock,
 		keyLen: uint32(len(key)), class: c, record: record}
@@ -188,7 +182,7 @@ func (sh *memoryShard) insert(hash uint64, key string, st rate.State, expires in
 		b.h = st.Log.H
 		sh.writeLog(b, entries)
 	}
-	sh.index[hash] = ref
+	sh.index.set(hash, ref)
 	sh.n++
 }
 
@@ -200,9 +194,9 @@ func (sh *memoryShard) unlink(ref, prev blockRef) {
 	case prev != noBlock:
 		sh.at(prev).next = b.next
 	case b.next != noBlock:
-		sh.index[b.hash] = b.next
+		sh.index.set(b.hash, b.next)
 	default:
-		delete(sh.index, b.hash)
+		sh.index.del(b.hash)
 	}
 	if b.log != noBlock {
 		sh.arena.release(b.log, b.logClass)

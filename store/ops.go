@@ -126,7 +126,7 @@ func (m *Memory) ResetMatching(_ context.Context, match KeyMatch) (int, error) {
 	for i := range m.shards {
 		sh := &m.shards[i]
 		sh.mu.Lock()
-		for h := range sh.index {
+		for h := range sh.index.all() {
 			for {
 				removed, live := m.remove(sh, h, selected, now)
 				if !removed {
@@ -148,8 +148,8 @@ func (m *Memory) ResetMatching(_ context.Context, match KeyMatch) (int, error) {
 // shard's lock.
 func (m *Memory) remove(sh *memoryShard, hash uint64, selected func(string) bool, now int64) (removed, live bool) {
 	prev := noBlock
-	at, ok := sh.index[hash]
-	for ; ok && at != noBlock; prev, at = at, sh.at(at).next {
+	at, _ := sh.index.get(hash) // noBlock if none
+	for ; at != noBlock; prev, at = at, sh.at(at).next {
 		if !selected(sh.at(at).key()) {
 			continue
 		}

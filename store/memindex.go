@@ -1,0 +1,154 @@
+package store
+
+import (
+	"iter"
+	"math/bits"
+)
+
+// index maps the 64-bit hash of a key to the first bucket of its chain
+// (see memoryShard): an open-addressed table of (hash, ref) slots with
+// linear probing, its length a power of two, kept at most half full.
+//
+// It stands in for a Go map[uint64]blockRef, which it beats where the
+// memory store runs: under load, between one request on a key and the
+// next, the shard's index has left the CPU's caches, and a lookup pays a
+// cache miss for each line it reads. A map's lookup reads its header, its
+// directory and table, then a group's control word and slots; this one
+// reads the slice header beside the shard's lock (in the line the lock
+// brought in) and the line of the key's slot, which holds the next slots
+// of its probe too. BenchmarkIndex compares the two on an index far larger
+// than the caches, as a store's is under load.
+type index struct {
+	slots []indexSlot // empty: ref noBlock
+	shift uint8       // 64 - log2(len(slots)): a hash's home is its top bits
+	n     int         // slots in use
+}
+
+// indexSlot is one entry of an index.
+type indexSlot struct {
+	hash uint64
+	ref  blockRef
+}
+
+// minIndexSlots is an index's smallest table: 16 slots, four cache lines.
+const minIndexSlots = 16
+
+func newIndex() index {
+	return index{slots: emptySlots(minIndexSlots), shift: uint8(64 - bits.TrailingZeros(minIndexSlots))}
+}
+
+func emptySlots(n int) []indexSlot {
+	s := make([]indexSlot, n)
+	for i := range s {
+		s[i].ref = noBlock
+	}
+	return s
+}
+
+// home is the slot where a probe for hash starts: the hash's top bits, as
+// its low bits choose the shard (every hash of a shard shares them).
+func (x *index) home(hash uint64) int { return int(hash >> x.shift) }
+
+// get returns the ref stored for hash.
+func (x *index) get(hash uint64) (blockRef, bool) {
+	mask := len(x.slots) - 1
+	for i := x.home(hash); ; i = (i + 1) & mask {
+		s := &x.slots[i]
+		if s.ref == noBlock {
+			return noBlock, false
+		}
+		if s.hash == hash {
+			return s.ref, true
+		}
+	}
+}
+
+// set stores ref for hash, replacing the ref stored for it if any.
+func (x *index) set(hash uint64, ref blockRef) {
+	if 2*(x.n+1) > len(x.slots) {
+		x.grow()
+	}
+	mask := len(x.slots) - 1
+	for i := x.home(hash); ; i = (i + 1) & mask {
+		s := &x.slots[i]
+		if s.ref == noBlock {
+			*s = indexSlot{hash, ref}
+			x.n++
+			return
+		}
+		if s.hash == hash {
+			s.ref = ref
+			return
+		}
+	}
+}
+
+// grow doubles the table.
+func (x *index) grow() {
+	old := x.slots
+	x.slots, x.shift, x.n = emptySlots(2*len(old)), x.shift-1, 0
+	for _, s := range old {
+		if s.ref != noBlock {
+			x.set(s.hash, s.ref)
+		}
+	}
+}
+
+// del removes hash, if stored. The slots after it in its probe sequence
+// move back to fill the hole (backward-shift deletion), so no probe ever
+// crosses a deleted slot and no tombstone is needed.
+func (x *index) del(hash uint64) {
+	mask := len(x.slots) - 1
+	i := x.home(hash)
+	for ; x.slots[i].hash != hash || x.slots[i].ref == noBlock; i = (i + 1) & mask {
+		if x.slots[i].ref == noBlock {
+			return
+		}
+	}
+	x.n--
+	// i is the hole. A later slot j of the same run of used slots moves
+	// into it unless its home lies cyclically in (i, j]: it would then be
+	// found before reaching i.
+	for j := (i + 1) & mask; x.slots[j].ref != noBlock; j = (j + 1) & mask {
+		h := x.home(x.slots[j].hash)
+		if (j-h)&mask >= (j-i)&mask {
+			x.slots[i] = x.slots[j]
+			i = j
+		}
+	}
+	x.slots[i] = indexSlot{ref: noBlock}
+}
+
+// len is how many hashes are stored.
+func (x *index) len() int { return x.n }
+
+// from yields every stored hash and its ref, from slot start onwards
+// (start is reduced to the table; wrapping around). A yield may delete
+// the hash it is given, or replace its ref, and nothing else: the slots a
+// deletion moves back are still yielded, and one moved from before start
+// to after it may be yielded twice. (The memory store sweeps and samples
+// with it: looking at a chain twice does no harm.)
+func (x *index) from(start int) iter.Seq2[uint64, blockRef] {
+	return func(yield func(uint64, blockRef) bool) {
+		n := len(x.slots)
+		start &= n - 1
+		for k := 0; k < n; k++ {
+			i := (start + k) & (n - 1)
+			s := x.slots[i]
+			if s.ref == noBlock {
+				continue
+			}
+			if !yield(s.hash, s.ref) {
+				return
+			}
+			// A deletion by yield may have moved a later slot into i:
+			// look at i again.
+			if x.slots[i].ref != noBlock && x.slots[i].hash != s.hash {
+				k--
+			}
+		}
+	}
+}
+
+// all yields every stored hash and its ref (see from).
+func (x *index) all() iter.Seq2[uint64, blockRef] { return x.from(0) }
