@@ -51,34 +51,37 @@ func (x *index) home(hash uint64) int { return int(hash >> x.shift) }
 
 // get returns the ref stored for hash.
 func (x *index) get(hash uint64) (blockRef, bool) {
-	mask := len(x.slots) - 1
-	for i := x.home(hash); ; i = (i + 1) & mask {
-		s := &x.slots[i]
-		if s.ref == noBlock {
-			return noBlock, false
-		}
-		if s.hash == hash {
-			return s.ref, true
-		}
-	}
+	i, found := x.probe(hash)
+	return x.slots[i].ref, found // noBlock when not found
 }
 
-// set stores ref for hash, replacing the ref stored for it if any.
+// set stores ref for hash, replacing the ref stored for it if any. Only
+// a new hash can grow the table: a replacement leaves the slots where they
+// are (see from).
 func (x *index) set(hash uint64, ref blockRef) {
+	i, found := x.probe(hash)
+	if found {
+		x.slots[i].ref = ref
+		return
+	}
 	if 2*(x.n+1) > len(x.slots) {
 		x.grow()
+		i, _ = x.probe(hash)
 	}
+	x.slots[i] = indexSlot{hash, ref}
+	x.n++
+}
+
+// probe returns the slot of hash, or the empty slot where it would go.
+func (x *index) probe(hash uint64) (i int, found bool) {
 	mask := len(x.slots) - 1
-	for i := x.home(hash); ; i = (i + 1) & mask {
+	for i = x.home(hash); ; i = (i + 1) & mask {
 		s := &x.slots[i]
 		if s.ref == noBlock {
-			*s = indexSlot{hash, ref}
-			x.n++
-			return
+			return i, false
 		}
 		if s.hash == hash {
-			s.ref = ref
-			return
+			return i, true
 		}
 	}
 }
@@ -98,13 +101,11 @@ func (x *index) grow() {
 // move back to fill the hole (backward-shift deletion), so no probe ever
 // crosses a deleted slot and no tombstone is needed.
 func (x *index) del(hash uint64) {
-	mask := len(x.slots) - 1
-	i := x.home(hash)
-	for ; x.slots[i].hash != hash || x.slots[i].ref == noBlock; i = (i + 1) & mask {
-		if x.slots[i].ref == noBlock {
-			return
-		}
+	i, found := x.probe(hash)
+	if !found {
+		return
 	}
+	mask := len(x.slots) - 1
 	x.n--
 	// i is the hole. A later slot j of the same run of used slots moves
 	// into it unless its home lies cyclically in (i, j]: it would then be

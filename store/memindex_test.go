@@ -126,6 +126,31 @@ func TestIndexDeletingWhileIterating(t *testing.T) {
 	}
 }
 
+// TestIndexReplacingKeepsTheTable: replacing a ref never grows the table,
+// even when it is as full as it gets, so an iteration that replaces refs
+// (a chain's first bucket unlinked) yields each hash exactly once.
+func TestIndexReplacingKeepsTheTable(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 3))
+	x := newIndex()
+	for x.len() < len(x.slots)/2 {
+		x.set(indexHashes(r, 1)[0], 1)
+	}
+	slots := len(x.slots)
+	seen := map[uint64]int{}
+	for h := range x.all() {
+		seen[h]++
+		x.set(h, 2)
+	}
+	if len(x.slots) != slots || len(seen) != x.len() {
+		t.Fatalf("%d slots became %d; %d hashes yielded of %d", slots, len(x.slots), len(seen), x.len())
+	}
+	for h, n := range seen {
+		if ref, _ := x.get(h); n != 1 || ref != 2 {
+			t.Fatalf("%x yielded %d times, ref %x", h, n, ref)
+		}
+	}
+}
+
 // BenchmarkIndex looks up random hashes of a million-entry index, as Go
 // map and as index: a table far larger than the CPU's caches, as the
 // memory store's shards are between two requests on a key under load
