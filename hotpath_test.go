@@ -128,7 +128,8 @@ func TestPlaceholdersOutliveTheRequest(t *testing.T) {
 // TestPlaceholdersOfHandlersAloneOrNot: a handler alone in its
 // configuration publishes its placeholders without touching the request's
 // variables; two handlers of one configuration on one request mark them,
-// and the placeholders show the second one's decision.
+// and the placeholders show the second one's decision; a handler whose
+// configuration is unloaded is not alone.
 func TestPlaceholdersOfHandlersAloneOrNot(t *testing.T) {
 	handler := func(tree string, count int) string {
 		return fmt.Sprintf(`{"trees": [{"name": %q, "tiers": [{"name": "user", "key": "{http.request.header.X-User}",
@@ -176,6 +177,15 @@ func TestPlaceholdersOfHandlersAloneOrNot(t *testing.T) {
 	}
 	if got := readPlaceholders(repl); got["blocked_by"] != "second/user" || got["allowed"] != "false" {
 		t.Fatalf("two handlers: placeholders %v; want the second handler's refusal", got)
+	}
+
+	// A configuration being unloaded: its other handlers may already have
+	// left package running, so none is alone (nor remembers being so).
+	ctx3, cancel3 := caddy.NewContext(caddy.Context{Context: context.Background()})
+	leaving := provisionIn(t, ctx3, handler("leaving", 1))
+	cancel3()
+	if leaving.alone() || leaving.company.Load() != 0 {
+		t.Fatalf("a handler of an unloaded configuration: alone %v, company %d", leaving.alone(), leaving.company.Load())
 	}
 }
 

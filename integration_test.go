@@ -556,6 +556,36 @@ http://127.0.0.1:%d {
 	}
 }
 
+// TestPlaceholdersOfANamedRouteInvokedTwice: a handler in a named route
+// invoked twice in one request decides twice, and the placeholders show
+// its second decision, though it is the only rate_limit handler.
+func TestPlaceholdersOfANamedRouteInvokedTwice(t *testing.T) {
+	port := freePort(t)
+	startCaddy(t, fmt.Sprintf(`
+&(limited) {
+	rate_limit {
+		tree twice {
+			tier user {header.X-User} {
+				limit 10/min
+			}
+		}
+		%s
+	}
+}
+
+http://127.0.0.1:%d {
+	route {
+		invoke limited
+		invoke limited
+		respond "remaining={http.rate_limit.remaining}"
+	}
+}`, memoryStore().block(t), port))
+	url := fmt.Sprintf("http://127.0.0.1:%d/", port)
+	if r := do(t, "GET", url, "X-User: u"); r.body != "remaining=8" {
+		t.Fatalf("status %d body %q, want remaining=8 (the second of two decisions)", r.status, r.body)
+	}
+}
+
 // TestMholtExceededNamePlaceholder: mholt/caddy-ratelimit's
 // {http.rate_limit.exceeded.name} names the zone that refused.
 func TestMholtExceededNamePlaceholder(t *testing.T) {

@@ -473,6 +473,12 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	})
 	h.unregister = running.Register(h.engine, ctx.Done())
 	h.configDone, h.company = ctx.Done(), new(atomic.Int32)
+	if srv, _ := ctx.Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server); srv != nil && len(srv.NamedRoutes) > 0 {
+		// A named route may be invoked twice in one request, running its
+		// handlers twice: as with another handler, the later decision's
+		// placeholders must show (see setPlaceholders).
+		h.company.Store(companySome)
+	}
 	return nil
 }
 

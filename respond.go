@@ -37,7 +37,9 @@ func (h *Handler) problem(w http.ResponseWriter, status int, kind, title, detail
 // refused the request if any did. A handler alone in its configuration
 // (the common case) has no other to find or to make way for, and skips
 // the variables: their lookup and the mark's write were a tenth of its
-// cost under load.
+// cost under load. (The same handler may run twice in one request when
+// the named route it is in is invoked twice: a server with named routes
+// marks the variables, as if other handlers shared it.)
 //
 // The provider is a closure holding its copy of the values and the
 // variables: one allocation (a pointer to shared placeholders and a
@@ -84,10 +86,10 @@ func (h *Handler) setPlaceholders(r *http.Request, repl *caddy.Replacer, d *deci
 
 // alone tells whether this handler is the only rate_limit handler of its
 // configuration, which it learns at its first request: by then Caddy has
-// provisioned every handler of the configuration. (A named route invoked
-// twice in one request runs its handler twice: alone, the placeholders
-// then show the first of its decisions.) A handler never provisioned is
-// not alone.
+// provisioned every handler of the configuration. A handler of a server
+// with named routes is never alone (see Provision), nor is one never
+// provisioned, nor one whose configuration is being unloaded (the other
+// handlers may already have left package running).
 func (h *Handler) alone() bool {
 	if h.company == nil {
 		return false
@@ -97,6 +99,11 @@ func (h *Handler) alone() bool {
 		return true
 	case companySome:
 		return false
+	}
+	select {
+	case <-h.configDone:
+		return false // not remembered: the handlers may be leaving
+	default:
 	}
 	c := int32(companySome)
 	if len(running.EnginesOf(h.configDone)) == 1 {

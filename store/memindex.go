@@ -7,42 +7,47 @@ import (
 
 // index maps the 64-bit hash of a key to the first bucket of its chain
 // (see memoryShard): an open-addressed table of (hash, ref) slots with
-// linear probing, its length a power of two, kept at most half full.
+// linear probing, its length a power of two, kept at most three quarters
+// full (16 bytes a slot: 21 to 43 bytes a key, as a Go map's). It is made
+// by newIndex only: a zero index has no table.
 //
 // It stands in for a Go map[uint64]blockRef, which it beats where the
 // memory store runs: under load, between one request on a key and the
 // next, the shard's index has left the CPU's caches, and a lookup pays a
 // cache miss for each line it reads. A map's lookup reads its header, its
 // directory and table, then a group's control word and slots; this one
-// reads the slice header beside the shard's lock (in the line the lock
-// brought in) and the line of the key's slot, which holds the next slots
-// of its probe too. BenchmarkIndex compares the two on an index far larger
-// than the caches, as a store's is under load.
+// reads the shard's fields (in the lines the shard's lock and arena bring
+// in) and the line of the key's slot, which holds the next slots of its
+// probe too. BenchmarkIndex compares the two on an index far larger than
+// the caches, as a store's is under load.
+//
+// What it gives up: a table grows at once, not piece by piece as a Go
+// map's does, so the insert that doubles a shard's table holds the shard's
+// lock while every slot is moved (about 1 ms at 16,000 keys a shard, a
+// million keys in the store). That happens only as the store fills, a
+// dozen times a shard at most, and tables never shrink.
 type index struct {
-	slots []indexSlot // empty: ref noBlock
-	shift uint8       // 64 - log2(len(slots)): a hash's home is its top bits
-	n     int         // slots in use
+	slots []indexSlot
+	shift uint8 // 64 - log2(len(slots)): a hash's home is its top bits
+	n     int   // slots in use
 }
 
-// indexSlot is one entry of an index.
+// indexSlot is one entry of an index. Its ref is stored complemented, so
+// that a zeroed slot — as make returns it — is empty: the ref of an empty
+// slot is noBlock, all ones, which no bucket's ref is.
 type indexSlot struct {
-	hash uint64
-	ref  blockRef
+	hash   uint64
+	notRef blockRef // ^ref
 }
+
+func (s *indexSlot) ref() blockRef { return ^s.notRef }
+func (s *indexSlot) empty() bool   { return s.notRef == 0 }
 
 // minIndexSlots is an index's smallest table: 16 slots, four cache lines.
 const minIndexSlots = 16
 
 func newIndex() index {
-	return index{slots: emptySlots(minIndexSlots), shift: uint8(64 - bits.TrailingZeros(minIndexSlots))}
-}
-
-func emptySlots(n int) []indexSlot {
-	s := make([]indexSlot, n)
-	for i := range s {
-		s[i].ref = noBlock
-	}
-	return s
+	return index{slots: make([]indexSlot, minIndexSlots), shift: uint8(64 - bits.TrailingZeros(minIndexSlots))}
 }
 
 // home is the slot where a probe for hash starts: the hash's top bits, as
@@ -52,7 +57,7 @@ func (x *index) home(hash uint64) int { return int(hash >> x.shift) }
 // get returns the ref stored for hash.
 func (x *index) get(hash uint64) (blockRef, bool) {
 	i, found := x.probe(hash)
-	return x.slots[i].ref, found // noBlock when not found
+	return x.slots[i].ref(), found // noBlock when not found
 }
 
 // set stores ref for hash, replacing the ref stored for it if any. Only
@@ -61,14 +66,14 @@ func (x *index) get(hash uint64) (blockRef, bool) {
 func (x *index) set(hash uint64, ref blockRef) {
 	i, found := x.probe(hash)
 	if found {
-		x.slots[i].ref = ref
+		x.slots[i].notRef = ^ref
 		return
 	}
-	if 2*(x.n+1) > len(x.slots) {
+	if 4*(x.n+1) > 3*len(x.slots) {
 		x.grow()
 		i, _ = x.probe(hash)
 	}
-	x.slots[i] = indexSlot{hash, ref}
+	x.slots[i] = indexSlot{hash, ^ref}
 	x.n++
 }
 
@@ -77,7 +82,7 @@ func (x *index) probe(hash uint64) (i int, found bool) {
 	mask := len(x.slots) - 1
 	for i = x.home(hash); ; i = (i + 1) & mask {
 		s := &x.slots[i]
-		if s.ref == noBlock {
+		if s.empty() {
 			return i, false
 		}
 		if s.hash == hash {
@@ -89,10 +94,10 @@ func (x *index) probe(hash uint64) (i int, found bool) {
 // grow doubles the table.
 func (x *index) grow() {
 	old := x.slots
-	x.slots, x.shift, x.n = emptySlots(2*len(old)), x.shift-1, 0
+	x.slots, x.shift, x.n = make([]indexSlot, 2*len(old)), x.shift-1, 0
 	for _, s := range old {
-		if s.ref != noBlock {
-			x.set(s.hash, s.ref)
+		if !s.empty() {
+			x.set(s.hash, s.ref())
 		}
 	}
 }
@@ -110,14 +115,14 @@ func (x *index) del(hash uint64) {
 	// i is the hole. A later slot j of the same run of used slots moves
 	// into it unless its home lies cyclically in (i, j]: it would then be
 	// found before reaching i.
-	for j := (i + 1) & mask; x.slots[j].ref != noBlock; j = (j + 1) & mask {
+	for j := (i + 1) & mask; !x.slots[j].empty(); j = (j + 1) & mask {
 		h := x.home(x.slots[j].hash)
 		if (j-h)&mask >= (j-i)&mask {
 			x.slots[i] = x.slots[j]
 			i = j
 		}
 	}
-	x.slots[i] = indexSlot{ref: noBlock}
+	x.slots[i] = indexSlot{}
 }
 
 // len is how many hashes are stored.
@@ -125,10 +130,13 @@ func (x *index) len() int { return x.n }
 
 // from yields every stored hash and its ref, from slot start onwards
 // (start is reduced to the table; wrapping around). A yield may delete
-// the hash it is given, or replace its ref, and nothing else: the slots a
-// deletion moves back are still yielded, and one moved from before start
-// to after it may be yielded twice. (The memory store sweeps and samples
-// with it: looking at a chain twice does no harm.)
+// the hash it is given, or replace its ref, and nothing else (an insert
+// could grow the table under the iteration). Every hash stored when the
+// iteration begins is yielded: a deletion moves later slots back, towards
+// the slot just yielded, which is looked at again. One yielded near start
+// may be moved back past it, into the last slots of the iteration, and
+// yielded twice. (The memory store sweeps, samples and resets with it:
+// looking at a chain twice does no harm.)
 func (x *index) from(start int) iter.Seq2[uint64, blockRef] {
 	return func(yield func(uint64, blockRef) bool) {
 		n := len(x.slots)
@@ -136,15 +144,15 @@ func (x *index) from(start int) iter.Seq2[uint64, blockRef] {
 		for k := 0; k < n; k++ {
 			i := (start + k) & (n - 1)
 			s := x.slots[i]
-			if s.ref == noBlock {
+			if s.empty() {
 				continue
 			}
-			if !yield(s.hash, s.ref) {
+			if !yield(s.hash, s.ref()) {
 				return
 			}
 			// A deletion by yield may have moved a later slot into i:
 			// look at i again.
-			if x.slots[i].ref != noBlock && x.slots[i].hash != s.hash {
+			if !x.slots[i].empty() && x.slots[i].hash != s.hash {
 				k--
 			}
 		}

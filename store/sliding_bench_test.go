@@ -76,7 +76,9 @@ func BenchmarkSlidingWindow(b *testing.B) {
 				m := store.NewMemory(store.MemoryOptions{Clock: clock.Now, SweepInterval: -1})
 				defer m.Close()
 				// The memory of 100 full keys: what they hold in the
-				// store's arena, and the heap (its index of hashes).
+				// store's arena, and any heap they take (the index of
+				// hashes, made with the store, has room for them: at
+				// scale it takes 21–43 bytes a key).
 				runtime.GC()
 				var before, after runtime.MemStats
 				runtime.ReadMemStats(&before)
