@@ -91,13 +91,14 @@ func (x *index) probe(hash uint64) (i int, found bool) {
 	}
 }
 
-// grow doubles the table.
+// grow doubles the table, moving each slot to its place in the new one.
 func (x *index) grow() {
 	old := x.slots
-	x.slots, x.shift, x.n = make([]indexSlot, 2*len(old)), x.shift-1, 0
+	x.slots, x.shift = make([]indexSlot, 2*len(old)), x.shift-1
 	for _, s := range old {
 		if !s.empty() {
-			x.set(s.hash, s.ref())
+			i, _ := x.probe(s.hash)
+			x.slots[i] = s
 		}
 	}
 }
@@ -124,9 +125,6 @@ func (x *index) del(hash uint64) {
 	}
 	x.slots[i] = indexSlot{}
 }
-
-// len is how many hashes are stored.
-func (x *index) len() int { return x.n }
 
 // from yields every stored hash and its ref, from slot start onwards
 // (start is reduced to the table; wrapping around). A yield may delete

@@ -48,8 +48,8 @@ func TestIndexAgainstMap(t *testing.T) {
 			for h := range want {
 				x.del(h)
 			}
-			if x.len() != 0 {
-				t.Fatalf("emptied: %d left", x.len())
+			if x.n != 0 {
+				t.Fatalf("emptied: %d left", x.n)
 			}
 			for _, h := range hs {
 				if _, ok := x.get(h); ok {
@@ -62,8 +62,8 @@ func TestIndexAgainstMap(t *testing.T) {
 
 func checkIndex(t *testing.T, x *index, want map[uint64]blockRef) {
 	t.Helper()
-	if x.len() != len(want) || 4*x.len() > 3*len(x.slots) {
-		t.Fatalf("%d stored in %d slots; want %d, at most three quarters full", x.len(), len(x.slots), len(want))
+	if x.n != len(want) || 4*x.n > 3*len(x.slots) {
+		t.Fatalf("%d stored in %d slots; want %d, at most three quarters full", x.n, len(x.slots), len(want))
 	}
 	for h, ref := range want {
 		if got, ok := x.get(h); !ok || got != ref {
@@ -117,8 +117,8 @@ func TestIndexDeletingWhileIterating(t *testing.T) {
 				t.Fatalf("seed %d: %x was never yielded", seed, h)
 			}
 		}
-		if x.len() != len(kept) {
-			t.Fatalf("seed %d: %d left, want %d", seed, x.len(), len(kept))
+		if x.n != len(kept) {
+			t.Fatalf("seed %d: %d left, want %d", seed, x.n, len(kept))
 		}
 		for h := range kept {
 			if _, ok := x.get(h); !ok {
@@ -134,7 +134,7 @@ func TestIndexDeletingWhileIterating(t *testing.T) {
 func TestIndexReplacingKeepsTheTable(t *testing.T) {
 	r := rand.New(rand.NewPCG(3, 3))
 	x := newIndex()
-	for 4*(x.len()+1) <= 3*len(x.slots) {
+	for 4*(x.n+1) <= 3*len(x.slots) {
 		x.set(indexHashes(r, 1)[0], 1)
 	}
 	slots := len(x.slots)
@@ -143,8 +143,8 @@ func TestIndexReplacingKeepsTheTable(t *testing.T) {
 		seen[h]++
 		x.set(h, 2)
 	}
-	if len(x.slots) != slots || len(seen) != x.len() {
-		t.Fatalf("%d slots became %d; %d hashes yielded of %d", slots, len(x.slots), len(seen), x.len())
+	if len(x.slots) != slots || len(seen) != x.n {
+		t.Fatalf("%d slots became %d; %d hashes yielded of %d", slots, len(x.slots), len(seen), x.n)
 	}
 	for h, n := range seen {
 		if ref, _ := x.get(h); n != 1 || ref != 2 {
