@@ -257,22 +257,31 @@ func BenchmarkHandlerOverrides(b *testing.B) {
 // a mholt/caddy-ratelimit zone (1,000 events a second per key of header
 // X-T0, 1,000 keys: an exact sliding window on the memory store), with
 // headers none (mholt's output on an admitted request) and with the
-// default headers: load.sh's MHOLT=1 workload without the network.
+// default headers: load.sh's MHOLT=1 workload without the network. Each
+// is decided on the engine's single-bucket path (engine.DecideSingle, as
+// the handler does) and on the general one (Add and Decide).
 func BenchmarkHandlerZone(b *testing.B) {
 	off := false
 	for _, tt := range []struct {
 		name    string
 		headers any
 	}{{"headers=none", map[string]any{"ietf": &off, "retry_after": &off}}, {"headers=default", nil}} {
-		b.Run(tt.name, func(b *testing.B) {
-			more := map[string]any{"rate_limits": map[string]any{"users": map[string]any{
-				"key": "{http.request.header.X-T0}", "window": int64(time.Second), "max_events": 1000}}}
-			if tt.headers != nil {
-				more["headers"] = tt.headers
-			}
-			h, done := benchHandlerOf(b, 0, nil, more)
-			defer done()
-			runHandler(b, h, 1, caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error { return nil }))
-		})
+		for _, single := range []bool{true, false} {
+			path := map[bool]string{true: "single", false: "general"}[single]
+			b.Run(tt.name+"/path="+path, func(b *testing.B) {
+				more := map[string]any{"rate_limits": map[string]any{"users": map[string]any{
+					"key": "{http.request.header.X-T0}", "window": int64(time.Second), "max_events": 1000}}}
+				if tt.headers != nil {
+					more["headers"] = tt.headers
+				}
+				h, done := benchHandlerOf(b, 0, nil, more)
+				defer done()
+				if !h.single {
+					b.Fatal("a zone's handler is not on the single-bucket path")
+				}
+				h.single = single
+				runHandler(b, h, 1, caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error { return nil }))
+			})
+		}
 	}
 }

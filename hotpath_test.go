@@ -3,6 +3,7 @@ package cascade
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -242,5 +243,70 @@ func TestHeaderCacheMatchesFormatting(t *testing.T) {
 	}
 	if denied == 0 {
 		t.Fatal("no denial exercised")
+	}
+}
+
+// TestSingleHandlers: which handlers decide on the engine's single-bucket
+// path (engine.DecideSingle), and that one decides by the request's value
+// of its key, whether a header or another placeholder: each value's
+// limit of 2 admits two requests and refuses the third.
+func TestSingleHandlers(t *testing.T) {
+	tree := func(tiers string) string {
+		return fmt.Sprintf(`{"name": "api", "tiers": [%s]}`, tiers)
+	}
+	tier := func(name, key string) string {
+		return fmt.Sprintf(`{"name": %q, "key": %q, "limits": [{"count": 2, "per": "min"}]}`, name, key)
+	}
+	byUser, byPath := tier("user", "{http.request.header.X-User}"), tier("path", "{http.request.uri.path}")
+	for _, tc := range []struct {
+		name, cfg string
+		single    bool
+	}{
+		{"a tier keyed by a header", `"trees": [` + tree(byUser) + `]`, true},
+		{"a tier keyed by another placeholder", `"trees": [` + tree(byPath) + `]`, true}, // X-User then varies
+		{"an mholt zone", `"rate_limits": {"users": {"key": "{http.request.header.X-User}", "window": 60000000000, "max_events": 2}}`, true},
+		{"charged by outcome", `"trees": [` + tree(byUser) + `], "charge_on": {"status": [200]}`, true},
+		{"two tiers", `"trees": [` + tree(tier("org", "{http.request.header.X-Org}")+", "+byUser) + `]`, false},
+		{"two trees", `"trees": [` + tree(byUser) + `, {"name": "other", "tiers": [` + byPath + `]}]`, false},
+		{"a matcher", `"trees": [{"name": "api", "match": [{"path": ["/a*"]}], "tiers": [` + byUser + `]}]`, false},
+		{"waiting", `"trees": [` + tree(byUser) + `], "max_wait": 1000000000`, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := provisionJSON(t, fmt.Sprintf(`{%s, "store": {"memory": {"name": %q}}}`, tc.cfg, t.Name()))
+			if h.single != tc.single {
+				t.Fatalf("single: %v, want %v", h.single, tc.single)
+			}
+			if !tc.single {
+				return
+			}
+			for _, user := range []string{"/a", "/b"} {
+				for i, want := range []int{200, 200, 429} {
+					r := httptest.NewRequest("GET", user, nil)
+					r.Header.Set("X-User", user)
+					if strings.Contains(tc.cfg, "uri.path") {
+						r.Header.Set("X-User", fmt.Sprint(i)) // a key read from the header would never refuse
+					}
+					r.Header.Set("X-Org", "o")
+					repl := caddyhttp.NewTestReplacer(r)
+					r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, repl))
+					w := httptest.NewRecorder()
+					next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) error {
+						w.WriteHeader(200)
+						return nil
+					})
+					err := h.ServeHTTP(w, r, next)
+					status := w.Code
+					var he caddyhttp.HandlerError
+					if errors.As(err, &he) {
+						status = he.StatusCode
+					} else if err != nil {
+						t.Fatal(err)
+					}
+					if status != want {
+						t.Fatalf("%s, request %d: status %d, want %d", user, i+1, status, want)
+					}
+				}
+			}
+		})
 	}
 }

@@ -16,7 +16,10 @@
 //	e.Decide(ctx, &d, estimates)                        // one store call
 //	e.WriteHeaders(header, &d)
 //
-// and answers d.Allowed, or the refusal that d describes.
+// and answers d.Allowed, or the refusal that d describes. A front end with
+// one tree of one tier and one limit (Single) may decide a request with
+// e.DecideSingle(ctx, &d, tree, value) instead of Add and Decide, which it
+// still calls when DecideSingle declines.
 package engine
 
 import (

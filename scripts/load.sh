@@ -12,9 +12,10 @@
 # time cannot be compared: the four Caddys run side by side, started once
 # (an idle one costs the others nothing), and each round runs wrk against
 # each in turn for DURATION (after WARMUP, 1 s, of the same load), the
-# order turning from round to round (what ran just before moves a run by a
-# few percent). Each ratio is taken within a round, and the median over
-# the rounds is reported.
+# order turning from round to round and reversed every other round: what
+# ran just before moves a run by a few percent, so each Caddy runs just
+# after each other one as often as just before it. Each ratio is taken
+# within a round, and the median over the rounds is reported.
 #
 #   scripts/load.sh                      # 8 rounds of 5 s runs
 #   ROUNDS=12 DURATION=3s scripts/load.sh
@@ -270,12 +271,18 @@ if rows: print("%-21s cpu/req %.1f µs, gc %.1f µs, %.2f gcs/1k req" % (sys.arg
 }
 
 # rounds KIND...: ROUNDS rounds of one run against each of the Caddys
-# started as KIND, the order turning from round to round; then stops them.
+# started as KIND, the order turning from round to round, and reversed in
+# the even rounds (a rotation alone would run each Caddy after the same
+# other one in most rounds); then stops them.
 rounds() {
 	local kinds=("$@") n=$# round k kind
 	for round in $(seq "$ROUNDS"); do
 		for k in $(seq 0 $((n - 1))); do
-			kind=${kinds[$(((k + round - 1) % n))]}
+			if [ $((round % 2)) = 1 ]; then
+				kind=${kinds[$(((k + round - 1) % n))]}
+			else
+				kind=${kinds[$(((2 * n - 1 - k + round - 1) % n))]}
+			fi
 			measure "$kind" "$kind-$round"
 		done
 		if [ -n "${PAIR:-}" ]; then # MHOLT's: two of them at once, as well
@@ -302,8 +309,10 @@ if [ -n "${MHOLT:-}" ]; then
 	# others nothing), and the rounds alternate short runs against each:
 	# this machine's speed drifts by ±30% within a minute, so runs far
 	# apart in time cannot be compared, and each ratio is taken within a
-	# round, a few seconds long. The order takes turns from round to round
-	# (what ran just before moves a run by a few percent).
+	# round, a few seconds long. The order takes turns from round to round,
+	# reversed every other round (what ran just before moves a run by a few
+	# percent): Cascade runs just after mholt in half the rounds, just
+	# before it in the others, and the ratio of each half is shown too.
 	start plain ""
 	start mholt "$(zone "")" "$work/caddy-mholt"
 	start cascade-none "$(zone "headers none")"
@@ -321,6 +330,9 @@ for kind in ("mholt", "cascade-none", "cascade-default"):
 for kind in ("cascade-none", "cascade-default"):
     ratios = [rps("%s-%d" % (kind, r)) / rps("mholt-%d" % r) for r in range(1, rounds + 1)]
     print("%-16s %.3f x mholt (median of %s)" % (kind, statistics.median(ratios), " ".join("%.3f" % x for x in ratios)))
+    if rounds >= 4:
+        print("%-16s %.3f x mholt in the odd rounds (the order plain, mholt, Cascade turned), %.3f in the even (reversed)" % (
+            kind, statistics.median(ratios[0::2]), statistics.median(ratios[1::2])))
 ratios = [rps("cascade-none-at-once-%d" % r) / rps("mholt-at-once-%d" % r) for r in range(1, rounds + 1)]
 print("%-16s %.3f x mholt, the two at once (median of %s; geometric mean %.3f)" % ("cascade-none", statistics.median(ratios),
     " ".join("%.3f" % x for x in ratios), statistics.geometric_mean(ratios)))

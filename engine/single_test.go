@@ -1,0 +1,180 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/caddy-cascade/cascade/hierarchy"
+	"github.com/caddy-cascade/cascade/store"
+)
+
+// singleEngine is an engine on a memory store read through clock, over a
+// tree of one tier (key {user}) with limit l; bob has an override of 3
+// per minute, carl one of two limits, vip is unlimited, and mode is the tree's mode set at runtime ("" for none).
+func singleEngine(t *testing.T, l hierarchy.Limit, missing hierarchy.Missing, mode string, c *clock) (*Engine, *Tree) {
+	t.Helper()
+	tree := &hierarchy.Tree{Name: "api", Tiers: []*hierarchy.Tier{{
+		Name: "user", Key: "{user}", Missing: missing, Limits: []*hierarchy.Limit{&l},
+		Values: map[string]*hierarchy.Override{
+			"bob":  {Limits: []*hierarchy.Limit{{Count: 3, Per: "min"}}},
+			"carl": {Limits: []*hierarchy.Limit{{Count: 4, Per: "min"}, {Count: 2, Per: "10s"}}},
+			"vip":  {Unlimited: true},
+		},
+	}}}
+	if err := tree.Compile(); err != nil {
+		t.Fatal(err)
+	}
+	hierarchy.QualifyPolicies([]*hierarchy.Tree{tree})
+	mem := store.NewMemory(store.MemoryOptions{Clock: c.read, SweepInterval: -1})
+	et := &Tree{Tree: tree}
+	if mode != "" {
+		et.mode.Store(&mode)
+	}
+	e := New(Config{Trees: []*Tree{et}, Store: mem, StoreName: "memory", Mode: Enforce, DenialLog: "off"})
+	t.Cleanup(func() { e.Close(); _ = mem.Close() })
+	return e, et
+}
+
+// TestDecideSingleAsTheGeneralPath decides the same requests of single-
+// bucket trees on two engines, one through DecideSingle (falling back to
+// Add and Decide when it declines, as the handler does) and one through
+// Add and Decide alone, on one clock, and finds the same decisions: the
+// verdicts, the reasons, the results, the limits as decided, the retry.
+func TestDecideSingleAsTheGeneralPath(t *testing.T) {
+	limits := []hierarchy.Limit{
+		{Count: 5, Per: "10s"},
+		{Count: 5, Per: "10s", Burst: 8},
+		{Count: 5, Per: "10s", Algorithm: "sliding"},
+		{Count: 5, Per: "10s", Algorithm: "sliding_approx"},
+		{Count: 5, Per: "h", Algorithm: "calendar"},
+	}
+	for _, l := range limits {
+		for _, missing := range []hierarchy.Missing{hierarchy.MissingDeny, hierarchy.MissingShared, hierarchy.MissingSkip} {
+			for _, mode := range []string{"", Enforce, Warn, Shadow} {
+				name := fmt.Sprintf("%s-%d-%d/%s/%s", l.Algorithm, l.Count, l.Burst, missing, mode)
+				t.Run(name, func(t *testing.T) {
+					c := &clock{now: time.Date(2026, 11, 25, 0, 0, 0, 0, time.UTC).UnixMicro()}
+					single, st := singleEngine(t, l, missing, mode, c)
+					general, gt := singleEngine(t, l, missing, mode, c)
+					if !single.Single(st) {
+						t.Fatal("Single refuses a tree of one tier with one limit")
+					}
+					rng := rand.New(rand.NewPCG(uint64(len(name)), 7))
+					users := []string{"alice", "carol", "bob", "carl", "vip", ""} // overrides, and "" missing
+					singles := 0
+					for i := range 400 {
+						c.now += rng.Int64N(3_000_000) // up to 3 s, and now and then a jump past windows
+						if rng.IntN(20) == 0 {
+							c.now += rng.Int64N(int64(40 * time.Minute / time.Microsecond))
+						}
+						v := users[rng.IntN(len(users))]
+						var ds, dg Decision
+						single.Begin(&ds)
+						ok, errS := single.DecideSingle(context.Background(), &ds, st, v)
+						if ok {
+							singles++
+						} else {
+							if !reflect.DeepEqual(ds, Decision{Closest: -1, scratch: ds.scratch, Buckets: ds.Buckets}) || len(ds.Buckets) != 0 {
+								t.Fatalf("request %d (%q): DecideSingle declined but changed the decision: %+v", i, v, ds)
+							}
+							errS = single.Add(&ds, st, append(ds.Values(), v))
+							if errS == nil {
+								errS = single.Decide(context.Background(), &ds, nil)
+							}
+						}
+						general.Begin(&dg)
+						errG := general.Add(&dg, gt, append(dg.Values(), v))
+						if errG == nil {
+							errG = general.Decide(context.Background(), &dg, nil)
+						}
+						if fmt.Sprint(errS) != fmt.Sprint(errG) {
+							t.Fatalf("request %d (%q): errors %v and %v", i, v, errS, errG)
+						}
+						if got, want := view(ds), view(dg); !reflect.DeepEqual(got, want) {
+							t.Fatalf("request %d (%q, single %v): decided\n%+v\nthe general path:\n%+v", i, v, ok, got, want)
+						}
+						ds.Release()
+						dg.Release()
+					}
+					wantSingles := mode == "" || mode == Enforce
+					if got := singles > 0; got != wantSingles {
+						t.Fatalf("%d of 400 requests decided by DecideSingle; want some: %v", singles, wantSingles)
+					}
+				})
+			}
+		}
+	}
+}
+
+// view is what a front end reads of a decision.
+func view(d Decision) map[string]any {
+	keys := make([]string, len(d.Buckets))
+	for i, b := range d.Buckets {
+		keys[i] = b.Key
+	}
+	return map[string]any{
+		"allowed": d.Allowed, "impossible": d.Impossible, "results": fmt.Sprint(d.Results), "retryAfter": d.RetryAfter,
+		"at": d.At, "keys": keys, "costs": fmt.Sprint(d.Costs), "limits": fmt.Sprint(d.Limits), "scaled": d.Scaled,
+		"mode": d.Mode, "enforcing": d.Enforcing, "reason": d.Reason, "blocked": d.Blocked, "closest": d.Closest,
+		"retry": d.Retry, "wait": d.Wait, "local": d.Local, "slots": d.slots, "route": d.route,
+	}
+}
+
+// TestSingleRefuses: the trees and engines DecideSingle does not decide.
+func TestSingleRefuses(t *testing.T) {
+	c := &clock{}
+	one := func(mod func(*hierarchy.Tier)) *hierarchy.Tree {
+		tier := &hierarchy.Tier{Name: "user", Key: "{user}", Limits: []*hierarchy.Limit{{Count: 5, Per: "s"}}}
+		mod(tier)
+		tree := &hierarchy.Tree{Name: "api", Tiers: []*hierarchy.Tier{tier}}
+		if err := tree.Compile(); err != nil {
+			t.Fatal(err)
+		}
+		return tree
+	}
+	mem := store.NewMemory(store.MemoryOptions{Clock: c.read, SweepInterval: -1})
+	t.Cleanup(func() { _ = mem.Close() })
+	for _, tc := range []struct {
+		name string
+		tree *hierarchy.Tree
+		cfg  func(*Config, *Tree)
+		want bool
+	}{
+		{"one tier, one limit", one(func(*hierarchy.Tier) {}), nil, true},
+		{"two limits", one(func(t *hierarchy.Tier) { t.Limits = append(t.Limits, &hierarchy.Limit{Count: 50, Per: "min"}) }), nil, false},
+		{"adaptive", one(func(t *hierarchy.Tier) { t.Adaptive = true }), nil, false},
+		{"a concurrency limit", one(func(t *hierarchy.Tier) { t.Limits[0] = &hierarchy.Limit{Count: 5, Algorithm: "concurrent"} }), nil, false},
+		{"a penalty box", one(func(t *hierarchy.Tier) { t.Penalty = &hierarchy.Penalty{After: 3, Within: "1m", For: "1m"} }), nil, false},
+		{"two tiers", func() *hierarchy.Tree {
+			tree := &hierarchy.Tree{Name: "api", Tiers: []*hierarchy.Tier{
+				{Name: "org", Key: "{org}", Limits: []*hierarchy.Limit{{Count: 50, Per: "s"}}},
+				{Name: "user", Key: "{user}", Limits: []*hierarchy.Limit{{Count: 5, Per: "s"}}}}}
+			if err := tree.Compile(); err != nil {
+				t.Fatal(err)
+			}
+			return tree
+		}(), nil, false},
+		{"an IP prefix", one(func(*hierarchy.Tier) {}), func(_ *Config, t *Tree) { t.IPv4Prefix = 24 }, false},
+		{"waiting", one(func(*hierarchy.Tier) {}), func(c *Config, _ *Tree) { c.MaxWait = time.Second }, false},
+		{"idempotency records", one(func(*hierarchy.Tier) {}), func(c *Config, _ *Tree) { c.Idempotency.TTL = time.Minute }, false},
+		{"a local fallback", one(func(*hierarchy.Tier) {}), func(c *Config, _ *Tree) { c.Local = mem }, false},
+		{"another tree", one(func(*hierarchy.Tier) {}), func(c *Config, _ *Tree) { c.Trees = append(c.Trees, &Tree{Tree: c.Trees[0].Tree}) }, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			et := &Tree{Tree: tc.tree}
+			cfg := Config{Trees: []*Tree{et}, Store: mem, StoreName: "memory", DenialLog: "off"}
+			if tc.cfg != nil {
+				tc.cfg(&cfg, et)
+			}
+			e := New(cfg)
+			defer e.Close()
+			if got := e.Single(et); got != tc.want {
+				t.Fatalf("Single: %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
