@@ -266,8 +266,7 @@ func BenchmarkHandlerZone(b *testing.B) {
 		name    string
 		headers any
 	}{{"headers=none", map[string]any{"ietf": &off, "retry_after": &off}}, {"headers=default", nil}} {
-		for _, single := range []bool{true, false} {
-			path := map[bool]string{true: "single", false: "general"}[single]
+		for _, path := range []string{"single", "general"} {
 			b.Run(tt.name+"/path="+path, func(b *testing.B) {
 				more := map[string]any{"rate_limits": map[string]any{"users": map[string]any{
 					"key": "{http.request.header.X-T0}", "window": int64(time.Second), "max_events": 1000}}}
@@ -279,7 +278,7 @@ func BenchmarkHandlerZone(b *testing.B) {
 				if !h.single {
 					b.Fatal("a zone's handler is not on the single-bucket path")
 				}
-				h.single = single
+				h.single = path == "single"
 				runHandler(b, h, 1, caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error { return nil }))
 			})
 		}

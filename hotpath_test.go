@@ -270,6 +270,10 @@ func TestSingleHandlers(t *testing.T) {
 		{"two trees", `"trees": [` + tree(byUser) + `, {"name": "other", "tiers": [` + byPath + `]}]`, false},
 		{"a matcher", `"trees": [{"name": "api", "match": [{"path": ["/a*"]}], "tiers": [` + byUser + `]}]`, false},
 		{"waiting", `"trees": [` + tree(byUser) + `], "max_wait": 1000000000`, false},
+		{"a cost", `"trees": [` + tree(byUser) + `], "costs": [{"dimension": "tokens", "value": "{http.request.header.X-Tokens}"}]`, false},
+		{"idempotency keys", `"trees": [` + tree(byUser) + `], "idempotency": {"ttl": 600000000000}`, false},
+		{"a decision endpoint", `"trees": [` + tree(byUser) + `], "forwarded": {}`, false},
+		{"an mholt zone by network", `"rate_limits": {"users": {"key": "{http.request.header.X-User}", "window": 60000000000, "max_events": 2, "ipv4_prefix": 24}}`, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := provisionJSON(t, fmt.Sprintf(`{%s, "store": {"memory": {"name": %q}}}`, tc.cfg, t.Name()))
@@ -279,10 +283,10 @@ func TestSingleHandlers(t *testing.T) {
 			if !tc.single {
 				return
 			}
-			for _, user := range []string{"/a", "/b"} {
+			for _, value := range []string{"/a", "/b"} { // the path, and the header X-User
 				for i, want := range []int{200, 200, 429} {
-					r := httptest.NewRequest("GET", user, nil)
-					r.Header.Set("X-User", user)
+					r := httptest.NewRequest("GET", value, nil)
+					r.Header.Set("X-User", value)
 					if strings.Contains(tc.cfg, "uri.path") {
 						r.Header.Set("X-User", fmt.Sprint(i)) // a key read from the header would never refuse
 					}
@@ -303,7 +307,7 @@ func TestSingleHandlers(t *testing.T) {
 						t.Fatal(err)
 					}
 					if status != want {
-						t.Fatalf("%s, request %d: status %d, want %d", user, i+1, status, want)
+						t.Fatalf("%s, request %d: status %d, want %d", value, i+1, status, want)
 					}
 				}
 			}

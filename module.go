@@ -476,7 +476,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	// A handler that only counts requests, with one tree of one tier and
 	// one limit on the memory store (see engine.Single).
 	h.single = len(h.trees) == 1 && h.trees[0].matchers == nil && len(h.Costs) == 0 && h.Forwarded == nil &&
-		h.Idempotency == nil && h.waits == nil && h.engine.Single(h.etrees[0])
+		h.engine.Single(h.etrees[0])
 	h.unregister = running.Register(h.engine, ctx.Done())
 	h.configDone, h.company = ctx.Done(), new(atomic.Int32)
 	if srv, _ := ctx.Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server); srv != nil && len(srv.NamedRoutes) > 0 {
@@ -1086,9 +1086,13 @@ func (w *statusWriter) Write(b []byte) (int, error) {
 // error), with err saying why.
 func (h *Handler) decide(r *http.Request, repl *caddy.Replacer, d *decision) (int, error) {
 	h.engine.Begin(&d.Decision)
-	if h.single { // one tree, tier and limit: most often decided without the general path's layers
+	// One tree, tier and limit: most often decided without the general
+	// path's layers (see engine.DecideSingle).
+	var single string // with h.single, the value of its one tier's key
+	if h.single {
+		single = h.trees[0].value(r, repl, 0)
 		d.Refundable = h.refundable
-		if ok, err := h.engine.DecideSingle(r.Context(), &d.Decision, h.etrees[0], h.trees[0].value(r, repl, 0)); ok {
+		if ok, err := h.engine.DecideSingle(r.Context(), &d.Decision, h.etrees[0], single); ok {
 			return 0, err
 		}
 	}
@@ -1108,8 +1112,12 @@ func (h *Handler) decide(r *http.Request, repl *caddy.Replacer, d *decision) (in
 			}
 		}
 		values := d.Values()
-		for j := range t.Tiers {
-			values = append(values, t.value(r, repl, j))
+		if h.single { // declined by DecideSingle: its value as read
+			values = append(values, single)
+		} else {
+			for j := range t.Tiers {
+				values = append(values, t.value(r, repl, j))
+			}
 		}
 		if err := h.engine.Add(&d.Decision, h.etrees[i], values); err != nil {
 			return http.StatusBadRequest, err

@@ -13,18 +13,18 @@ import (
 // store. Add and Decide serve every path, and on this one their
 // generality (costs in several dimensions, adaptive scaling, penalty
 // boxes, concurrency slots, waiting, idempotency records, routes, leases)
-// cost about a seventh of the handler's time (the root package's
-// BenchmarkHandlerZone, path=general against path=single: 1.9 µs against
-// 1.65). Single tells a front end when DecideSingle can decide a tree's
-// requests instead: it decides as Add and Decide would, sharing settle
-// with them (the store call and the reading of its verdict), and
+// is a measurable part of the handler's time (the root package's
+// BenchmarkHandlerZone, path=single against path=general). Single tells a
+// front end when DecideSingle can decide a tree's requests instead: it
+// decides as Add and Decide would, sharing settle with them (the store
+// call and the reading of its verdict), and
 // TestDecideSingleAsTheGeneralPath holds it to their decisions.
 
 // Single reports whether DecideSingle can decide the requests of t: t is
-// the engine's only tree, with no IP prefixes, of one tier with one limit,
-// which is not adaptive, not a concurrency limit and has no penalty box;
-// and the store decides in reused memory, without leases, routes, a local
-// fallback, waiting or idempotency records.
+// the engine's only tree, with no IP prefixes, of one tier with one limit
+// of requests, which is not adaptive, not a concurrency limit and has no
+// penalty box; and the store decides in reused memory, without leases,
+// routes, a local fallback, waiting or idempotency records.
 func (e *Engine) Single(t *Tree) bool {
 	if e.into == nil || e.unleased != nil || len(e.cfg.Routes) > 0 || e.cfg.Local != nil ||
 		e.cfg.MaxWait > 0 || e.cfg.Idempotency.TTL > 0 ||
@@ -32,27 +32,34 @@ func (e *Engine) Single(t *Tree) bool {
 		return false
 	}
 	tier := t.Tiers[0]
-	return len(tier.Limits) == 1 && !tier.Adaptive && tier.Penalty == nil &&
-		tier.Limits[0].Rate().Algorithm != rate.Concurrent
+	if len(tier.Limits) != 1 || tier.Adaptive || tier.Penalty != nil {
+		return false
+	}
+	l := tier.Limits[0]
+	return (l.Dimension == "" || l.Dimension == hierarchy.Requests) && l.Rate().Algorithm != rate.Concurrent
 }
 
-// DecideSingle decides d, just begun (Begin), for value v of the tier of t,
-// a tree Single accepts: as Add(d, t, []string{v}) and Decide(ctx, d, nil)
-// would. It reports false, leaving d as it was, when the request takes the
-// general path after all, for what may change at runtime or differ per
-// request: v is empty (the tier's missing policy applies), t is not in
-// enforce mode, or v has an override.
+// DecideSingle decides d, just begun (Begin) and given no bucket yet, for
+// value v of the tier of t, a tree Single accepts: as Add(d, t,
+// []string{v}) and Decide(ctx, d, nil) would. It reports false, and d is
+// then as it was, when the request takes the general path after all, for
+// what may change at runtime or differs per request: v is empty (the
+// tier's missing policy applies), t is not in enforce mode, or v has an
+// override.
 func (e *Engine) DecideSingle(ctx context.Context, d *Decision, t *Tree, v string) (bool, error) {
-	if v == "" || e.Mode(t) != Enforce {
+	if v == "" || len(d.Buckets) != 0 || e.Mode(t) != Enforce {
 		return false, nil
 	}
 	tier := t.Tiers[0]
-	if o, _ := tier.OverrideOf(v); o != nil {
+	plan := hierarchy.Plan{Buckets: d.Buckets}
+	t.Resolve(append(d.Values(), v), &plan)
+	// Resolve reads the overrides once, as Add does: an override (one set
+	// at runtime a moment ago included) makes a path of other limits, or
+	// of none.
+	if len(plan.Buckets) != 1 || plan.Buckets[0].Limit != tier.Limits[0] {
+		clear(d.scratch.buckets[:min(len(plan.Buckets), len(d.scratch.buckets))]) // written by Resolve: the scratch keeps no key
 		return false, nil
 	}
-	values := append(d.Values(), v)
-	plan := hierarchy.Plan{Buckets: d.Buckets}
-	t.Resolve(values, &plan)
 	d.Buckets = plan.Buckets
 	d.used = max(d.used, len(d.Buckets))
 	d.Enforcing, d.Mode = true, Enforce
@@ -64,6 +71,7 @@ func (e *Engine) DecideSingle(ctx context.Context, d *Decision, t *Tree, v strin
 		d.Reason = ReasonStoreError
 		return true, err
 	}
-	e.Strike(ctx, d)
+	// No Strike: only a tier with a penalty box is struck, and Single
+	// admits none.
 	return true, nil
 }

@@ -12,9 +12,9 @@
 # time cannot be compared: the four Caddys run side by side, started once
 # (an idle one costs the others nothing), and each round runs wrk against
 # each in turn for DURATION (after WARMUP, 1 s, of the same load), the
-# order turning from round to round and reversed every other round: what
-# ran just before moves a run by a few percent, so each Caddy runs just
-# after each other one as often as just before it. Each ratio is taken
+# order turning every other round and reversed in the rounds between:
+# what ran just before moves a run by a few percent, so each Caddy runs
+# just after each other one as often as just before it. Each ratio is taken
 # within a round, and the median over the rounds is reported.
 #
 #   scripts/load.sh                      # 8 rounds of 5 s runs
@@ -271,17 +271,21 @@ if rows: print("%-21s cpu/req %.1f µs, gc %.1f µs, %.2f gcs/1k req" % (sys.arg
 }
 
 # rounds KIND...: ROUNDS rounds of one run against each of the Caddys
-# started as KIND, the order turning from round to round, and reversed in
-# the even rounds (a rotation alone would run each Caddy after the same
-# other one in most rounds); then stops them.
+# started as KIND; then stops them. The rounds go in pairs: the first of a
+# pair runs the kinds in an order turned by one from the previous pair's,
+# the second in the same order reversed (a rotation alone would run each
+# Caddy after the same other one in most rounds). Over 2n rounds of n
+# kinds, each kind runs just after each other one as often as just
+# before it.
 rounds() {
-	local kinds=("$@") n=$# round k kind
+	local kinds=("$@") n=$# round k kind turn
 	for round in $(seq "$ROUNDS"); do
+		turn=$(((round - 1) / 2))
 		for k in $(seq 0 $((n - 1))); do
 			if [ $((round % 2)) = 1 ]; then
-				kind=${kinds[$(((k + round - 1) % n))]}
+				kind=${kinds[$(((k + turn) % n))]}
 			else
-				kind=${kinds[$(((2 * n - 1 - k + round - 1) % n))]}
+				kind=${kinds[$(((n - 1 - k + turn) % n))]}
 			fi
 			measure "$kind" "$kind-$round"
 		done
@@ -309,10 +313,10 @@ if [ -n "${MHOLT:-}" ]; then
 	# others nothing), and the rounds alternate short runs against each:
 	# this machine's speed drifts by ±30% within a minute, so runs far
 	# apart in time cannot be compared, and each ratio is taken within a
-	# round, a few seconds long. The order takes turns from round to round,
-	# reversed every other round (what ran just before moves a run by a few
-	# percent): Cascade runs just after mholt in half the rounds, just
-	# before it in the others, and the ratio of each half is shown too.
+	# round, a few seconds long. The order turns every other round and is
+	# reversed in the rounds between (what ran just before moves a run by
+	# a few percent): Cascade runs as often just after mholt as just before
+	# it, and the ratios of the odd and even rounds are shown apart too.
 	start plain ""
 	start mholt "$(zone "")" "$work/caddy-mholt"
 	start cascade-none "$(zone "headers none")"
@@ -331,7 +335,7 @@ for kind in ("cascade-none", "cascade-default"):
     ratios = [rps("%s-%d" % (kind, r)) / rps("mholt-%d" % r) for r in range(1, rounds + 1)]
     print("%-16s %.3f x mholt (median of %s)" % (kind, statistics.median(ratios), " ".join("%.3f" % x for x in ratios)))
     if rounds >= 4:
-        print("%-16s %.3f x mholt in the odd rounds (the order plain, mholt, Cascade turned), %.3f in the even (reversed)" % (
+        print("%-16s %.3f x mholt in the odd rounds (plain, mholt, Cascade, turned), %.3f in the even (reversed)" % (
             kind, statistics.median(ratios[0::2]), statistics.median(ratios[1::2])))
 ratios = [rps("cascade-none-at-once-%d" % r) / rps("mholt-at-once-%d" % r) for r in range(1, rounds + 1)]
 print("%-16s %.3f x mholt, the two at once (median of %s; geometric mean %.3f)" % ("cascade-none", statistics.median(ratios),
