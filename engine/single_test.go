@@ -14,9 +14,10 @@ import (
 	"github.com/caddy-cascade/cascade/store"
 )
 
-// singleEngine is an engine on a memory store read through clock, over a
-// tree of one tier (key {user}) with limit l; bob has an override of 3
-// per minute, carl one of two limits, vip is unlimited, and mode is the tree's mode set at runtime ("" for none).
+// singleEngine is an engine on a memory store read through clock c, over
+// a tree of one tier (key {user}) with limit l and the missing policy
+// missing: bob has an override of 3 a minute, carl one of two limits, vip
+// is unlimited; mode is the tree's mode set at runtime ("" for none).
 func singleEngine(t *testing.T, l hierarchy.Limit, missing hierarchy.Missing, mode string, c *clock) (*Engine, *Tree) {
 	t.Helper()
 	tree := &hierarchy.Tree{Name: "api", Tiers: []*hierarchy.Tier{{

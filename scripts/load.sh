@@ -14,7 +14,7 @@
 # each in turn for DURATION (after WARMUP, 1 s, of the same load), the
 # order turning every other round and reversed in the rounds between:
 # what ran just before moves a run by a few percent, so each Caddy runs
-# just after each other one as often as just before it. Each ratio is taken
+# just after any other as often as just before it. Each ratio is taken
 # within a round, and the median over the rounds is reported.
 #
 #   scripts/load.sh                      # 8 rounds of 5 s runs
@@ -275,18 +275,15 @@ if rows: print("%-21s cpu/req %.1f µs, gc %.1f µs, %.2f gcs/1k req" % (sys.arg
 # pair runs the kinds in an order turned by one from the previous pair's,
 # the second in the same order reversed (a rotation alone would run each
 # Caddy after the same other one in most rounds). Over 2n rounds of n
-# kinds, each kind runs just after each other one as often as just
-# before it.
+# kinds, each kind runs just after any other as often as just before it.
 rounds() {
-	local kinds=("$@") n=$# round k kind turn
+	local kinds=("$@") n=$# round k i kind turn
 	for round in $(seq "$ROUNDS"); do
 		turn=$(((round - 1) / 2))
 		for k in $(seq 0 $((n - 1))); do
-			if [ $((round % 2)) = 1 ]; then
-				kind=${kinds[$(((k + turn) % n))]}
-			else
-				kind=${kinds[$(((n - 1 - k + turn) % n))]}
-			fi
+			i=$k
+			[ $((round % 2)) = 1 ] || i=$((n - 1 - k)) # the pair's second: reversed
+			kind=${kinds[$(((i + turn) % n))]}
 			measure "$kind" "$kind-$round"
 		done
 		if [ -n "${PAIR:-}" ]; then # MHOLT's: two of them at once, as well
