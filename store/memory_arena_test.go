@@ -61,8 +61,10 @@ func checkShards(t *testing.T, m *Memory) {
 				}
 				if b.log != noBlock {
 					add(b.log, b.logClass, "log")
-					if int(b.logLen) > len(sh.arena.block(b.log, b.logClass)) || b.logLen%10 != 0 {
-						t.Fatalf("shard %d: bucket %q: log of %d bytes in class %d", si, b.key(), b.logLen, b.logClass)
+					// Entries at a whole entry from the block's start, with
+					// room for one more after them (see writeLog).
+					if n := int(b.logOff + b.logLen); b.logLen > 0 && n+logEntry > len(sh.arena.block(b.log, b.logClass)) || b.logLen%10 != 0 || b.logOff%10 != 0 {
+						t.Fatalf("shard %d: bucket %q: log of %d bytes at %d in class %d", si, b.key(), b.logLen, b.logOff, b.logClass)
 					}
 				}
 				n++

@@ -380,3 +380,49 @@ func TestMemorySlidingChargeInPlace(t *testing.T) {
 		m.Close()
 	}
 }
+
+// A log slides through its block: when a charge drops the oldest entry and
+// appends one, the entries stay where they are (the log starts 10 bytes
+// further on), and they are copied back to the block's start only when
+// its end leaves no room for the next entry (see writeLog).
+func TestMemorySlidingLogMovesInItsBlock(t *testing.T) {
+	now := time.Date(2026, 3, 18, 10, 0, 0, 0, time.UTC).UnixMicro()
+	m := NewMemory(MemoryOptions{SweepInterval: -1, Clock: func() int64 { return now }})
+	defer m.Close()
+	const n = 40
+	lim := rate.Limit{Algorithm: rate.Sliding, Count: n, Period: time.Second}
+	step := (time.Second * 101 / 100 / n).Microseconds()
+	path := []Bucket{{Key: "{t|k}", Limit: lim, Cost: 1}}
+	h := maphash.String(m.seed, path[0].Key)
+	sh := &m.shards[shardOf(h)]
+	var moves, copies int
+	var last *bucket
+	for i := range 10 * n {
+		now += step
+		if d, err := m.Decide(context.Background(), path); err != nil || !d.Allowed {
+			t.Fatalf("charge %d: %+v %v", i, d, err)
+		}
+		b := sh.find(h, path[0].Key)
+		if i < 2*n { // the log grows to its length first
+			last = &bucket{log: b.log, logOff: b.logOff, logLen: b.logLen}
+			continue
+		}
+		if b.log != last.log || b.logLen != last.logLen {
+			t.Fatalf("charge %d: log %x of %d bytes, was %x of %d", i, b.log, b.logLen, last.log, last.logLen)
+		}
+		room := len(sh.arena.block(b.log, b.logClass)) - int(last.logOff+last.logLen)
+		switch {
+		case b.logOff == last.logOff+logEntry && room >= 2*logEntry:
+			moves++ // dropped one at the front, appended one in the spare bytes
+		case b.logOff == 0 && room < 2*logEntry:
+			copies++ // no room for the next entry after this one: back to the start
+		default:
+			t.Fatalf("charge %d: the log moved from %d to %d with %d bytes of room after it", i, last.logOff, b.logOff, room)
+		}
+		last.logOff = b.logOff
+	}
+	if moves == 0 || copies == 0 || copies > moves {
+		t.Fatalf("%d charges moved the log in its block, %d copied it back", moves, copies)
+	}
+	t.Logf("%d charges moved the log in its block, %d copied it back", moves, copies)
+}

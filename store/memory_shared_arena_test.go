@@ -68,7 +68,7 @@ func TestMemorySharedArenaStress(t *testing.T) {
 				sh := &m.shards[shardOf(hh)]
 				sh.mu.Lock()
 				if b := sh.find(hh, hotKey); b != nil && b.logLen > 0 {
-					entries := sh.arena.block(b.log, b.logClass)[:b.logLen]
+					entries := sh.entries(b)
 					sum := uint64(0)
 					for e := 0; e < len(entries); e += 10 {
 						c := uint64(binary.LittleEndian.Uint32(entries[e+6:]))
