@@ -389,7 +389,13 @@ func TestMemorySlidingLogMovesInItsBlock(t *testing.T) {
 	now := time.Date(2026, 3, 18, 10, 0, 0, 0, time.UTC).UnixMicro()
 	m := NewMemory(MemoryOptions{SweepInterval: -1, Clock: func() int64 { return now }})
 	defer m.Close()
+	// 39 entries in the window at steady state (390 bytes), in a block of
+	// 512 (the class of 400 bytes: the log and room for one more entry),
+	// which leaves room to move through it.
 	const n = 40
+	if spare := blockSize(classOf(n*logEntry)) - n*logEntry; spare < 2*logEntry {
+		t.Fatalf("the class of a %d-byte log leaves %d spare bytes: choose another n", n*logEntry, spare)
+	}
 	lim := rate.Limit{Algorithm: rate.Sliding, Count: n, Period: time.Second}
 	step := (time.Second * 101 / 100 / n).Microseconds()
 	path := []Bucket{{Key: "{t|k}", Limit: lim, Cost: 1}}

@@ -33,8 +33,9 @@ type shardFields struct {
 	// per bucket of its path, up to maxPath): giving Apply a log costs no
 	// allocation.
 	views [maxPath]rate.Log
-	// logs are the logs of the new states it computes, which are copied
-	// into the arena before the lock is released (see rate.ApplyTo).
+	// logs are the logs of the new states it computes, which are written
+	// to the arena before the lock is released (see rate.ApplyTo and
+	// writeLog).
 	logs [maxPath]rate.Log
 }
 
@@ -137,9 +138,11 @@ func (sh *memoryShard) nextLog(i int) *rate.Log {
 	return nil
 }
 
-// write sets the state of a bucket. Its log's bytes are copied into the
-// bucket's log block (a larger one when they do not fit): they may already
-// be there, a charge appending its entry in place (see rate.LogView).
+// write sets the state of a bucket. Its log's bytes are kept in the
+// bucket's log block (a larger one when they do not fit): left where they
+// are when a charge dropped entries from the front of its view and
+// appended its own in place (see rate.LogView), copied in otherwise (see
+// writeLog).
 func (sh *memoryShard) write(b *bucket, st rate.State, expires int64) {
 	b.a, b.b, b.t, b.expires, b.h = st.A, st.B, st.T, expires, 0
 	entries := st.Log.Entries()
@@ -156,10 +159,13 @@ func (sh *memoryShard) write(b *bucket, st rate.State, expires int64) {
 // moves through its block as a window slides, the entries left where they
 // are: only when the block's end leaves no room for the next entry are
 // they copied back to its start (or, when they no longer fit, to a larger
-// block). Copying them back on every charge instead, as this store first
-// did, moved the whole log for each request: at a full window of 1,000
-// entries (10 KB), a decision took 1.6 times as long
-// (BenchmarkSlidingWindow, sliding/N=1000).
+// block). How often that is depends on the spare bytes the block's class
+// leaves after the log and one entry: none, and the log is copied at every
+// charge that drops an entry, as this store once copied every log; a
+// block a third larger than its log, and the log is copied once every
+// dozen or more. Copying at every charge moved the whole log for each
+// request: at a full window of 1,000 entries (10 KB), a decision took 1.6
+// times as long (BenchmarkSlidingWindow, sliding/N=1000).
 func (sh *memoryShard) writeLog(b *bucket, entries []byte) {
 	n, off := len(entries), 0
 	switch {
