@@ -256,22 +256,28 @@ func BenchmarkHandlerOverrides(b *testing.B) {
 // BenchmarkHandlerZone is the handler's own cost per admitted request of
 // a mholt/caddy-ratelimit zone (1,000 events a second per key of header
 // X-T0, 1,000 keys: an exact sliding window on the memory store), with
-// headers none (mholt's output on an admitted request) and with the
+// headers none, with headers none and placeholders refused (mholt's
+// output on an admitted request: no header, no placeholder), and with the
 // default headers: load.sh's MHOLT=1 workload without the network. Each
 // is decided on the engine's single-bucket path (engine.DecideSingle, as
 // the handler does) and on the general one (Add and Decide).
 func BenchmarkHandlerZone(b *testing.B) {
 	off := false
+	none := map[string]any{"ietf": &off, "retry_after": &off}
 	for _, tt := range []struct {
-		name    string
-		headers any
-	}{{"headers=none", map[string]any{"ietf": &off, "retry_after": &off}}, {"headers=default", nil}} {
+		name         string
+		headers      any
+		placeholders string
+	}{{"headers=none", none, ""}, {"headers=none,placeholders=refused", none, "refused"}, {"headers=default", nil, ""}} {
 		for _, path := range []string{"single", "general"} {
 			b.Run(tt.name+"/path="+path, func(b *testing.B) {
 				more := map[string]any{"rate_limits": map[string]any{"users": map[string]any{
 					"key": "{http.request.header.X-T0}", "window": int64(time.Second), "max_events": 1000}}}
 				if tt.headers != nil {
 					more["headers"] = tt.headers
+				}
+				if tt.placeholders != "" {
+					more["placeholders"] = tt.placeholders
 				}
 				h, done := benchHandlerOf(b, 0, nil, more)
 				defer done()

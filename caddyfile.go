@@ -142,6 +142,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    log_key                                     # the refusing bucket's key in the denial's log line
 //	    denial_log     values|no_values|off         # the sampled INFO line of each denied key (default values)
 //	    disable_metrics                             # this handler records no Prometheus metrics
+//	    placeholders   all|refused                  # which requests publish {http.rate_limit.*} (default all)
 //	    forwarded {                                 # a decision endpoint for Traefik, nginx, Envoy ext_authz
 //	        report           <path>                 # where front ends report upstream responses
 //	        report_ttl       <duration>             # how long a decision waits for it (10m)
@@ -222,6 +223,8 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			h.DisableMetrics = true
 		case "denial_log":
 			h.DenialLog, err = oneOf(d, "values", "no_values", "off")
+		case "placeholders":
+			h.Placeholders, err = oneOf(d, "all", "refused")
 		case "max_wait":
 			if !d.NextArg() {
 				return d.Err("usage: max_wait <duration>, e.g. max_wait 2s")
@@ -274,7 +277,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				d.RemainingArgs()
 			}
 		default:
-			return d.Errf("unknown rate_limit option %q: expected tree, zone, cost, store, route, on_store_error, mode, headers, status_code, forwarded, priority, shed_at_floor, use_error_routes, jitter, sweep_interval, log_key, denial_log or disable_metrics", d.Val())
+			return d.Errf("unknown rate_limit option %q: expected tree, zone, cost, store, route, on_store_error, mode, headers, status_code, forwarded, priority, shed_at_floor, use_error_routes, jitter, sweep_interval, log_key, denial_log, placeholders or disable_metrics", d.Val())
 		}
 		if err != nil {
 			return err

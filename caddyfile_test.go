@@ -401,3 +401,23 @@ func TestLLMCostForms(t *testing.T) {
 		t.Errorf("denial_log loud: %v", err)
 	}
 }
+
+// TestPlaceholdersOption: placeholders takes all or refused, in the
+// Caddyfile and in JSON.
+func TestPlaceholdersOption(t *testing.T) {
+	for _, v := range []string{"all", "refused"} {
+		h, err := parse(t, "rate_limit {\n zone z {\n key {remote_host}\n events 1\n window 1m\n }\n placeholders "+v+"\n}")
+		if err != nil || h.Placeholders != v {
+			t.Errorf("placeholders %s: %q, %v", v, h.Placeholders, err)
+		}
+	}
+	for _, bad := range []string{"placeholders", "placeholders none", "placeholders refused all"} {
+		if _, err := parse(t, "rate_limit {\n "+bad+"\n}"); err == nil || !strings.Contains(err.Error(), "placeholders") {
+			t.Errorf("%s: %v, want an error naming placeholders", bad, err)
+		}
+	}
+	h := &Handler{Placeholders: "none"}
+	if err := h.Validate(); err == nil || !strings.Contains(err.Error(), "use all or refused") {
+		t.Errorf("JSON placeholders none: %v", err)
+	}
+}

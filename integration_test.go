@@ -586,6 +586,83 @@ http://127.0.0.1:%d {
 	}
 }
 
+// TestPlaceholdersRefusedOnly: with placeholders refused, an admitted
+// request publishes none (an earlier handler's stay), and a refused one,
+// or one passed over its limit in mode shadow, publishes them as by
+// default.
+func TestPlaceholdersRefusedOnly(t *testing.T) {
+	port := freePort(t)
+	st := memoryStore().block(t)
+	startCaddy(t, fmt.Sprintf(`
+http://127.0.0.1:%d {
+	route /shadow {
+		rate_limit {
+			zone quiet {
+				key {http.request.header.X-User}
+				events 1
+				window 1m
+			}
+			mode shadow
+			placeholders refused
+			%s
+		}
+		respond "allowed={http.rate_limit.allowed} reason={http.rate_limit.reason}"
+	}
+	route /earlier {
+		rate_limit {
+			tree outer {
+				tier all global {
+					limit 1000/min
+				}
+			}
+			%s
+		}
+		rate_limit {
+			zone inner {
+				key {http.request.header.X-User}
+				events 1
+				window 1m
+			}
+			placeholders refused
+			%s
+		}
+		respond "tier={http.rate_limit.tier}"
+	}
+	route {
+		rate_limit {
+			zone myzone {
+				key {http.request.header.X-User}
+				events 1
+				window 1m
+			}
+			placeholders refused
+			use_error_routes
+			%s
+		}
+		respond "remaining={http.rate_limit.remaining}"
+	}
+	handle_errors {
+		respond "zone={http.rate_limit.exceeded.name} remaining={http.rate_limit.remaining}" 429
+	}
+}`, port, st, st, st, st))
+	url := fmt.Sprintf("http://127.0.0.1:%d", port)
+	if r := do(t, "GET", url+"/", "X-User: u"); r.status != 200 || r.body != "remaining={http.rate_limit.remaining}" {
+		t.Fatalf("admitted: status %d body %q, want no placeholder published", r.status, r.body)
+	}
+	if r := do(t, "GET", url+"/", "X-User: u"); r.status != 429 || r.body != "zone=myzone remaining=0" {
+		t.Fatalf("refused: status %d body %q, want zone=myzone remaining=0", r.status, r.body)
+	}
+	if r := do(t, "GET", url+"/shadow", "X-User: s"); r.body != "allowed={http.rate_limit.allowed} reason={http.rate_limit.reason}" {
+		t.Fatalf("shadow, within the limit: body %q, want no placeholder published", r.body)
+	}
+	if r := do(t, "GET", url+"/shadow", "X-User: s"); r.status != 200 || r.body != "allowed=false reason=limited" {
+		t.Fatalf("shadow, over the limit: status %d body %q, want allowed=false reason=limited", r.status, r.body)
+	}
+	if r := do(t, "GET", url+"/earlier", "X-User: e"); r.status != 200 || r.body != "tier=all" {
+		t.Fatalf("two handlers: status %d body %q, want the first handler's tier (all)", r.status, r.body)
+	}
+}
+
 // TestMholtExceededNamePlaceholder: mholt/caddy-ratelimit's
 // {http.rate_limit.exceeded.name} names the zone that refused.
 func TestMholtExceededNamePlaceholder(t *testing.T) {

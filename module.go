@@ -139,6 +139,18 @@ type Handler struct {
 	// in one line a minute, so that a flood of denials cannot flood the log.
 	DenialLog string `json:"denial_log,omitempty"`
 
+	// Placeholders says which requests publish {http.rate_limit.*}:
+	// "all" (the default) or "refused": only a request not admitted
+	// (refused, passed over a limit in mode warn or shadow, or without a
+	// decision: a store error, a missing key) publishes them, as
+	// mholt/caddy-ratelimit publishes {http.rate_limit.exceeded.name}
+	// only on a refusal. Publishing them takes a request an allocation (a
+	// closure holding the values): "refused" spares admitted requests
+	// that cost when nothing reads their placeholders. A handler that
+	// publishes nothing leaves those of an earlier rate_limit handler of
+	// the request as they were.
+	Placeholders string `json:"placeholders,omitempty"`
+
 	// SweepInterval is how often the memory store drops expired state;
 	// default 1m. (Also mholt/caddy-ratelimit's setting of that name.)
 	SweepInterval caddy.Duration `json:"sweep_interval,omitempty"`
@@ -201,6 +213,7 @@ type Handler struct {
 	logger     *zap.Logger
 	metrics    *metrics
 	single     bool      // the requests are decided by engine.DecideSingle first
+	quietAdmit bool      // placeholders refused: an admitted request publishes none
 	epoch      time.Time // when provisioned: decisions are timed from it
 
 	// refundable: a charge may be refunded once the response is known
@@ -288,6 +301,7 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 // opens (or reuses, across config reloads) the store.
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger, h.epoch = ctx.Logger(), time.Now()
+	h.quietAdmit = h.Placeholders == "refused"
 	// A held request that goes away gives its reservation back: refundable.
 	h.refundable = h.ChargeOn != nil || h.Forwarded != nil && h.Forwarded.Report != "" || h.MaxWait > 0 ||
 		slices.ContainsFunc(h.Costs, func(c *Cost) bool { return c.Reconcile != nil })
@@ -588,6 +602,11 @@ func (h *Handler) Validate() error {
 	default:
 		return fmt.Errorf("rate_limit: denial_log %q: use values, no_values or off", h.DenialLog)
 	}
+	switch h.Placeholders {
+	case "", "all", "refused":
+	default:
+		return fmt.Errorf("rate_limit: placeholders %q: use all or refused", h.Placeholders)
+	}
 	if !(h.Jitter >= 0) || math.IsInf(h.Jitter, 1) { // written so that NaN fails
 		return fmt.Errorf("rate_limit: jitter %v: use a non-negative fraction (0.2 is up to 20%%)", h.Jitter)
 	}
@@ -727,7 +746,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 		h.metrics.observeStore(name, d, took)
 	}
-	h.setPlaceholders(r, repl, d)
+	if !h.quietAdmit || !admitted(d) {
+		h.setPlaceholders(r, repl, d)
+	}
 	return h.serveDecided(w, r, next, d, status, err)
 }
 

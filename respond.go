@@ -47,7 +47,7 @@ func (h *Handler) problem(w http.ResponseWriter, status int, kind, title, detail
 // placeholders it leaves.
 func (h *Handler) setPlaceholders(r *http.Request, repl *caddy.Replacer, d *decision) {
 	p := placeholders{
-		allowed: d.Allowed && (d.Reason == engine.ReasonOK || d.Replayed),
+		allowed: admitted(d),
 		reason:  d.Reason,
 		blocked: d.Blocked,
 		retry:   d.Retry,
@@ -82,6 +82,13 @@ func (h *Handler) setPlaceholders(r *http.Request, repl *caddy.Replacer, d *deci
 		}
 		return p.lookup(key)
 	})
+}
+
+// admitted reports whether d admitted its request as asked: what
+// {http.rate_limit.allowed} shows (a request passed over a limit in mode
+// warn or shadow was not admitted).
+func admitted(d *decision) bool {
+	return d.Allowed && (d.Reason == engine.ReasonOK || d.Replayed)
 }
 
 // alone tells whether this handler is the only rate_limit handler of its

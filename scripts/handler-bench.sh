@@ -7,6 +7,9 @@
 # outside the timer. What it measures is each handler's own CPU and
 # allocations per request, without the network, the server or the
 # collector's share of a loaded process (scripts/load.sh measures those).
+# Cascade's handler runs three ways: with `headers none`; with `headers
+# none` and `placeholders refused` (mholt's output for an admitted request:
+# no header, no placeholder); and with its default headers.
 #
 #   scripts/handler-bench.sh            # 6 alternated runs of each
 #   COUNT=10 scripts/handler-bench.sh
@@ -138,6 +141,7 @@ import (
 func BenchmarkHandler(b *testing.B) {
 	for _, tt := range []struct{ name, more string }{
 		{"cascade-headers-none", `,"headers":{"ietf":false,"retry_after":false}`},
+		{"cascade-mholt-output", `,"headers":{"ietf":false,"retry_after":false},"placeholders":"refused"`},
 		{"cascade-headers-default", ""},
 	} {
 		b.Run(tt.name, func(b *testing.B) {

@@ -22,14 +22,16 @@
 #   LEASE=$'lease {\n\tttl 2s\n}' scripts/load.sh   # the lease run's options
 #   MHOLT=1 scripts/load.sh              # the memory store against mholt
 #
-# With MHOLT=1 the four Caddys are: plain; mholt/caddy-ratelimit v0.1.0
+# With MHOLT=1 the five Caddys are: plain; mholt/caddy-ratelimit v0.1.0
 # (built by scripts/build-mholt.sh) with one zone keyed by the user header
-# (1,000 keys); Cascade with the same zone and `headers none` (equal
-# output: mholt writes no rate-limit header on an admitted response); and
-# Cascade with the same zone and its default headers; 12 rounds of 3 s
-# runs by default. Cascade's ratios are also taken against mholt's in the
-# same round; and each round ends with mholt and Cascade (`headers none`)
-# loaded at once, each by its own wrk, for DURATION: the two then share
+# (1,000 keys); Cascade with the same zone and `headers none` (mholt
+# writes no rate-limit header on an admitted response); Cascade with
+# `headers none` and `placeholders refused` (mholt's output: nor does it
+# publish a placeholder for an admitted request); and Cascade with the
+# same zone and its default headers; 12 rounds of 3 s runs by default.
+# Cascade's ratios are also taken against mholt's in the same round; and
+# each round ends with mholt and each Cascade without headers loaded at
+# once, two by two, each by its own wrk, for DURATION: the two then share
 # every moment of the machine's drift, and the one that costs less a
 # request serves more (the ratio of those is reported too, with each one's
 # CPU per request over the same seconds).
@@ -185,15 +187,15 @@ measure() {
 }
 
 # measure_pair A B RUN: A and B measured at once, each under its own wrk of
-# the same load (after WARMUP, at once too), recorded as A-at-once-RUN and
-# B-at-once-RUN. Run one after the other, two servers meet different
+# the same load (after WARMUP, at once too), recorded as A-with-B-RUN and
+# B-at-once-RUN (A may be paired with several). Run one after the other, two servers meet different
 # moments of a machine whose speed drifts; run at once, they share every
 # moment, and what separates them is what each costs: the one cheaper a
 # request serves more of them in its share of the cores (and its own CPU
 # per request is measured over the same seconds).
 measure_pair() {
 	local a=$1 b=$2 run=$3 s
-	local -A gc0 cpu0
+	local -A gc0 cpu0 name=(["$a"]="$a-with-$b-$run" ["$b"]="$b-at-once-$run")
 	for s in "$a" "$b"; do
 		wrk -t1 -c"$CONNS" -d"$WARMUP" -s "$work/headers.lua" "http://127.0.0.1:$(cat "$work/$s.port")/" >/dev/null &
 	done
@@ -205,12 +207,12 @@ measure_pair() {
 	local order=("$a" "$b")
 	[ $((run % 2)) = 1 ] || order=("$b" "$a") # which starts first takes turns
 	for s in "${order[@]}"; do
-		wrk -t1 -c"$CONNS" -d"$DURATION" -s "$work/headers.lua" "http://127.0.0.1:$(cat "$work/$s.port")/" >"$work/$s-at-once-$run.wrk" &
+		wrk -t1 -c"$CONNS" -d"$DURATION" -s "$work/headers.lua" "http://127.0.0.1:$(cat "$work/$s.port")/" >"$work/${name[$s]}.wrk" &
 	done
 	wait_wrk
 	for s in "$a" "$b"; do
-		record "$s" "$s-at-once-$run" "${gc0[$s]}" "${cpu0[$s]}"
-		printf '%-24s %10s req/s   %s\n' "$s-at-once-$run" "$(cat "$work/$s-at-once-$run.rps")" "$(gc_of "$s-at-once-$run")"
+		record "$s" "${name[$s]}" "${gc0[$s]}" "${cpu0[$s]}"
+		printf '%-30s %10s req/s   %s\n' "${name[$s]}" "$(cat "$work/${name[$s]}.rps")" "$(gc_of "${name[$s]}")"
 	done
 }
 
@@ -266,7 +268,7 @@ cpu_medians() {
 		for r in $(seq "$ROUNDS"); do gc_of "$kind-$r"; done | python3 -c '
 import re, statistics, sys
 rows = [list(map(float, re.findall(r"[\d.]+", l))) for l in sys.stdin if l.strip()]
-if rows: print("%-21s cpu/req %.1f µs, gc %.1f µs, %.2f gcs/1k req" % (sys.argv[1], *[statistics.median(r[i] for r in rows) for i in range(3)]))' "$kind"
+if rows: print("%-26s cpu/req %.1f µs, gc %.1f µs, %.2f gcs/1k req" % (sys.argv[1], *[statistics.median(r[i] for r in rows) for i in range(3)]))' "$kind"
 	done
 }
 
@@ -286,10 +288,10 @@ rounds() {
 			kind=${kinds[$(((i + turn) % n))]}
 			measure "$kind" "$kind-$round"
 		done
-		if [ -n "${PAIR:-}" ]; then # MHOLT's: two of them at once, as well
-			# shellcheck disable=SC2086 # PAIR is two names
-			measure_pair $PAIR "$round"
-		fi
+		local pair
+		for pair in ${PAIRS:-}; do # MHOLT's: two of them at once, as well (a:b)
+			measure_pair "${pair%%:*}" "${pair#*:}" "$round"
+		done
 	done
 	for kind in "${kinds[@]}"; do stop "$kind"; done
 }
@@ -317,31 +319,34 @@ if [ -n "${MHOLT:-}" ]; then
 	start plain ""
 	start mholt "$(zone "")" "$work/caddy-mholt"
 	start cascade-none "$(zone "headers none")"
+	start cascade-quiet "$(zone $'headers none\n\t\t\tplaceholders refused')"
 	start cascade-default "$(zone "")"
-	PAIR="mholt cascade-none" rounds plain mholt cascade-none cascade-default
+	PAIRS="mholt:cascade-none mholt:cascade-quiet" rounds plain mholt cascade-none cascade-quiet cascade-default
 	echo "== throughput against plain Caddy and against mholt (each in the same round)"
 	python3 - "$work" "$ROUNDS" <<'PY'
 import statistics, sys
 work, rounds = sys.argv[1], int(sys.argv[2])
 rps = lambda name: float(open("%s/%s.rps" % (work, name)).read())
 plain = lambda r: rps("plain-%d" % r)
-for kind in ("mholt", "cascade-none", "cascade-default"):
+for kind in ("mholt", "cascade-none", "cascade-quiet", "cascade-default"):
     ratios = [rps("%s-%d" % (kind, r)) / plain(r) for r in range(1, rounds + 1)]
     print("%-16s %.3f x plain Caddy (median of %s)" % (kind, statistics.median(ratios), " ".join("%.3f" % x for x in ratios)))
-for kind in ("cascade-none", "cascade-default"):
+for kind in ("cascade-none", "cascade-quiet", "cascade-default"):
     ratios = [rps("%s-%d" % (kind, r)) / rps("mholt-%d" % r) for r in range(1, rounds + 1)]
     print("%-16s %.3f x mholt (median of %s)" % (kind, statistics.median(ratios), " ".join("%.3f" % x for x in ratios)))
     if rounds >= 4:
         print("%-16s %.3f x mholt in the odd rounds (plain, mholt, Cascade, turned), %.3f in the even (reversed)" % (
             kind, statistics.median(ratios[0::2]), statistics.median(ratios[1::2])))
-ratios = [rps("cascade-none-at-once-%d" % r) / rps("mholt-at-once-%d" % r) for r in range(1, rounds + 1)]
-print("%-16s %.3f x mholt, the two at once (median of %s; geometric mean %.3f)" % ("cascade-none", statistics.median(ratios),
-    " ".join("%.3f" % x for x in ratios), statistics.geometric_mean(ratios)))
+for kind in ("cascade-none", "cascade-quiet"):
+    ratios = [rps("%s-at-once-%d" % (kind, r)) / rps("mholt-with-%s-%d" % (kind, r)) for r in range(1, rounds + 1)]
+    print("%-16s %.3f x mholt, the two at once (median of %s; geometric mean %.3f)" % (kind, statistics.median(ratios),
+        " ".join("%.3f" % x for x in ratios), statistics.geometric_mean(ratios)))
 PY
 	# Where the difference goes: the whole process's CPU per request, and
 	# its collector's share (mholt's rings, 24 MB at 1,000 keys, raise the
 	# heap goal, and so collect several times less often).
-	cpu_medians plain mholt cascade-none cascade-default mholt-at-once cascade-none-at-once
+	cpu_medians plain mholt cascade-none cascade-quiet cascade-default \
+		mholt-with-cascade-none cascade-none-at-once mholt-with-cascade-quiet cascade-quiet-at-once
 	exit 0
 fi
 start plain ""
