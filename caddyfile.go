@@ -277,7 +277,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				d.RemainingArgs()
 			}
 		default:
-			return d.Errf("unknown rate_limit option %q: expected tree, zone, cost, store, route, on_store_error, mode, headers, status_code, forwarded, priority, shed_at_floor, use_error_routes, jitter, sweep_interval, log_key, denial_log, placeholders or disable_metrics", d.Val())
+			return d.Errf("unknown rate_limit option %q: expected tree, zone, cost, store, route, charge_on, max_wait, max_queued, idempotency, on_store_error, mode, headers, status_code, forwarded, priority, shed_at_floor, use_error_routes, jitter, sweep_interval, log_key, denial_log, placeholders, disable_metrics, distributed or storage", d.Val())
 		}
 		if err != nil {
 			return err

@@ -588,13 +588,26 @@ http://127.0.0.1:%d {
 
 // TestPlaceholdersRefusedOnly: with placeholders refused, an admitted
 // request publishes none (an earlier handler's stay), and a refused one,
-// or one passed over its limit in mode shadow, publishes them as by
-// default.
+// one passed over its limit in mode shadow, or one held for its turn
+// (max_wait: its wait may end in a refusal) publishes them as by default.
 func TestPlaceholdersRefusedOnly(t *testing.T) {
 	port := freePort(t)
 	st := memoryStore().block(t)
 	startCaddy(t, fmt.Sprintf(`
 http://127.0.0.1:%d {
+	route /held {
+		rate_limit {
+			tree held {
+				tier user {header.X-User} {
+					limit 2/s
+				}
+			}
+			max_wait 2s
+			placeholders refused
+			%s
+		}
+		respond "allowed={http.rate_limit.allowed} reason={http.rate_limit.reason}"
+	}
 	route /shadow {
 		rate_limit {
 			zone quiet {
@@ -644,8 +657,17 @@ http://127.0.0.1:%d {
 	handle_errors {
 		respond "zone={http.rate_limit.exceeded.name} remaining={http.rate_limit.remaining}" 429
 	}
-}`, port, st, st, st, st))
+}`, port, st, st, st, st, st))
 	url := fmt.Sprintf("http://127.0.0.1:%d", port)
+	for i, want := range []string{ // a burst of 2, then half a second's wait
+		"allowed={http.rate_limit.allowed} reason={http.rate_limit.reason}",
+		"allowed={http.rate_limit.allowed} reason={http.rate_limit.reason}",
+		"allowed=true reason=ok",
+	} {
+		if r := do(t, "GET", url+"/held", "X-User: h"); r.status != 200 || r.body != want {
+			t.Fatalf("held route, request %d: status %d body %q, want %q", i+1, r.status, r.body, want)
+		}
+	}
 	if r := do(t, "GET", url+"/", "X-User: u"); r.status != 200 || r.body != "remaining={http.rate_limit.remaining}" {
 		t.Fatalf("admitted: status %d body %q, want no placeholder published", r.status, r.body)
 	}

@@ -142,7 +142,8 @@ type Handler struct {
 	// Placeholders says which requests publish {http.rate_limit.*}:
 	// "all" (the default) or "refused": only a request not admitted
 	// (refused, passed over a limit in mode warn or shadow, or without a
-	// decision: a store error, a missing key) publishes them, as
+	// decision: a missing key, a store error that on_store_error local did
+	// not decide) or held for its turn (max_wait) publishes them, as
 	// mholt/caddy-ratelimit publishes {http.rate_limit.exceeded.name}
 	// only on a refusal. Publishing them takes a request an allocation (a
 	// closure holding the values): "refused" spares admitted requests
@@ -746,7 +747,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 		h.metrics.observeStore(name, d, took)
 	}
-	if !h.quietAdmit || !admitted(d) {
+	// A request held for its turn (max_wait) publishes them whatever
+	// Placeholders says: its wait may yet end in a refusal.
+	if !h.quietAdmit || !admitted(d) || d.Wait > 0 {
 		h.setPlaceholders(r, repl, d)
 	}
 	return h.serveDecided(w, r, next, d, status, err)

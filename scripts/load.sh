@@ -279,7 +279,7 @@ if rows: print("%-26s cpu/req %.1f µs, gc %.1f µs, %.2f gcs/1k req" % (sys.arg
 # Caddy after the same other one in most rounds). Over 2n rounds of n
 # kinds, each kind runs just after any other as often as just before it.
 rounds() {
-	local kinds=("$@") n=$# round k i kind turn
+	local kinds=("$@") n=$# round k i kind turn pair
 	for round in $(seq "$ROUNDS"); do
 		turn=$(((round - 1) / 2))
 		for k in $(seq 0 $((n - 1))); do
@@ -288,7 +288,6 @@ rounds() {
 			kind=${kinds[$(((i + turn) % n))]}
 			measure "$kind" "$kind-$round"
 		done
-		local pair
 		for pair in ${PAIRS:-}; do # MHOLT's: two of them at once, as well (a:b)
 			measure_pair "${pair%%:*}" "${pair#*:}" "$round"
 		done
@@ -308,7 +307,7 @@ if [ -n "${MHOLT:-}" ]; then
 	zone() { # extra options
 		printf 'route {\n\t\trate_limit {\n\t\t\tzone users {\n\t\t\t\tkey {http.request.header.X-User}\n\t\t\t\tevents 1000\n\t\t\t\twindow 1s\n\t\t\t}\n\t\t\t%s\n\t\t}\n\t\trespond "ok"\n\t}' "$1"
 	}
-	# The four Caddys run side by side, started once (an idle one costs the
+	# The five Caddys run side by side, started once (an idle one costs the
 	# others nothing), and the rounds alternate short runs against each:
 	# this machine's speed drifts by ±30% within a minute, so runs far
 	# apart in time cannot be compared, and each ratio is taken within a
