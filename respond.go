@@ -35,10 +35,10 @@ func (h *Handler) problem(w http.ResponseWriter, status int, kind, title, detail
 // provider is to show in them instead, and the provider shows that. The
 // placeholders are those of the last decision published (a handler with
 // placeholders refused publishes none for a request it admits), which is
-// the one that refused the request if any did. A handler alone in its configuration
-// (the common case) has no other to find or to make way for, and skips
-// the variables: their lookup and the mark's write were a tenth of its
-// cost under load. (The same handler may run twice in one request when
+// the one that refused the request if any did. A handler alone in its
+// configuration (the common case) has no other to find or to make way for,
+// and skips the variables: their lookup and the mark's write were a tenth
+// of its cost under load. (The same handler may run twice in one request when
 // the named route it is in is invoked twice: a server with named routes
 // marks the variables, as if other handlers shared it.)
 //

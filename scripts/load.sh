@@ -186,13 +186,14 @@ measure() {
 	printf '%-18s %10s req/s   p50 %8s   p99 %8s   non-2xx %s   %s\n' "$name" "$(cat "$work/$name.rps")" "$p50" "$p99" "${non2xx:-0}" "$(gc_of "$name")"
 }
 
-# measure_pair A B RUN: A and B measured at once, each under its own wrk of
-# the same load (after WARMUP, at once too), recorded as A-with-B-RUN and
-# B-at-once-RUN (A may be paired with several). Run one after the other, two servers meet different
-# moments of a machine whose speed drifts; run at once, they share every
-# moment, and what separates them is what each costs: the one cheaper a
-# request serves more of them in its share of the cores (and its own CPU
-# per request is measured over the same seconds).
+# measure_pair A B RUN: A and B measured at once, each under its own wrk
+# of the same load (after WARMUP, at once too), recorded as A-with-B-RUN
+# and B-at-once-RUN (A may be paired with several). Run one after the
+# other, two servers meet different moments of a machine whose speed
+# drifts; run at once, they share every moment, and what separates them is
+# what each costs: the one cheaper a request serves more of them in its
+# share of the cores (and its own CPU per request is measured over the
+# same seconds).
 measure_pair() {
 	local a=$1 b=$2 run=$3 s
 	local -A gc0 cpu0 name=(["$a"]="$a-with-$b-$run" ["$b"]="$b-at-once-$run")
