@@ -87,7 +87,7 @@ func post(t *testing.T, url, body string, headers ...string) resp {
 		k, v, _ := strings.Cut(h, ":")
 		req.Header.Set(strings.TrimSpace(k), strings.TrimSpace(v))
 	}
-	res, err := client.Do(req)
+	res, err := httpClient(t).Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -150,7 +150,7 @@ func within(t *testing.T, what string, got, want int, since time.Time) {
 // path) shows in the next decision.
 func waitRemaining(t *testing.T, url, body string, cost int, want int, since time.Time, headers ...string) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(propagation)
 	for {
 		r := post(t, url, body, append(headers, "X-Probe: 1")...)
 		got := remainingTokens(t, r)
@@ -315,7 +315,7 @@ http://127.0.0.1:%d {
 			t.Fatalf("estimated %d points, want 702", est)
 		}
 		// the upstream said the query cost 41: the next decision sees the refund
-		deadline := time.Now().Add(5 * time.Second)
+		deadline := time.Now().Add(propagation)
 		for {
 			r = post(t, url, q(`{ viewer { login } }`), "X-Client: c1")
 			if rem := atoi(t, r.header.Get("X-RateLimit-Remaining")); rem >= 1000-41-2*10 {
@@ -381,7 +381,7 @@ func TestStreamIsNotBuffered(t *testing.T) {
 	url := llmSite(t, upstream.URL, memoryStore().block(t), "reconcile {\n provider openai\n }") + "/v1/chat/completions"
 	req, _ := http.NewRequest("POST", url, strings.NewReader(fmt.Sprintf(pythagoras, `,"stream":true`)))
 	req.Header.Set("X-User", "s")
-	res, err := client.Do(req)
+	res, err := httpClient(t).Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -443,7 +443,7 @@ http://127.0.0.1:%d {
 		t.Helper()
 		req, _ := http.NewRequest("POST", fmt.Sprintf("http://127.0.0.1:%d%s", port, path), bytes.NewReader(body))
 		req.Header.Set("X-User", "u")
-		res, err := client.Do(req)
+		res, err := httpClient(t).Do(req)
 		if err != nil {
 			t.Fatalf("POST %s: %v", path, err)
 		}
@@ -487,7 +487,7 @@ func TestLLMBodyLimits(t *testing.T) {
 	}
 	`+tc.costs+"\n"+memoryStore().block(t))
 			body := `{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"` + strings.Repeat("a", tc.size) + `"}]}`
-			res, err := client.Post(url, "application/json", strings.NewReader(body))
+			res, err := httpClient(t).Post(url, "application/json", strings.NewReader(body))
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -45,7 +45,7 @@ func BenchmarkFrontEnds(b *testing.B) {
 							req.Header.Set("X-Forwarded-Uri", "/v1/things")
 							req.Header.Set("X-Forwarded-For", "10.0.0.1")
 						}
-						res, err := client.Do(req)
+						res, err := httpClient(b).Do(req)
 						if err != nil {
 							b.Error(err)
 							return

@@ -5,9 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -18,18 +18,22 @@ import (
 	_ "github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
 	dto "github.com/prometheus/client_model/go"
+
+	"github.com/caddy-cascade/cascade/internal/freeport"
 )
 
-// freePort returns a loopback port nobody listens on.
+// freePort returns a loopback port nobody listens on, outside the range
+// the kernel gives outgoing connections (see package freeport).
 func freePort(t testing.TB) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return freeport.Get(t)
 }
+
+// propagation bounds how long a change made through one instance (an
+// override, a mode, a factor) may take to reach another through the
+// store: under a second on a quiet machine; the bound is what a slow one
+// cannot miss, and the time it took is logged.
+const propagation = 10 * time.Second
 
 // adapt turns a Caddyfile into Caddy JSON, failing on errors and warnings
 // that are not expected.
@@ -64,8 +68,29 @@ func startCaddy(t testing.TB, sites string, global ...string) {
 	t.Cleanup(func() { _ = caddy.Stop() })
 }
 
-// client is an HTTP client for tests: no keep-alive limits, short timeout.
-var client = &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
+// testClients holds each running test's HTTP client (testing.TB →
+// *http.Client).
+var testClients sync.Map
+
+// httpClient is t's own HTTP client: no test shares a client, its
+// connections or its transport's idle pool with another, and its idle
+// connections are closed when t ends. Its timeout is a backstop against a
+// hang that a slow machine cannot reach; tests that wait on purpose bound
+// their waits themselves.
+func httpClient(t testing.TB) *http.Client {
+	if c, ok := testClients.Load(t); ok {
+		return c.(*http.Client)
+	}
+	c := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
+	if prev, loaded := testClients.LoadOrStore(t, c); loaded {
+		return prev.(*http.Client)
+	}
+	t.Cleanup(func() {
+		testClients.Delete(t)
+		c.CloseIdleConnections()
+	})
+	return c
+}
 
 type resp struct {
 	status int
@@ -96,13 +121,13 @@ func do(t testing.TB, method, url string, headers ...string) resp {
 		k, v, _ := strings.Cut(h, ":")
 		req.Header.Set(strings.TrimSpace(k), strings.TrimSpace(v))
 	}
-	res, err := client.Do(req)
+	res, err := httpClient(t).Do(req)
 	if err != nil && method == http.MethodGet && time.Since(time.Unix(0, lastReload.Load())) < 2*time.Second &&
 		(errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET)) {
 		// Caddy's reload waits for the old servers' shutdowns to start, not
 		// to finish: for a moment an old server may still accept a
 		// connection on the shared listener, then close it unanswered.
-		res, err = client.Do(req)
+		res, err = httpClient(t).Do(req)
 	}
 	if err != nil {
 		t.Fatalf("%s %s: %v", method, url, err)
@@ -176,7 +201,10 @@ func reload(t testing.TB, sites string, global ...string) error {
 // they are closed here, and do retries a GET that meets one soon after.
 func reloaded() {
 	lastReload.Store(time.Now().UnixNano())
-	client.CloseIdleConnections()
+	testClients.Range(func(_, c any) bool {
+		c.(*http.Client).CloseIdleConnections()
+		return true
+	})
 }
 
 // runningMetrics is the metrics of the family name in the running Caddy's

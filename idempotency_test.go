@@ -2,6 +2,7 @@ package cascade
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"regexp"
@@ -75,24 +76,39 @@ http://127.0.0.1:%d {
 			t.Fatalf("a duplicate's Retry-After %q, want within the minute in_flight", dup.header.Get("Retry-After"))
 		}
 
-		// A second, whose client gives up waiting for it.
-		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		// A second, whose client gives up waiting for it once the upstream
+		// has it (decided and charged: 2 tokens).
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
 		req, _ := http.NewRequestWithContext(ctx, "POST", url, nil)
 		req.Header.Set("X-User", "alice")
 		req.Header.Set("Idempotency-Key", "k2")
 		req.Header.Set("X-Cost", "2")
-		if res, err := client.Do(req); err == nil {
-			res.Body.Close()
-			t.Fatalf("a request held in the upstream answered %d", res.StatusCode)
+		gaveUp := make(chan error, 1)
+		go func() {
+			res, err := httpClient(t).Do(req)
+			if err == nil {
+				res.Body.Close()
+				err = fmt.Errorf("answered %d", res.StatusCode)
+			}
+			gaveUp <- err
+		}()
+		select {
+		case <-up.arrived:
+		case <-time.After(30 * time.Second):
+			t.Fatal("the second request did not reach the upstream within 30 s")
 		}
 		cancel()
+		if err := <-gaveUp; !errors.Is(err, context.Canceled) {
+			t.Fatalf("a request held in the upstream, its client gone: %v, want it cancelled", err)
+		}
 		up.open()
 		wg.Wait()
 
 		// Retries of both once they have ended: admitted, charged nothing
 		// (10 − 3 − 2 = 5 left).
 		for _, k := range []string{"k1", "k2"} {
-			deadline := time.Now().Add(2 * time.Second)
+			deadline := time.Now().Add(10 * time.Second)
 			r := send("alice", k, 3)
 			for r.status == http.StatusConflict && time.Now().Before(deadline) { // the server sees the client gone
 				time.Sleep(10 * time.Millisecond)

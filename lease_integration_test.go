@@ -55,8 +55,7 @@ func TestLeaseThreeInstances(t *testing.T) {
 			if first > 142 {
 				t.Fatalf("three instances admitted %d at once, more than floor(1000/7) = 142", first)
 			}
-			time.Sleep(time.Second) // every lease ends and is given back
-			total := first + int64(admitUntilRefused(t, 3, urls[:1]))
+			total := first + int64(leftAfterLeases(t, 142-int(first), urls[:1]))
 			if total != 142 {
 				t.Fatalf("admitted %d in all (%d in the burst), want exactly 142", total, first)
 			}
@@ -121,7 +120,7 @@ func TestLeaseSoak(t *testing.T) {
 						defer tick.Stop()
 						for time.Since(begin) < soak {
 							<-tick.C
-							res, err := client.Get(p.site)
+							res, err := httpClient(t).Get(p.site)
 							if err != nil {
 								t.Error(err)
 								return
@@ -170,7 +169,7 @@ func TestLeaseSoak(t *testing.T) {
 // name and labels as the text format writes them (labels sorted by name).
 func scrape(t *testing.T, url string) map[string]float64 {
 	t.Helper()
-	res, err := http.Get(url)
+	res, err := httpClient(t).Get(url)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -208,9 +207,10 @@ func scrape(t *testing.T, url string) map[string]float64 {
 // (SIGSTOP), then killed, with on_store_error local 2. Before the faults,
 // the leases' capacity is all accounted for: what was admitted and what
 // Redis holds add up to the limit. During each fault, once the breaker is
-// open, requests are answered without waiting for Redis, on the local
-// half of the limit, exactly; when Redis is back, decisions are on it
-// again within 2 s.
+// open, requests are answered without calling Redis (the breaker stays
+// open and never trips again, every decision is local, none waits out the
+// store's timeout), on the local half of the limit, exactly; when Redis is
+// back, decisions are on it again.
 func TestLeaseRedisFaults(t *testing.T) {
 	srv := redistest.Start(t)
 	url := site(t, fmt.Sprintf(`
@@ -222,7 +222,7 @@ func TestLeaseRedisFaults(t *testing.T) {
 	store redis {
 		address %s
 		key_prefix leasefault%d:
-		timeout 200ms
+		timeout 3s
 		breaker 1 100ms
 		lease {
 			ttl 300ms
@@ -237,9 +237,8 @@ func TestLeaseRedisFaults(t *testing.T) {
 	if metric("cascade_lease_decisions_total", "local") == 0 {
 		t.Fatal("no request was decided on a lease")
 	}
-	time.Sleep(500 * time.Millisecond) // the leases end and give back what they left
-	if got := admitN(t, 15, url, "X-User: a"); got != 10 {
-		t.Fatalf("after the leases ended: %d admitted, want the 10 left of 40", got)
+	if got := 30 + leftAfterLeases(t, 40-30, []string{url}, "X-User: a"); got != 40 {
+		t.Fatalf("after the leases ended: %d admitted in all, want 40", got)
 	}
 
 	// The same clients with Redis up (on leases), for the time a request
@@ -251,7 +250,7 @@ func TestLeaseRedisFaults(t *testing.T) {
 
 	for _, fault := range []string{"stop", "kill"} {
 		t.Run(fault, func(t *testing.T) {
-			time.Sleep(500 * time.Millisecond) // no lease outstanding
+			time.Sleep(500 * time.Millisecond) // the leases of "up" end (no assertion depends on it)
 			user := "X-User: " + fault
 			if fault == "stop" {
 				srv.Pause()
@@ -270,6 +269,7 @@ func TestLeaseRedisFaults(t *testing.T) {
 			if metric("cascade_store_breaker_open") != 1 {
 				t.Fatal("the breaker did not open")
 			}
+			trips, local := metric("cascade_store_breaker_trips_total"), localDecisions(t)
 			before := decisionTimes(t)
 			admitted, took := clients(t, url, fault, 8, 30, func(status int) {
 				if status != 200 && status != http.StatusTooManyRequests {
@@ -279,25 +279,28 @@ func TestLeaseRedisFaults(t *testing.T) {
 			if got := admitted + 1; got != 20 {
 				t.Fatalf("with Redis %s: %d admitted, want the local share, 20", fault, got)
 			}
-			// Each decision, timed by the handler itself: none waited for
-			// Redis (every one within 50 ms, where a call to the stopped
-			// Redis waits out its 200 ms), and nearly all within 5 ms (a
-			// maximum on this 2-core machine, under -race or beside other
-			// tests' processes, is the scheduler's: not asserted).
-			after := decisionTimes(t)
-			n, fast, bounded := after.total-before.total, after.within5ms-before.within5ms, after.within50ms-before.within50ms
-			if n != 240 || bounded != n || fast < n*9/10 {
-				t.Fatalf("with the breaker open, of %d decisions (want 240) %d took at most 50 ms (want all) and %d at most 5 ms (want at least 90%%)", n, bounded, fast)
+			// None called Redis: the breaker stayed open and did not trip
+			// again, and each of the 240 was decided locally. None waited
+			// out the store's 3 s timeout either (a busy machine has been
+			// seen to delay a request by 0.4 s); the times themselves are
+			// logged, not asserted.
+			if metric("cascade_store_breaker_open") != 1 || metric("cascade_store_breaker_trips_total") != trips {
+				t.Fatalf("with Redis %s the breaker closed or tripped again: a call reached Redis", fault)
 			}
-			if len(took) == 0 {
-				t.Fatalf("with Redis %s: no request answered", fault)
+			if n := localDecisions(t) - local; n != 240 {
+				t.Fatalf("with Redis %s: %v of 240 decisions made locally", fault, n)
+			}
+			if len(took) != 240 {
+				t.Fatalf("with Redis %s: %d of 240 requests answered", fault, len(took))
 			}
 			p50, p99, slowest := took[len(took)/2], took[len(took)*99/100], took[len(took)-1]
-			if slowest > 100*time.Millisecond {
-				t.Fatalf("with the breaker open a request took %v: it waited for Redis", slowest)
+			if slowest >= 3*time.Second {
+				t.Fatalf("with the breaker open a request took %v, the store's timeout: it waited for Redis", slowest)
 			}
-			t.Logf("Redis %s, breaker open, 8 concurrent clients: %d of %d decisions within 5 ms; at the client p50 %v, p99 %v, slowest %v (with Redis up: %v, %v, %v)",
-				fault, fast, n, p50, p99, slowest, up[len(up)/2], up[len(up)*99/100], up[len(up)-1])
+			after := decisionTimes(t)
+			t.Logf("Redis %s, breaker open, 8 concurrent clients: %d of %d decisions within 5 ms, %d within 50 ms; at the client p50 %v, p99 %v, slowest %v (with Redis up: %v, %v, %v)",
+				fault, after.within5ms-before.within5ms, after.total-before.total, after.within50ms-before.within50ms,
+				p50, p99, slowest, up[len(up)/2], up[len(up)*99/100], up[len(up)-1])
 			back := time.Now()
 			if fault == "stop" {
 				srv.Resume()
@@ -309,8 +312,8 @@ func TestLeaseRedisFaults(t *testing.T) {
 				if r.status == 200 && strings.Contains(r.header.Get("RateLimit-Policy"), "q=40;") {
 					break
 				}
-				if time.Since(back) > 2*time.Second {
-					t.Fatalf("not deciding on Redis 2 s after it came back: %d %v", r.status, r.header)
+				if time.Since(back) > propagation {
+					t.Fatalf("not deciding on Redis %v after it came back: %d %v", propagation, r.status, r.header)
 				}
 				time.Sleep(10 * time.Millisecond) // waiting for the breaker's ping, not timing an algorithm
 			}
@@ -414,13 +417,7 @@ func TestLeaseResetAcrossInstances(t *testing.T) {
 			if code, body := call(t, "POST", a.api+"/rate_limit/reset?tree=acme&user=ann", nil, &reset); code != 200 {
 				t.Fatalf("reset through a: %d %s", code, body)
 			}
-			deadline := time.Now().Add(10 * time.Second)
-			for metric(b, "cascade_lease_peer_resets_total") == 0 {
-				if time.Now().After(deadline) {
-					t.Fatal("b was not told of a's reset within 10 s")
-				}
-				time.Sleep(20 * time.Millisecond)
-			}
+			eventually(t, propagation, func() bool { return metric(b, "cascade_lease_peer_resets_total") > 0 }, "b to be told of a's reset")
 			if admitted := admitUntilRefused(t, 6, []string{a.site, b.site}, "X-User: ann"); admitted != 100 {
 				t.Fatalf("after the reset the two instances admitted %d, want exactly the fresh capacity, 100", admitted)
 			}
@@ -444,7 +441,7 @@ func clients(t *testing.T, url, user string, c, n int, check func(status int)) (
 				req, _ := http.NewRequest("GET", url, nil)
 				req.Header.Set("X-User", user)
 				start := time.Now()
-				res, err := client.Do(req)
+				res, err := httpClient(t).Do(req)
 				d := time.Since(start)
 				if err != nil {
 					t.Error(err)
@@ -483,4 +480,34 @@ func decisionTimes(t *testing.T) (d struct{ total, within5ms, within50ms uint64 
 		}
 	}
 	return d
+}
+
+// localDecisions reads cascade_local_decisions_total: decisions made in
+// memory on a local share because the store could not decide.
+func localDecisions(t *testing.T) float64 {
+	t.Helper()
+	var n float64
+	for _, m := range runningMetrics(t, "cascade_local_decisions_total") {
+		n += m.GetCounter().GetValue()
+	}
+	return n
+}
+
+// leftAfterLeases takes, through urls, the capacity left after the leases
+// taken so far: it admits until refused, again and again as the leases
+// end and give back what they held, until it has taken want, or until
+// propagation has passed (then the caller sees less). It fails t at once
+// if it takes more than want: over-admission is never a matter of time.
+func leftAfterLeases(t *testing.T, want int, urls []string, headers ...string) int {
+	t.Helper()
+	got := 0
+	deadline := time.Now().Add(propagation)
+	for got < want && time.Now().Before(deadline) {
+		got += admitUntilRefused(t, 3, urls, headers...)
+		if got > want {
+			t.Fatalf("took %d after the leases, more than the %d left", got, want)
+		}
+		time.Sleep(50 * time.Millisecond) // waiting for the leases to end, not timing an algorithm
+	}
+	return got
 }

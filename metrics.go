@@ -21,6 +21,7 @@ type metrics struct {
 	reconcileErrors prometheus.Counter
 	local           prometheus.Counter
 	held            *prometheus.CounterVec
+	holding         prometheus.Gauge
 	// Per store, recorded only by handlers with routes (a label lookup
 	// per request the others need not pay).
 	storeDecisions *prometheus.CounterVec
@@ -63,6 +64,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help:    "Time to decide one request of a handler with routes, by the store that decided.",
 			Buckets: []float64{.00001, .00005, .0001, .00025, .0005, .001, .0025, .005, .01, .05, .25, 1},
 		}, []string{"store"}),
+		holding: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: "cascade", Name: "held_requests",
+			Help: "Requests held for their turn now (max_wait), each with its place in line.",
+		}),
 		local: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: "cascade", Name: "local_decisions_total",
 			Help: "Decisions made in memory on each limit's local share because Redis could not decide (on_store_error local).",
@@ -89,6 +94,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			return nil, err
 		}
 		if m.held, err = register(reg, m.held); err != nil {
+			return nil, err
+		}
+		if m.holding, err = register(reg, m.holding); err != nil {
 			return nil, err
 		}
 		if m.storeDecisions, err = register(reg, m.storeDecisions); err != nil {
@@ -161,6 +169,16 @@ func (m *metrics) heldEnded(outcome string) {
 	if m != nil {
 		m.held.WithLabelValues(outcome).Inc()
 	}
+}
+
+// holdingNow counts a request held with its place in line, until the
+// returned func is called.
+func (m *metrics) holdingNow() (done func()) {
+	if m == nil {
+		return func() {}
+	}
+	m.holding.Inc()
+	return m.holding.Dec
 }
 
 // reconcile counts one reconciliation, failed (err) or done.

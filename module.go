@@ -949,6 +949,7 @@ func (h *Handler) holdUntil(r *http.Request, d *decision) (outcome string, retry
 		h.giveBack(r.Context(), d)
 		return "yielded", busy
 	}
+	defer h.metrics.holdingNow()()
 	if len(victims) > 0 {
 		// An interactive request decided behind batch reservations (made
 		// while it was decided), which it has preempted: once they are

@@ -62,9 +62,10 @@ func TestNginxAuthRequest(t *testing.T) {
 	}
 	t.Cleanup(func() { syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL); cmd.Wait() })
 	url := fmt.Sprintf("http://127.0.0.1:%d/hello", listen)
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(processStartTimeout)
 	for {
-		if _, err := client.Get(fmt.Sprintf("http://127.0.0.1:%d/", listen)); err == nil {
+		if res, err := httpClient(t).Get(fmt.Sprintf("http://127.0.0.1:%d/", listen)); err == nil {
+			res.Body.Close()
 			break
 		}
 		if time.Now().After(deadline) {

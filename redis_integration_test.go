@@ -43,7 +43,7 @@ func TestDeadRedis(t *testing.T) {
 			r := do(t, "GET", url, "X-User: a")
 			took := time.Since(start)
 			srv.Resume()
-			if took > 2*time.Second {
+			if took > 10*time.Second { // fifty times the timeout: a hang, not a slow machine
 				t.Errorf("a request took %v with Redis hung; the store timeout is 200ms", took)
 			}
 			want := map[string]int{"deny": http.StatusServiceUnavailable, "allow": http.StatusOK}[policy]
@@ -91,21 +91,6 @@ func TestThreeInstancesShareOneRedis(t *testing.T) {
 	if got := concurrentAdmits(t, urls, 200); got != 33 {
 		t.Fatalf("three instances admitted %d, want exactly 33", got)
 	}
-}
-
-func waitUp(t *testing.T, url string) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for time.Now().Before(deadline) {
-		if res, err := http.Head(url + "__health"); err == nil {
-			res.Body.Close()
-			if res.StatusCode == 200 {
-				return
-			}
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	t.Fatalf("%s did not come up", url)
 }
 
 // TestAdaptiveFactorSharedThroughRedis: another instance publishing a low
@@ -183,9 +168,12 @@ func eventually(t *testing.T, within time.Duration, cond func() bool, what strin
 }
 
 // TestRedisBreaker: with Redis hung, requests wait out the store's timeout
-// until the breaker opens; then they get on_store_error at once; when
-// Redis answers again the breaker closes and decisions go back to Redis.
-// The transitions are in the metrics.
+// until the breaker opens; then they get on_store_error without calling
+// Redis (the breaker stays open, trips no more, and the request returns
+// before the timeout); when Redis answers again the breaker closes
+// and decisions go back to Redis. The transitions are in the metrics. The
+// timeout is long (2 s) so that waiting it out and not waiting at all are
+// told apart by a margin no busy machine blurs.
 func TestRedisBreaker(t *testing.T) {
 	srv := redistest.Start(t)
 	url := site(t, fmt.Sprintf(`
@@ -197,7 +185,7 @@ func TestRedisBreaker(t *testing.T) {
 	store redis {
 		address %s
 		key_prefix breaker%d:
-		timeout 200ms
+		timeout 2s
 		breaker 2 100ms
 	}
 	on_store_error deny
@@ -210,8 +198,8 @@ func TestRedisBreaker(t *testing.T) {
 	for i := range 2 {
 		start := time.Now()
 		r := do(t, "GET", url, "X-User: a")
-		if took := time.Since(start); r.status != http.StatusServiceUnavailable || took < 100*time.Millisecond {
-			t.Fatalf("request %d with Redis hung: %d after %v, want 503 after the 200ms timeout", i+1, r.status, took)
+		if took := time.Since(start); r.status != http.StatusServiceUnavailable || took < time.Second {
+			t.Fatalf("request %d with Redis hung: %d after %v, want 503 after the 2 s timeout", i+1, r.status, took)
 		}
 	}
 	if metric("cascade_store_breaker_open") != 1 || metric("cascade_store_breaker_trips_total") != 1 {
@@ -219,8 +207,11 @@ func TestRedisBreaker(t *testing.T) {
 	}
 	start := time.Now()
 	r := do(t, "GET", url, "X-User: a")
-	if took := time.Since(start); r.status != http.StatusServiceUnavailable || took > 100*time.Millisecond || r.header.Get("Retry-After") == "" {
+	if took := time.Since(start); r.status != http.StatusServiceUnavailable || took >= 2*time.Second || r.header.Get("Retry-After") == "" {
 		t.Fatalf("with the breaker open: %d after %v, want 503 (with Retry-After) without waiting for Redis", r.status, took)
+	}
+	if metric("cascade_store_breaker_open") != 1 || metric("cascade_store_breaker_trips_total") != 1 {
+		t.Fatal("a request with the breaker open closed it or tripped it again")
 	}
 	srv.Resume()
 	deadline := time.Now().Add(10 * time.Second)

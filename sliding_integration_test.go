@@ -48,7 +48,7 @@ func TestReconcileExactSlidingWindow(t *testing.T) {
 func waitExact(t *testing.T, url string, want int, headers ...string) {
 	t.Helper()
 	probe := strings.Replace(fmt.Sprintf(pythagoras, ""), `"max_tokens":50`, `"max_tokens":2980`, 1)
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(propagation)
 	for {
 		r := post(t, url, probe, headers...)
 		if r.status != 429 {
@@ -59,7 +59,7 @@ func waitExact(t *testing.T, url string, want int, headers ...string) {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("remaining %d, want %d once reconciled", got, want)
+			t.Fatalf("remaining %d %v after the request, want %d once reconciled", got, propagation, want)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

@@ -213,7 +213,7 @@ func TestDecisionEndpointReports(t *testing.T) {
 			"X-Org": "report-org", "X-User": "u", "Content-Type": "application/json"} {
 			req.Header.Set(k, v)
 		}
-		res, err := client.Do(req)
+		res, err := httpClient(t).Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -227,7 +227,7 @@ func TestDecisionEndpointReports(t *testing.T) {
 			req.Header.Set("Cascade-Decision", id)
 		}
 		req.Header.Set("Content-Type", "application/json")
-		res, err := client.Do(req)
+		res, err := httpClient(t).Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -264,7 +264,7 @@ func TestDecisionEndpointReports(t *testing.T) {
 	req.Header.Set("X-Original-URI", "/report")
 	req.Header.Set("X-Org", "report-org")
 	req.Header.Set("X-User", "u")
-	if res, err := client.Do(req); err != nil || res.StatusCode != 200 || res.Header.Get("RateLimit") == "" {
+	if res, err := httpClient(t).Do(req); err != nil || res.StatusCode != 200 || res.Header.Get("RateLimit") == "" {
 		t.Fatalf("a forwarded request for /report: %v %v", res, err)
 	} else {
 		res.Body.Close()

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -430,15 +431,23 @@ func TestInheritKeepsSmoothedSignal(t *testing.T) {
 func TestProbesRunAndStop(t *testing.T) {
 	// With real goroutines: Start reads each remote signal at once and
 	// every interval, with the signal's timeout; Stop waits for them.
-	reads := make(chan struct{}, 100)
-	sawDeadline := make(chan bool, 100)
+	// reads says, of each read, whether its context had a deadline within
+	// the timeout; a read finds it full when the test is starved, and
+	// must not block then (Stop waits for the probe).
+	reads := make(chan bool, 100)
+	var stopped, readAfterStop atomic.Bool
 	sc := poolSignal(OnErrorIgnore)
 	sc.Interval, sc.Timeout = 20*time.Millisecond, 10*time.Millisecond
 	c, err := New(Config{CPU: Thresholds{Disabled: true}, Signals: []SignalConfig{sc}}, Options{Probes: map[string]Probe{
 		"pg_pool": ProbeFunc(func(ctx context.Context) (float64, error) {
+			if stopped.Load() {
+				readAfterStop.Store(true)
+			}
 			d, ok := ctx.Deadline()
-			sawDeadline <- ok && time.Until(d) <= 10*time.Millisecond
-			reads <- struct{}{}
+			select {
+			case reads <- ok && time.Until(d) <= 10*time.Millisecond:
+			default:
+			}
 			return 0.5, nil
 		}),
 	}})
@@ -446,22 +455,22 @@ func TestProbesRunAndStop(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.Start()
+	defer c.Stop()
 	for range 3 {
 		select {
-		case <-reads:
-		case <-time.After(5 * time.Second):
-			t.Fatal("the probe was not read")
-		}
-		if !<-sawDeadline {
-			t.Error("the probe's context has no deadline within the timeout")
+		case ok := <-reads:
+			if !ok {
+				t.Error("the probe's context has no deadline within the timeout")
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatal("the probe was not read within 20 s")
 		}
 	}
 	c.Stop()
-	for len(reads) > 0 {
-		<-reads
-	}
-	time.Sleep(50 * time.Millisecond) // the one sleep: nothing may read after Stop
-	if len(reads) != 0 {
+	stopped.Store(true)
+	// The one sleep, five intervals: nothing may read after Stop.
+	time.Sleep(5 * sc.Interval)
+	if readAfterStop.Load() {
 		t.Error("the probe was read after Stop")
 	}
 }

@@ -66,18 +66,46 @@ func (rec *recorder) last() *Snapshot {
 	return rec.snaps[len(rec.snaps)-1]
 }
 
-// waitFor polls cond until it holds, or fails the test after within. It
+// patience bounds a wait for something the Runtime does by itself (a
+// poll, an expiry): polls every few milliseconds, or 250 ms by default,
+// so that 10 s is a Runtime that does not do it, not a slow machine.
+const patience = 10 * time.Second
+
+// waitFor polls cond until it holds, or fails the test after patience. It
 // returns how long that took.
-func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) time.Duration {
+func waitFor(t *testing.T, what string, cond func() bool) time.Duration {
 	t.Helper()
 	start := time.Now()
 	for !cond() {
-		if time.Since(start) > within {
-			t.Fatalf("%s: not within %v", what, within)
+		if time.Since(start) > patience {
+			t.Fatalf("%s: not within %v", what, patience)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
 	return time.Since(start)
+}
+
+// polled is a Backend that counts the polls made on it (each poll asks
+// for the version once).
+type polled struct {
+	Backend
+	polls atomic.Int64
+}
+
+func (p *polled) Version(ctx context.Context) (int64, error) {
+	p.polls.Add(1)
+	return p.Backend.Version(ctx)
+}
+
+// waitPolls waits until n whole polls of b have run since it was called:
+// what a poll does by the state as it is now has then been done.
+func waitPolls(t *testing.T, b *polled, n int64) {
+	t.Helper()
+	// A poll expires overrides before it asks for the version: the first
+	// to ask after the call may have expired them before it. Once the
+	// n+2nd asked, the n polls between began and ended after the call.
+	from := b.polls.Load()
+	waitFor(t, fmt.Sprintf("%d whole polls", n), func() bool { return b.polls.Load() >= from+n+2 })
 }
 
 // backendCase makes backends that share one state: the memory backend, or
@@ -108,9 +136,12 @@ func testPrefix(t *testing.T) string {
 	return fmt.Sprintf("ctl-%s-%d:", strings.ReplaceAll(t.Name(), "/", "-"), time.Now().UnixNano())
 }
 
+// redisClient is a client of its own for the Redis at addr, made as the
+// store makes its own (a call bounded by its context: a poll by the
+// Runtime's I/O timeout), with timeouts a busy machine does not reach.
 func redisClient(t *testing.T, addr string) *redis.Client {
-	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1,
-		DialTimeout: 200 * time.Millisecond, ReadTimeout: 300 * time.Millisecond, WriteTimeout: 300 * time.Millisecond})
+	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, ContextTimeoutEnabled: true,
+		DialTimeout: 10 * time.Second, ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second})
 	t.Cleanup(func() { c.Close() })
 	return c
 }
@@ -422,7 +453,7 @@ func TestValues(t *testing.T) {
 			if a.Snapshot().Override("t", "u", "\xfe") == nil {
 				t.Fatal("deleting \\xff deleted \\xfe")
 			}
-			waitFor(t, time.Second, "the deletion reaches the other instance", func() bool {
+			waitFor(t, "the deletion reaches the other instance", func() bool {
 				return a.Snapshot().Override("t", "u", "\xff") == nil
 			})
 		})
@@ -514,7 +545,7 @@ func TestTwoRuntimesOneMemoryBackend(t *testing.T) {
 	if _, err := a.SetOverride(context.Background(), &Override{Tree: "t", Tier: "u", Value: "v", Unlimited: true}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, time.Second, "the other Runtime's subscriber", func() bool {
+	waitFor(t, "the other Runtime's subscriber", func() bool {
 		return rec.count() == 2 && rec.last().Override("t", "u", "v") != nil
 	})
 }
@@ -526,7 +557,7 @@ func TestExpiry(t *testing.T) {
 	for _, bc := range backendCases() {
 		t.Run(bc.name, func(t *testing.T) {
 			c := newClock()
-			backend := bc.shared(t)()
+			backend := &polled{Backend: bc.shared(t)()}
 			r := open(t, backend, Options{Poll: 5 * time.Millisecond, Now: c.Now})
 			rec := &recorder{}
 			r.Subscribe(rec.fn)
@@ -542,29 +573,29 @@ func TestExpiry(t *testing.T) {
 			}
 			calls := rec.count()
 			c.Advance(time.Hour - time.Nanosecond)
-			time.Sleep(30 * time.Millisecond) // several polls, which must find nothing to do
+			waitPolls(t, backend, 3) // which must find nothing to do
 			if len(r.Snapshot().Overrides()) != 3 || rec.count() != calls {
 				t.Fatal("an override went before its time")
 			}
 
 			c.Advance(time.Nanosecond)
-			waitFor(t, time.Second, "a snapshot without the expired override", func() bool {
+			waitFor(t, "a snapshot without the expired override", func() bool {
 				return rec.count() > calls && rec.last().Override("t", "u", "soon") == nil
 			})
 			if s := r.Snapshot(); s.Override("t", "u", "soon") != nil || s.Override("t", "u", "later") == nil || len(s.Overrides()) != 2 {
 				t.Fatalf("after the first expiry: %d overrides", len(s.Overrides()))
 			}
-			waitFor(t, time.Second, "the expired entry pruned from the backend", func() bool {
+			waitFor(t, "the expired entry pruned from the backend", func() bool {
 				_, fields, err := backend.Load(ctx)
 				return err == nil && len(fields) == 2 && fields[overrideField("t", "u", "soon")] == nil
 			})
 
 			c.Advance(2 * time.Hour)
-			waitFor(t, time.Second, "the second expiry", func() bool {
+			waitFor(t, "the second expiry", func() bool {
 				s := rec.last()
 				return len(s.Overrides()) == 1 && s.Override("t", "u", "never") != nil
 			})
-			waitFor(t, time.Second, "the second entry pruned", func() bool {
+			waitFor(t, "the second entry pruned", func() bool {
 				_, fields, err := backend.Load(ctx)
 				return err == nil && len(fields) == 1
 			})
@@ -604,16 +635,17 @@ func TestPruneKeepsReplacement(t *testing.T) {
 			t.Error(err)
 		}
 	}}
-	r := open(t, rb, Options{Poll: 5 * time.Millisecond, Now: c.Now})
+	counted := &polled{Backend: rb}
+	r := open(t, counted, Options{Poll: 5 * time.Millisecond, Now: c.Now})
 	if _, err := r.SetOverride(ctx, &Override{Tree: "t", Tier: "u", Value: "v", Unlimited: true, Expires: c.Now().Add(time.Minute)}); err != nil {
 		t.Fatal(err)
 	}
 	c.Advance(time.Minute)
-	waitFor(t, time.Second, "the replacement applied", func() bool {
+	waitFor(t, "the replacement applied", func() bool {
 		o := r.Snapshot().Override("t", "u", "v")
 		return rb.replaced.Load() && o != nil && !o.Unlimited
 	})
-	time.Sleep(20 * time.Millisecond) // more polls
+	waitPolls(t, counted, 3) // which must not prune the replacement
 	_, fields, _ := mem.Load(ctx)
 	if o := decode[Override](fields[overrideField("t", "u", "v")]); o == nil || o.Limits[0].Count != 7 {
 		t.Fatalf("the replacement was pruned: %v", fields)
@@ -735,22 +767,23 @@ func TestBackendDown(t *testing.T) {
 	c := newClock()
 	b := &flakyBackend{Backend: NewMemoryBackend()}
 	b.down.Store(true)
-	r := open(t, b, Options{Poll: 2 * time.Millisecond, Now: c.Now, Logger: zap.New(core)})
+	counted := &polled{Backend: b}
+	r := open(t, counted, Options{Poll: 2 * time.Millisecond, Now: c.Now, Logger: zap.New(core)})
 	if n := logs.FilterLevelExact(zapcore.WarnLevel).Len(); n != 1 {
 		t.Fatalf("%d warnings at start, want 1", n)
 	}
 	if s := r.Snapshot(); s == nil || len(s.Overrides()) != 0 || s.Version() != -1 {
 		t.Fatal("New with the backend down: want an empty snapshot of version -1")
 	}
-	time.Sleep(30 * time.Millisecond) // many failed polls, within 10s of clock time
+	waitPolls(t, counted, 5) // failed, within 10s of clock time
 	if n := logs.FilterLevelExact(zapcore.WarnLevel).Len(); n != 1 {
 		t.Fatalf("%d warnings in 10s, want 1", n)
 	}
 	c.Advance(10 * time.Second)
-	waitFor(t, time.Second, "a second warning after 10s", func() bool { return logs.FilterLevelExact(zapcore.WarnLevel).Len() == 2 })
+	waitFor(t, "a second warning after 10s", func() bool { return logs.FilterLevelExact(zapcore.WarnLevel).Len() == 2 })
 
 	b.down.Store(false)
-	waitFor(t, time.Second, "the recovery logged", func() bool {
+	waitFor(t, "the recovery logged", func() bool {
 		return logs.FilterMessage("rate limit runtime state: the store answers again").Len() == 1
 	})
 	ctx := context.Background()
@@ -767,12 +800,12 @@ func TestBackendDown(t *testing.T) {
 	if !errors.Is(err, errDown) || errors.As(err, &inv) || !strings.Contains(err.Error(), "setting the mode") {
 		t.Fatalf("a write to a failing backend: %v, want the backend's error wrapped", err)
 	}
-	time.Sleep(20 * time.Millisecond)
+	waitPolls(t, counted, 3) // failed
 	if r.Snapshot().Override("t", "u", "v") == nil || r.Snapshot().Override("t", "u", "w") == nil {
 		t.Fatal("the state was dropped while the backend failed")
 	}
 	c.Advance(time.Minute)
-	waitFor(t, time.Second, "an expiry while the backend fails", func() bool {
+	waitFor(t, "an expiry while the backend fails", func() bool {
 		s := r.Snapshot()
 		return s.Override("t", "u", "v") == nil && s.Override("t", "u", "w") != nil
 	})
@@ -796,7 +829,7 @@ func TestReadBackFails(t *testing.T) {
 		t.Fatal(err)
 	}
 	b.fail.Store(false)
-	waitFor(t, time.Second, "the poll reloads", func() bool { return r.Snapshot().Mode("t") != nil })
+	waitFor(t, "the poll reloads", func() bool { return r.Snapshot().Mode("t") != nil })
 	if r.Snapshot().Override("t", "u", "v") == nil {
 		t.Fatal("the change was lost")
 	}

@@ -3,6 +3,7 @@ package control
 import (
 	"context"
 	"errors"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -13,9 +14,9 @@ import (
 )
 
 // TestSharedThroughRedis: a change through one instance reaches another
-// within a second and calls its subscriber; a new instance (a restart)
-// loads the state; on a standalone Redis and on a 3-master Cluster, each
-// instance with its own client.
+// at its next poll (every 250 ms) and calls its subscriber; a new instance
+// (a restart) loads the state; on a standalone Redis and on a 3-master
+// Cluster, each instance with its own client.
 func TestSharedThroughRedis(t *testing.T) {
 	for _, tt := range []struct {
 		name   string
@@ -23,8 +24,8 @@ func TestSharedThroughRedis(t *testing.T) {
 	}{
 		{"standalone", func(t *testing.T) redis.UniversalClient { return redisClient(t, redistest.Shared(t).Addr()) }},
 		{"cluster", func(t *testing.T) redis.UniversalClient {
-			c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: redistest.SharedCluster(t).Addrs(),
-				DialTimeout: 200 * time.Millisecond, ReadTimeout: 300 * time.Millisecond})
+			c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: redistest.SharedCluster(t).Addrs(), ContextTimeoutEnabled: true,
+				DialTimeout: 10 * time.Second, ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second})
 			t.Cleanup(func() { c.Close() })
 			return c
 		}},
@@ -44,7 +45,7 @@ func TestSharedThroughRedis(t *testing.T) {
 			if a.Snapshot().Override("acme", "org", value) == nil {
 				t.Fatal("the writer did not apply its own change before returning")
 			}
-			took := waitFor(t, time.Second, "B's subscriber sees A's override", func() bool {
+			took := waitFor(t, "B's subscriber sees A's override", func() bool {
 				return rec.count() == 2 && rec.last().Override("acme", "org", value) != nil
 			})
 			t.Logf("the other instance applied the change after %v", took)
@@ -55,7 +56,7 @@ func TestSharedThroughRedis(t *testing.T) {
 			if _, err := a.SetMode(ctx, &Mode{Tree: "acme", Mode: ModeWarn}); err != nil {
 				t.Fatal(err)
 			}
-			waitFor(t, time.Second, "B sees A's mode", func() bool { return b.Snapshot().Mode("acme") != nil })
+			waitFor(t, "B sees A's mode", func() bool { return b.Snapshot().Mode("acme") != nil })
 
 			restarted := instance()
 			if s := restarted.Snapshot(); s.Override("acme", "org", value) == nil || s.Mode("acme") == nil || s.Version() != a.Snapshot().Version() {
@@ -66,7 +67,7 @@ func TestSharedThroughRedis(t *testing.T) {
 			if err != nil || old == nil || old.Value != value {
 				t.Fatalf("delete through B: %v %v", old, err)
 			}
-			waitFor(t, time.Second, "A and the new instance see B's deletion", func() bool {
+			waitFor(t, "A and the new instance see B's deletion", func() bool {
 				return a.Snapshot().Override("acme", "org", value) == nil && restarted.Snapshot().Override("acme", "org", value) == nil
 			})
 		})
@@ -80,7 +81,8 @@ func TestRedisDown(t *testing.T) {
 	srv := redistest.Start(t)
 	ctx := context.Background()
 	prefix := "down:"
-	r := open(t, NewRedisBackend(redisClient(t, srv.Addr()), prefix), Options{Poll: 20 * time.Millisecond})
+	counted := &polled{Backend: NewRedisBackend(redisClient(t, srv.Addr()), prefix)}
+	r := open(t, counted, Options{Poll: 20 * time.Millisecond})
 	for _, v := range []string{"a", "b", "c"} {
 		if _, err := r.SetOverride(ctx, &Override{Tree: "t", Tier: "u", Value: v, Unlimited: true}); err != nil {
 			t.Fatal(err)
@@ -88,7 +90,7 @@ func TestRedisDown(t *testing.T) {
 	}
 
 	srv.Kill()
-	time.Sleep(100 * time.Millisecond) // several failed polls
+	waitPolls(t, counted, 3) // failed
 	if len(r.Snapshot().Overrides()) != 3 {
 		t.Fatal("the state was dropped when Redis went away")
 	}
@@ -102,27 +104,35 @@ func TestRedisDown(t *testing.T) {
 	if len(dead.Snapshot().Overrides()) != 0 || dead.Snapshot().Version() != -1 {
 		t.Fatal("New with Redis down: want an empty state")
 	}
-	if d := time.Since(start); d > 2*time.Second {
+	// New bounds its load by ioTimeout (2 s), and a dead Redis refuses at
+	// once: 10 s is a New that waits for Redis, not a slow machine.
+	d := time.Since(start)
+	t.Logf("New with Redis down returned after %v", d)
+	if d > 10*time.Second {
 		t.Fatalf("New with Redis down took %v", d)
 	}
 
 	// Redis restarts empty, at version 0 < 3: both instances follow it,
 	// and a change made then reaches both.
 	srv.Restart(t)
-	waitFor(t, 2*time.Second, "the restarted, empty Redis followed", func() bool { return len(r.Snapshot().Overrides()) == 0 })
+	waitFor(t, "the restarted, empty Redis followed", func() bool { return len(r.Snapshot().Overrides()) == 0 })
 	if _, err := dead.SetOverride(ctx, &Override{Tree: "t", Tier: "u", Value: "after", Unlimited: true}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, time.Second, "a change after the restart", func() bool { return r.Snapshot().Override("t", "u", "after") != nil })
+	waitFor(t, "a change after the restart", func() bool { return r.Snapshot().Override("t", "u", "after") != nil })
 }
 
-// TestRedisPaused: a Redis that hangs fails writes within the client's
-// timeouts and keeps the state; overrides still expire.
+// TestRedisPaused: a Redis that hangs fails writes by their context's
+// deadline (the client's own timeouts are far longer) and keeps the
+// state; overrides still expire.
 func TestRedisPaused(t *testing.T) {
 	srv := redistest.Start(t)
 	ctx := context.Background()
 	c := newClock()
-	r := open(t, NewRedisBackend(redisClient(t, srv.Addr()), "paused:"), Options{Poll: 10 * time.Millisecond, Now: c.Now})
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1, ContextTimeoutEnabled: true,
+		DialTimeout: time.Minute, ReadTimeout: time.Minute, WriteTimeout: time.Minute})
+	t.Cleanup(func() { client.Close() })
+	r := open(t, NewRedisBackend(client, "paused:"), Options{Poll: 10 * time.Millisecond, Now: c.Now})
 	if _, err := r.SetOverride(ctx, &Override{Tree: "t", Tier: "u", Value: "v", Unlimited: true, Expires: c.Now().Add(time.Minute)}); err != nil {
 		t.Fatal(err)
 	}
@@ -131,17 +141,22 @@ func TestRedisPaused(t *testing.T) {
 	wctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 	defer cancel()
 	start := time.Now()
-	if _, err := r.DeleteOverride(wctx, "t", "u", "v"); err == nil {
-		t.Fatal("a write to a paused Redis succeeded")
+	_, err := r.DeleteOverride(wctx, "t", "u", "v")
+	d := time.Since(start)
+	t.Logf("a write to a paused Redis failed after %v: %v", d, err)
+	var ne net.Error
+	if err == nil || !errors.Is(err, context.DeadlineExceeded) && !(errors.As(err, &ne) && ne.Timeout()) {
+		t.Fatalf("a write to a paused Redis: %v, want its context's timeout", err)
 	}
-	if d := time.Since(start); d > time.Second {
+	// Not the client's timeouts (a minute): the context's deadline.
+	if d > 30*time.Second {
 		t.Fatalf("a write to a paused Redis took %v", d)
 	}
 	if r.Snapshot().Override("t", "u", "v") == nil {
 		t.Fatal("the state was dropped while Redis hung")
 	}
 	c.Advance(time.Minute)
-	waitFor(t, time.Second, "an expiry while Redis hangs", func() bool { return r.Snapshot().Override("t", "u", "v") == nil })
+	waitFor(t, "an expiry while Redis hangs", func() bool { return r.Snapshot().Override("t", "u", "v") == nil })
 }
 
 // TestRedisKeys: the documented layout, in one Cluster slot.

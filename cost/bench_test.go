@@ -185,14 +185,14 @@ func BenchmarkTapSSE1MiB(b *testing.B) {
 	for _, tapped := range []bool{false, true} {
 		name := map[bool]string{false: "plain", true: "tap"}[tapped]
 		b.Run("http/"+name, func(b *testing.B) {
-			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			srv := newServer(b, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				write(w, tapped)
 			}))
-			defer srv.Close()
+			client := testClient(b)
 			b.SetBytes(int64(size))
 			b.ReportAllocs()
 			for b.Loop() {
-				resp, err := http.Get(srv.URL)
+				resp, err := client.Get(srv.URL)
 				if err != nil {
 					b.Fatal(err)
 				}

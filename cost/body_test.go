@@ -174,30 +174,30 @@ func TestPeekBodyUpstreamIntegrity(t *testing.T) {
 		chunks bool
 	}
 	got := make(chan seen, 1)
-	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	upstream := newServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		b, err := io.ReadAll(r.Body)
 		if err != nil {
 			t.Errorf("upstream read: %v", err)
 		}
 		got <- seen{sha256.Sum256(b), len(b), r.ContentLength, len(r.TransferEncoding) > 0}
 	}))
-	defer upstream.Close()
 
 	const max = 64 << 10
-	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	forward := testTransport(t)
+	proxy := newServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if _, _, err := PeekBody(r, max); err != nil {
 			t.Errorf("peek: %v", err)
 		}
 		out, _ := http.NewRequest(http.MethodPost, upstream.URL, r.Body)
 		out.ContentLength = r.ContentLength
-		resp, err := http.DefaultTransport.RoundTrip(out)
+		resp, err := forward.RoundTrip(out)
 		if err != nil {
 			t.Errorf("forward: %v", err)
 			return
 		}
 		resp.Body.Close()
 	}))
-	defer proxy.Close()
+	client := testClient(t)
 
 	for _, size := range []int{0, 1, max - 1, max, max + 1, 3 << 20} {
 		for _, chunked := range []bool{false, true} {
@@ -207,7 +207,7 @@ func TestPeekBodyUpstreamIntegrity(t *testing.T) {
 				body = hideLength{body}
 			}
 			req, _ := http.NewRequest(http.MethodPost, proxy.URL, body)
-			resp, err := http.DefaultClient.Do(req)
+			resp, err := client.Do(req)
 			if err != nil {
 				t.Fatal(err)
 			}

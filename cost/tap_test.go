@@ -301,7 +301,7 @@ func TestTapThroughReverseProxy(t *testing.T) {
 			if tt.gzip {
 				wire = gzipped(tt.body)
 			}
-			upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			upstream := newServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				w.Header().Set("Content-Type", tt.ct)
 				if tt.gzip {
 					w.Header().Set("Content-Encoding", "gzip")
@@ -315,20 +315,18 @@ func TestTapThroughReverseProxy(t *testing.T) {
 					w.(http.Flusher).Flush()
 				}
 			}))
-			defer upstream.Close()
 			gw := newGateway(t, upstream.URL)
-			defer gw.srv.Close()
 
 			req, _ := http.NewRequest(http.MethodPost, gw.srv.URL, strings.NewReader(`{}`))
 			req.Header.Set("Accept-Encoding", "gzip") // keep the client from decoding
-			resp, err := http.DefaultClient.Do(req)
+			resp, err := testClient(t).Do(req)
 			if err != nil {
 				t.Fatal(err)
 			}
-			got, _ := io.ReadAll(resp.Body)
+			got, err := io.ReadAll(resp.Body)
 			resp.Body.Close()
 			if !bytes.Equal(got, wire) {
-				t.Fatalf("client received %d bytes, upstream sent %d", len(got), len(wire))
+				t.Fatalf("client received %d bytes (%v), upstream sent %d", len(got), err, len(wire))
 			}
 			if u := <-gw.usage; u != tt.want {
 				t.Fatalf("usage %+v, want %+v", u, tt.want)
@@ -342,16 +340,41 @@ type gateway struct {
 	usage chan Usage
 }
 
+// newGateway runs a reverse proxy to upstream whose responses are tapped,
+// each response's usage sent on the gateway's channel. It proxies through a
+// transport of its own: http.DefaultTransport is shared by the whole test
+// binary, and every httptest.Server's Close closes its idle connections.
 func newGateway(t *testing.T, upstream string) *gateway {
 	u, _ := url.Parse(upstream)
 	proxy := httputil.NewSingleHostReverseProxy(u)
+	proxy.Transport = testTransport(t)
 	g := &gateway{usage: make(chan Usage, 1)}
-	g.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	g.srv = newServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		tap := NewTap(w, TapConfig{})
 		proxy.ServeHTTP(tap, r)
 		g.usage <- tap.Usage()
 	}))
 	return g
+}
+
+// newServer starts an httptest server that is closed when t ends.
+func newServer(t testing.TB, h http.Handler) *httptest.Server {
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// testTransport is a transport for t alone, its idle connections closed
+// when t ends.
+func testTransport(t testing.TB) *http.Transport {
+	tr := &http.Transport{}
+	t.Cleanup(tr.CloseIdleConnections)
+	return tr
+}
+
+// testClient is an HTTP client for t alone.
+func testClient(t testing.TB) *http.Client {
+	return &http.Client{Timeout: 20 * time.Second, Transport: testTransport(t)}
 }
 
 // TestTapStreamsEventByEvent proves the gateway does not hold events back:
@@ -361,7 +384,7 @@ func newGateway(t *testing.T, upstream string) *gateway {
 func TestTapStreamsEventByEvent(t *testing.T) {
 	events := strings.SplitAfter(strings.TrimSuffix(anthropicSSE, "\n\n"), "\n\n")
 	read := make(chan struct{})
-	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	upstream := newServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/event-stream")
 		for i, ev := range events {
 			_, _ = io.WriteString(w, ev)
@@ -375,12 +398,9 @@ func TestTapStreamsEventByEvent(t *testing.T) {
 			}
 		}
 	}))
-	defer upstream.Close()
 	gw := newGateway(t, upstream.URL)
-	defer gw.srv.Close()
 
-	client := &http.Client{Timeout: 20 * time.Second}
-	resp, err := client.Get(gw.srv.URL)
+	resp, err := testClient(t).Get(gw.srv.URL)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,9 +1,12 @@
 package lease_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -176,9 +179,18 @@ func resetToldOverRedis(t *testing.T, addrs []string, aLeases bool) {
 		t.Cleanup(func() { r.Close() })
 		return r
 	}
-	leased := func(r *store.Redis) *lease.Store {
+	var heardMu sync.Mutex
+	var heard [][]byte // what b's Bus delivered, once b took it
+	leased := func(r *store.Redis, record bool) *lease.Store {
 		s := newLease(t, r, c.Now, lease.Options{TTL: time.Minute, MaxShare: 0.5})
-		bus := r.OpenBus("leases", s.Receive)
+		bus := r.OpenBus("leases", func(msg []byte) {
+			s.Receive(msg)
+			if record {
+				heardMu.Lock()
+				heard = append(heard, msg)
+				heardMu.Unlock()
+			}
+		})
 		s.Connect(bus)
 		t.Cleanup(func() { bus.Close() })
 		return s
@@ -188,13 +200,13 @@ func resetToldOverRedis(t *testing.T, addrs []string, aLeases bool) {
 		store.Resetter
 	}
 	if aLeases {
-		a = leased(redisStore())
+		a = leased(redisStore(), false)
 	} else {
 		r := redisStore()
 		lease.TellResets(r, "leases", zap.NewNop())
 		a = r
 	}
-	b := leased(redisStore())
+	b := leased(redisStore(), true)
 	daily := gcra(100, 24*time.Hour)
 	bs := path("ann", 1, daily, daily)
 	for range 20 {
@@ -204,15 +216,27 @@ func resetToldOverRedis(t *testing.T, addrs []string, aLeases bool) {
 	if st := b.Stats(); st.Local == 0 {
 		t.Fatalf("b's stats %+v, want leases spent", st)
 	}
-	resetUntilHeard(t, a, b, bs)
+	resetUntilHeard(t, a, b, bs, func(key string) bool {
+		heardMu.Lock()
+		defer heardMu.Unlock()
+		for _, msg := range heard {
+			if bytes.Contains(msg, []byte(strconv.Quote(key))) {
+				return true
+			}
+		}
+		return false
+	})
 	if admitted := alternate(t, c, bs, a, b); admitted != 100 {
 		t.Fatalf("after the reset the two instances admitted %d, want exactly the fresh capacity, 100", admitted)
 	}
 }
 
 // resetUntilHeard resets bs's buckets through a until b has heard of a
-// reset: b subscribes in the background.
-func resetUntilHeard(t *testing.T, a store.Resetter, b *lease.Store, bs []store.Bucket) {
+// reset (b subscribes in the background); then resets a bucket no lease
+// is on, a marker, until b has taken (heard) that reset too. a's messages
+// reach b in order, so none of the resets of bs is then still on its way,
+// to revoke a lease b takes on the fresh buckets afterwards.
+func resetUntilHeard(t *testing.T, a store.Resetter, b *lease.Store, bs []store.Bucket, heard func(key string) bool) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for b.Stats().PeerResets == 0 {
@@ -223,6 +247,20 @@ func resetUntilHeard(t *testing.T, a store.Resetter, b *lease.Store, bs []store.
 			t.Fatal(err)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+	const marker = "{t|acme}|user|marker"
+	deadline = time.Now().Add(10 * time.Second)
+	var again time.Time // when to reset the marker again
+	for ; !heard(marker); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("b did not hear the reset of the marker bucket within 10 s (%d resets heard)", b.Stats().PeerResets)
+		}
+		if time.Now().After(again) { // again after a second: a message lost to a new subscription
+			if _, err := a.Reset(context.Background(), []string{marker}); err != nil {
+				t.Fatal(err)
+			}
+			again = time.Now().Add(time.Second)
+		}
 	}
 }
 

@@ -430,9 +430,14 @@ func TestLeaseCloseWaitsForGrant(t *testing.T) {
 		closed := make(chan error, 1)
 		g.hook = func() {
 			go func() { closed <- s.Close() }()
-			// Give Close the time to overtake the grant (without the
-			// wait it would give back before the lease is installed).
-			time.Sleep(100 * time.Millisecond)
+			// Let Close overtake the grant (without the wait it would give
+			// back before the lease is installed): it waits on this grant.
+			for deadline := time.Now().Add(10 * time.Second); !lease.Closing(s); time.Sleep(time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Error("Close did not begin within 10 s of being called")
+					return
+				}
+			}
 		}
 		decide(t, s, bs)
 		if err := <-closed; err != nil {

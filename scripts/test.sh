@@ -35,15 +35,21 @@ go vet ./...
 (cd traefik && go vet ./...) # the Traefik plugin, a module of its own
 
 echo "== go test -race"
-go test -race -count=1 -timeout 15m ./...
+if ! go test -race -count=1 -timeout 15m ./...; then
+	echo "== go test failed (above): the fuzz stage was skipped" >&2
+	exit 1
+fi
 
 echo "== fuzz (${FUZZTIME:-20000x} per target)"
+fuzzlog=$(mktemp "${TMPDIR:-/tmp}/cascade-fuzz.XXXXXX")
+trap 'rm -f "$fuzzlog"' EXIT
 grep -rl --include='*_test.go' '^func Fuzz' . | sort | while read -r file; do
 	dir=$(dirname "$file")
 	for target in $(grep -o '^func Fuzz[A-Za-z0-9_]*' "$file" | cut -d' ' -f2); do
 		echo "-- $dir $target"
-		go test -run "^$" -fuzz "^${target}\$" -fuzztime "${FUZZTIME:-20000x}" -fuzzminimizetime=200x "$dir" >/tmp/cascade-fuzz.log 2>&1 || {
-			cat /tmp/cascade-fuzz.log
+		go test -run "^$" -fuzz "^${target}\$" -fuzztime "${FUZZTIME:-20000x}" -fuzzminimizetime=200x "$dir" >"$fuzzlog" 2>&1 || {
+			cat "$fuzzlog"
+			echo "== fuzzing $dir $target failed (above)" >&2
 			exit 1
 		}
 	done

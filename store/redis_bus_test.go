@@ -1,11 +1,18 @@
 package store_test
 
 import (
+	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/caddy-cascade/cascade/internal/redistest"
 	"github.com/caddy-cascade/cascade/store"
@@ -36,36 +43,39 @@ func TestBus(t *testing.T) {
 			}
 			a, ina := open(p)
 			_, inb := open(p)
-			_, other := open(p + "other:")
-			count := func(in *inbox) int { in.mu.Lock(); defer in.mu.Unlock(); return len(in.got) }
-			// A subscription is made in the background: publish until one is heard.
-			deadline := time.Now().Add(10 * time.Second)
-			for count(inb) == 0 || count(ina) == 0 {
-				if time.Now().After(deadline) {
-					t.Fatal("no message heard within 10 s")
+			o, other := open(p + "other:")
+			heard := func(in *inbox, msg string) bool {
+				in.mu.Lock()
+				defer in.mu.Unlock()
+				return slices.Contains(in.got, msg)
+			}
+			// A subscription is made in the background: publish until it
+			// is heard (by the other prefix's Bus too, on its own channel,
+			// so that its silence below means something).
+			waitFor(t, busWait, "the Buses to subscribe", func() error {
+				if heard(ina, "hello") && heard(inb, "hello") && heard(other, "other") {
+					return nil
 				}
 				a.Publish([]byte("hello"))
+				o.Publish([]byte("other"))
 				time.Sleep(20 * time.Millisecond)
-			}
+				return errors.New("not all heard their channel's message")
+			})
 			const n = 500
 			for i := range n {
 				if !a.Publish([]byte(strconv.Itoa(i))) {
 					t.Fatalf("message %d not queued", i)
 				}
 			}
-			for _, in := range []*inbox{ina, inb} {
-				for time.Now().Before(deadline) {
+			for name, in := range map[string]*inbox{"the sender's own Bus": ina, "another Bus": inb} {
+				waitFor(t, busWait, fmt.Sprintf("%s to hear message %d", name, n-1), func() error {
+					if heard(in, strconv.Itoa(n-1)) {
+						return nil
+					}
 					in.mu.Lock()
-					last := ""
-					if len(in.got) > 0 {
-						last = in.got[len(in.got)-1]
-					}
-					in.mu.Unlock()
-					if last == strconv.Itoa(n-1) {
-						break
-					}
-					time.Sleep(10 * time.Millisecond)
-				}
+					defer in.mu.Unlock()
+					return fmt.Errorf("%d messages heard", len(in.got))
+				})
 				in.mu.Lock()
 				next := 0
 				for _, m := range in.got {
@@ -74,18 +84,22 @@ func TestBus(t *testing.T) {
 					}
 					if m != strconv.Itoa(next) {
 						in.mu.Unlock()
-						t.Fatalf("message %s heard where %d was due", m, next)
+						t.Fatalf("%s: message %s heard where %d was due", name, m, next)
 					}
 					next++
 				}
 				in.mu.Unlock()
 				if next != n {
-					t.Fatalf("%d of %d messages heard, in order", next, n)
+					t.Fatalf("%s: %d of %d messages heard, in order", name, next, n)
 				}
 			}
-			if c := count(other); c != 0 {
-				t.Fatalf("a Bus of another key prefix heard %d messages", c)
+			other.mu.Lock()
+			for _, m := range other.got {
+				if m != "other" {
+					t.Errorf("a Bus of another key prefix heard %q", m)
+				}
 			}
+			other.mu.Unlock()
 			if a.Dropped() != 0 {
 				t.Fatalf("%d messages dropped", a.Dropped())
 			}
@@ -93,14 +107,25 @@ func TestBus(t *testing.T) {
 			if a.Publish([]byte("after")) {
 				t.Fatal("a closed Bus queued a message")
 			}
-			before := count(ina)
-			time.Sleep(50 * time.Millisecond)
-			if got := count(ina); got != before {
-				t.Fatal(fmt.Sprintf("a closed Bus delivered %d more messages", got-before))
+			// Everything published was heard: a closed Bus that delivered
+			// anything now would deliver what it should not have kept.
+			ina.mu.Lock()
+			before := len(ina.got)
+			ina.mu.Unlock()
+			time.Sleep(50 * time.Millisecond) // a chance for a wrong delivery to show, not a wait for a right one
+			ina.mu.Lock()
+			after := len(ina.got)
+			ina.mu.Unlock()
+			if after != before {
+				t.Fatalf("a closed Bus delivered %d more messages", after-before)
 			}
 		})
 	}
 }
+
+// busWait bounds a wait for a Bus to subscribe, or to hear: moments on an
+// idle machine; a subscription lost is made again within busRetry (2 s).
+const busWait = 20 * time.Second
 
 // busInbox counts what a Bus heard.
 type busInbox struct {
@@ -141,7 +166,7 @@ func TestBusSlotMoved(t *testing.T) {
 	}
 	a, in := open(&busInbox{}), &busInbox{}
 	open(in).SetQuiet(time.Second) // it publishes nothing itself: it pings itself when quiet
-	heardWithin(t, a, in, 0, 10*time.Second, "before the move")
+	heardWithin(t, a, in, 0, busWait, "before the move")
 
 	slot, err := redistest.Do(addrs[0], "CLUSTER", "KEYSLOT", p+"waiting")
 	if err != nil {
@@ -176,46 +201,67 @@ func TestBusSlotMoved(t *testing.T) {
 			must(addrs[i], "CLUSTER", "SETSLOT", slot, "NODE", ids[target])
 		}
 	}
-	heardWithin(t, a, in, in.heard(), 15*time.Second, "after the channel's slot moved")
+	heardWithin(t, a, in, in.heard(), busWait, "after the channel's slot moved")
 }
 
 // TestBusRedisAway: a Bus opened while Redis is down (the store started
 // lazily) hears once Redis is up, and again after a restart; opening it
-// and closing it while Redis hangs takes no longer than a moment.
+// and closing it while Redis hangs does not wait for Redis.
 func TestBusRedisAway(t *testing.T) {
 	s := redistest.Start(t)
 	s.Kill()
 	p := prefix(t)
-	open := func(in *busInbox) *store.Bus {
-		r := newRedis(t, store.RedisOptions{Addrs: []string{s.Addr()}, KeyPrefix: p, LazyLoad: true, Timeout: 200 * time.Millisecond})
+	open := func(in *busInbox) (*store.Bus, *observer.ObservedLogs) {
+		core, logs := observer.New(zapcore.WarnLevel)
+		r := newRedis(t, store.RedisOptions{Addrs: []string{s.Addr()}, KeyPrefix: p, LazyLoad: true, Logger: zap.New(core)})
 		b := r.OpenBus("waiting", in.deliver)
 		t.Cleanup(func() { b.Close() })
-		return b
+		return b, logs
 	}
-	a, in := open(&busInbox{}), &busInbox{}
-	open(in)
-	time.Sleep(100 * time.Millisecond)
+	in := &busInbox{}
+	a, alogs := open(&busInbox{})
+	_, inlogs := open(in)
+	// Both have tried to subscribe, and failed (each says so once).
+	waitFor(t, busWait, "both Buses to fail to subscribe to the absent Redis", func() error {
+		if n, m := alogs.FilterMessageSnippet("cannot subscribe").Len(), inlogs.FilterMessageSnippet("cannot subscribe").Len(); n == 0 || m == 0 {
+			return fmt.Errorf("%d and %d failures logged", n, m)
+		}
+		return nil
+	})
 	s.Restart(t)
-	heardWithin(t, a, in, 0, 15*time.Second, "once Redis came up")
+	heardWithin(t, a, in, 0, busWait, "once Redis came up")
 	s.Restart(t)
-	heardWithin(t, a, in, in.heard(), 15*time.Second, "after a restart")
+	heardWithin(t, a, in, in.heard(), busWait, "after a restart")
 
+	// Redis hangs, and every call of this store would wait a minute for
+	// it: OpenBus and Close must wait for none.
 	s.Pause()
 	defer s.Resume()
-	r := newRedis(t, store.RedisOptions{Addrs: []string{s.Addr()}, KeyPrefix: p, LazyLoad: true, Timeout: 200 * time.Millisecond})
+	r := newRedis(t, store.RedisOptions{Addrs: []string{s.Addr()}, KeyPrefix: p, LazyLoad: true,
+		Timeout: hung, DialTimeout: hung, ReadTimeout: hung, WriteTimeout: hung})
+	publishes := &counter{cmds: []string{"publish"}}
+	r.Client().(*redis.Client).AddHook(publishes)
 	start := time.Now()
 	b := r.OpenBus("waiting", func([]byte) {})
-	if took := time.Since(start); took > time.Second {
-		t.Errorf("OpenBus took %v while Redis hangs", took)
-	}
+	openTook := time.Since(start)
 	for range 100 {
 		b.Publish([]byte("x"))
 	}
-	time.Sleep(500 * time.Millisecond)
+	waitFor(t, busWait, "the Bus to publish to the hung Redis", func() error {
+		if publishes.sent.Load() == 0 {
+			return errors.New("nothing sent")
+		}
+		return nil
+	})
 	start = time.Now()
 	b.Close()
-	if took := time.Since(start); took > 3*time.Second {
-		t.Errorf("Close took %v while Redis hangs, want about 1 s at most", took)
+	closeTook := time.Since(start)
+	t.Logf("while Redis hangs, OpenBus took %v, Close %v", openTook, closeTook)
+	if openTook > unavailableBound {
+		t.Errorf("OpenBus took %v while Redis hangs: it waited for Redis", openTook)
+	}
+	if n := publishes.ended.Load(); n != 0 || closeTook > unavailableBound {
+		t.Errorf("Close took %v while Redis hangs, %d publishes back; want about 1 s, the publish still waiting on Redis", closeTook, n)
 	}
 }
 

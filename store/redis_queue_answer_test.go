@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -31,9 +32,9 @@ func TestExpiredCallKeepsItsTenantsCount(t *testing.T) {
 	enc := func(tenant string) ([]string, []string, []byte) {
 		return r.encode([]Bucket{{Key: "{" + tenant + "}k", Limit: lim, Cost: 1}}, 0, WallClock(), false)
 	}
-	b := newBatcher(client, lua.Decide, 5*time.Second, false, 1)
+	b := newBatcher(client, lua.Decide, time.Minute, false, 1)
 	defer b.close()
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(time.Minute)
 	errs := make(chan error, 4)
 	decide := func(ctx context.Context, tenant string) {
 		keys, logs, spec := enc(tenant)
@@ -41,21 +42,23 @@ func TestExpiredCallKeepsItsTenantsCount(t *testing.T) {
 		errs <- err
 	}
 	// Both workers busy with a call each, held by the hook.
-	go decide(context.Background(), "x1")
-	go decide(context.Background(), "x2")
-	time.Sleep(50 * time.Millisecond)
+	for i, tenant := range []string{"x1", "x2"} {
+		go decide(context.Background(), tenant)
+		waitQueue(t, b.queue, fmt.Sprintf("worker %d to take %s's call", i+1, tenant), func(_, onWire int) bool { return onWire == i+1 })
+	}
 	// a's call queued, then its client goes; b's queued behind it.
 	ctx, cancel := context.WithCancel(context.Background())
 	go decide(ctx, "a")
-	time.Sleep(20 * time.Millisecond)
+	waitQueue(t, b.queue, "a's call to queue", func(queued, _ int) bool { return queued == 1 })
 	go decide(context.Background(), "b")
-	time.Sleep(20 * time.Millisecond)
+	waitQueue(t, b.queue, "b's call to queue", func(queued, _ int) bool { return queued == 2 })
 	cancel()
 	close(release)
 	for range 4 {
 		<-errs
 	}
-	time.Sleep(50 * time.Millisecond) // the workers' finished()
+	// A call is answered once the queue no longer counts it (answer): with
+	// every call returned, no tenant may be left.
 	b.queue.mu.Lock()
 	left := map[string]int{}
 	for name, tc := range b.queue.tenants {
@@ -67,10 +70,14 @@ func TestExpiredCallKeepsItsTenantsCount(t *testing.T) {
 		t.Errorf("tenants left with nothing queued or in flight (name: onWire): %v", left)
 	}
 	keys, logs, spec := enc("a")
-	if _, err := b.do(context.Background(), time.Now().Add(time.Second), "", keys, logs, spec); errors.Is(err, ErrOverloaded) {
+	if _, err := b.do(context.Background(), time.Now().Add(testCallTimeout), "", keys, logs, spec); errors.Is(err, ErrOverloaded) {
 		t.Fatalf("tenant a, nothing of its in flight, capped at 1: %v", err)
 	}
 }
+
+// testCallTimeout is the deadline these tests give a call to a healthy
+// Redis: seconds, so that only what the test is about can make it expire.
+const testCallTimeout = 10 * time.Second
 
 // TestAnsweredCallNoLongerCounts: a tenant capped at 1 that decides one
 // request after another (each after the previous was answered) is never
@@ -80,12 +87,12 @@ func TestAnsweredCallNoLongerCounts(t *testing.T) {
 	defer client.Close()
 	r := &Redis{prefix: "seq:"}
 	lim := rate.Limit{Algorithm: rate.GCRA, Count: 1 << 40, Period: time.Hour}
-	b := newBatcher(client, lua.Decide, 5*time.Second, false, 1)
+	b := newBatcher(client, lua.Decide, testCallTimeout, false, 1)
 	defer b.close()
 	keys, logs, spec := r.encode([]Bucket{{Key: "{a}k", Limit: lim, Cost: 1}}, 0, WallClock(), false)
 	shed := 0
 	for range 2000 {
-		if _, err := b.do(context.Background(), time.Now().Add(time.Second), "", keys, logs, spec); errors.Is(err, ErrOverloaded) {
+		if _, err := b.do(context.Background(), time.Now().Add(testCallTimeout), "", keys, logs, spec); errors.Is(err, ErrOverloaded) {
 			shed++
 		} else if err != nil {
 			t.Fatal(err)

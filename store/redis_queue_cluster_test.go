@@ -21,7 +21,7 @@ func TestClusterCeilingIsNotATenant(t *testing.T) {
 	c := redistest.StartCluster(t, 3)
 	s, err := NewRedis(context.Background(), RedisOptions{
 		Addrs: c.Addrs(), Cluster: true, KeyPrefix: fmt.Sprintf("ceiling%d:", time.Now().UnixNano()),
-		Timeout: 2 * time.Second, TenantInFlight: 1,
+		Timeout: testCallTimeout, TenantInFlight: 1,
 	})
 	if err != nil {
 		t.Fatal(err)

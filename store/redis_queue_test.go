@@ -149,27 +149,33 @@ func TestOverloadedIsNotAFailure(t *testing.T) {
 // TestAdjustsLeaveDecisionsTheirConnections: corrections on the wire are
 // bounded below the pool's size; one beyond the bound waits for its turn
 // and, at its timeout, fails as this instance's overload (not Redis's
-// failure), while decisions go on.
+// failure), while decisions go on. A correction that waits for its turn
+// never reaches Redis, so its store's timeout is short; the calls that do
+// go through a store whose timeout a slow machine cannot reach.
 func TestAdjustsLeaveDecisionsTheirConnections(t *testing.T) {
-	s, err := NewRedis(context.Background(), RedisOptions{Addrs: []string{redistest.Shared(t).Addr()}, KeyPrefix: "adjusts:", PoolSize: 6,
-		Timeout: 100 * time.Millisecond, Breaker: BreakerOptions{Failures: 1}})
-	if err != nil {
-		t.Fatal(err)
+	open := func(timeout time.Duration) *Redis {
+		s, err := NewRedis(context.Background(), RedisOptions{Addrs: []string{redistest.Shared(t).Addr()}, KeyPrefix: "adjusts:", PoolSize: 6,
+			Timeout: timeout, Breaker: BreakerOptions{Failures: 1}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		if cap(s.adjusts) != 3 {
+			t.Fatalf("pool 6: %d corrections at once, want 3 (the batch workers' 2 and one more left)", cap(s.adjusts))
+		}
+		for range cap(s.adjusts) { // the corrections on the wire
+			s.adjusts <- struct{}{}
+		}
+		return s
 	}
-	defer s.Close()
-	if cap(s.adjusts) != 3 {
-		t.Fatalf("pool 6: %d corrections at once, want 3 (the batch workers' 2 and one more left)", cap(s.adjusts))
-	}
+	short, s := open(100*time.Millisecond), open(testCallTimeout)
 	lim := rate.Limit{Algorithm: rate.GCRA, Count: 100, Period: time.Hour}
 	b := []Bucket{{Key: "{t}k", Limit: lim, Cost: 1}}
-	for range cap(s.adjusts) { // the corrections on the wire
-		s.adjusts <- struct{}{}
+	err := short.Adjust(context.Background(), []Bucket{{Key: "{t}k", Limit: lim, Cost: -1}})
+	if !errors.Is(err, ErrOverloaded) || !errors.Is(err, ErrUnavailable) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a correction beyond the bound: %v, want ErrOverloaded at its timeout", err)
 	}
-	err = s.Adjust(context.Background(), []Bucket{{Key: "{t}k", Limit: lim, Cost: -1}})
-	if !errors.Is(err, ErrOverloaded) || !errors.Is(err, ErrUnavailable) {
-		t.Fatalf("a correction beyond the bound: %v, want ErrOverloaded", err)
-	}
-	if s.BreakerOpen() {
+	if short.BreakerOpen() {
 		t.Fatal("the breaker opened on this instance's own overload")
 	}
 	if d, err := s.Decide(context.Background(), b); err != nil || !d.Allowed {

@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -97,7 +98,10 @@ func TestRedisSlotGivenBackWhileBreakerOpen(t *testing.T) {
 	srv := redistest.Start(t)
 	clock := storetest.NewClock(time.Date(2026, 11, 25, 12, 0, 0, 0, time.UTC))
 	const ttl = 3 * time.Second
-	s := newRedis(t, store.RedisOptions{Addrs: []string{srv.Addr()}, KeyPrefix: prefix(t), Timeout: 150 * time.Millisecond,
+	// The timeout is what tripping the breaker waits out, and all that a
+	// call to the healthy Redis gets: seconds, for a slow machine.
+	const timeout = 2 * time.Second
+	s := newRedis(t, store.RedisOptions{Addrs: []string{srv.Addr()}, KeyPrefix: prefix(t), Timeout: timeout,
 		Clock: clock.Now, SlotTTL: ttl, Breaker: store.BreakerOptions{Failures: 1, Cooldown: 50 * time.Millisecond}})
 	ctx := context.Background()
 	slots := rate.Limit{Algorithm: rate.Concurrent, Count: 1}
@@ -106,17 +110,26 @@ func TestRedisSlotGivenBackWhileBreakerOpen(t *testing.T) {
 		t.Fatal(d, err)
 	}
 	srv.Pause()
-	s.Decide(ctx, []store.Bucket{{Key: "{s}x", Limit: rate.Limit{Count: 1, Period: time.Second}, Cost: 1}}) // trips the breaker
-	if !s.BreakerOpen() {
-		t.Fatal("breaker not open")
+	// Trip the breaker. A call this instance's own queue held past half
+	// its timeout (a slow machine) is an overload of its own, which the
+	// breaker does not count: try again.
+	for tries := 1; !s.BreakerOpen(); tries++ {
+		if tries > 10 {
+			t.Fatal("10 calls to a hung Redis did not open a breaker of 1 failure")
+		}
+		_, err := s.Decide(ctx, []store.Bucket{{Key: "{s}x", Limit: rate.Limit{Count: 1, Period: time.Second}, Cost: 1}})
+		t.Logf("call %d to the hung Redis: %v", tries, err)
 	}
 	// The response ends: give the slot back (engine.Done).
 	errAdj := s.Adjust(ctx, []store.Bucket{{Key: "{s}k", Limit: slots, Cost: -1, Holder: 1}})
 	t.Logf("give-back with the breaker open: %v; held now %d", errAdj, s.HeldSlots())
 	srv.Resume()
-	for s.BreakerOpen() {
-		time.Sleep(20 * time.Millisecond)
-	}
+	waitFor(t, timeout+unavailableBound, "the breaker to close once Redis is back", func() error {
+		if s.BreakerOpen() {
+			return errors.New("still open")
+		}
+		return nil
+	})
 	for range 5 { // long after slot_ttl, the instance keeps renewing
 		clock.Advance(2 * time.Second)
 		s.RenewSlots(ctx)
@@ -140,18 +153,18 @@ func TestSlotsResetThenGiveBack(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name string
-		open func(clock store.Clock) resettable
+		open func(t *testing.T, clock store.Clock) resettable
 	}{
-		{"memory", func(clock store.Clock) resettable {
+		{"memory", func(_ *testing.T, clock store.Clock) resettable {
 			return store.NewMemory(store.MemoryOptions{SweepInterval: -1, Clock: clock})
 		}},
-		{"redis", func(clock store.Clock) resettable {
+		{"redis", func(t *testing.T, clock store.Clock) resettable {
 			return newRedis(t, store.RedisOptions{Addrs: []string{redistest.Shared(t).Addr()}, KeyPrefix: prefix(t), Clock: clock})
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			clock := storetest.NewClock(time.Date(2026, 11, 25, 12, 0, 0, 0, time.UTC))
-			s := tc.open(clock.Now)
+			s := tc.open(t, clock.Now)
 			ctx := context.Background()
 			l := rate.Limit{Algorithm: rate.Concurrent, Count: 3}
 			taken := map[int64]int64{} // holder → when its slot was taken, as engine.Done gives it

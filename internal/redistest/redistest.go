@@ -25,11 +25,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/caddy-cascade/cascade/internal/freeport"
 )
 
 // SkipEnv is the environment variable that, set to 1, turns every test
@@ -296,17 +299,19 @@ func readReply(r *bufio.Reader) (string, error) {
 	return "", fmt.Errorf("unexpected reply %q", line)
 }
 
-// freePorts finds n distinct free loopback ports by binding them all at
-// once, then releasing them.
+// freePorts finds n distinct free loopback ports outside the range the
+// kernel gives outgoing connections (see package freeport): a Restart on
+// the same port must find it still free.
 func freePorts(n int) ([]int, error) {
 	ports := make([]int, 0, n)
-	for i := 0; i < n; i++ {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
+	for len(ports) < n {
+		port, err := freeport.Pick()
 		if err != nil {
-			return nil, fmt.Errorf("finding a free port: %w", err)
+			return nil, err
 		}
-		defer l.Close()
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+		if !slices.Contains(ports, port) {
+			ports = append(ports, port)
+		}
 	}
 	return ports, nil
 }

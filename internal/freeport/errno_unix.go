@@ -1,0 +1,7 @@
+//go:build unix
+
+package freeport
+
+import "syscall"
+
+const errAddrInUse = syscall.EADDRINUSE

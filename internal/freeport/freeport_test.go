@@ -1,0 +1,38 @@
+package freeport
+
+import (
+	"fmt"
+	"net"
+	"strconv"
+	"testing"
+)
+
+func TestPickIsFreeAndBelowTheEphemeralRange(t *testing.T) {
+	first := ephemeralFirst()
+	for range 50 {
+		port := Get(t)
+		if port < lowest || port >= first {
+			t.Fatalf("port %d outside [%d, %d)", port, lowest, first)
+		}
+		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		if err != nil {
+			t.Fatalf("port %d is not free: %v", port, err)
+		}
+		l.Close()
+	}
+}
+
+func TestInUse(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	_, err = net.Listen("tcp", l.Addr().String())
+	if !InUse(err) {
+		t.Fatalf("InUse(%v) = false for a taken port", err)
+	}
+	if InUse(nil) || InUse(fmt.Errorf("connection refused")) {
+		t.Fatal("InUse is true for an error that is not a taken port")
+	}
+}
