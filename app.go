@@ -276,8 +276,13 @@ func (a *App) Controller() *adaptive.Controller { return a.controller }
 //	            }
 //	        }
 //	        rls {                                      # Envoy's rate limit service (gRPC)
-//	            listen <address>                       # e.g. 127.0.0.1:8081
-//	            domain <name> [tree <tree>] [dimension <dim>] # default: every tree, by its name
+//	            listen <address>                       # e.g. 127.0.0.1:8081: only Envoy should reach it
+//	            tls {                                  # default plaintext (WARN at start off loopback)
+//	                cert      <file>
+//	                key       <file>
+//	                client_ca <file>                   # mutual TLS: only clients of these CAs
+//	            }
+//	            domain <name> [tree <tree>] [dimension <dim>] [max_hits_addend <n>] [allow_refunds] # default: every tree, by its name
 //	        }
 //	    }
 //	}

@@ -52,6 +52,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	            value   <value...> unlimited
 //	            adaptive
 //	            penalty <for> after <n> [within <d>]  # refused n times within d (default: for): refused outright for <for>
+//	            sensitive [off]                     # values are secrets: shown as fingerprints (default when the key reads a credential)
 //	        }
 //	    }
 //	    zone <name> {                               # mholt/caddy-ratelimit zone: a sliding window
@@ -61,6 +62,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	        window <duration>
 //	        ipv4_prefix <bits>                      # an IPv4 key counts as its network (24: a /24)
 //	        ipv6_prefix <bits>                      # an IPv6 key counts as its network (64: a /64)
+//	        sensitive [off]                         # as a tier's
 //	    }
 //	    cost <dimension> <number|placeholder> [default <n>] [{ reconcile { ... } }]
 //	    cost <dimension> body_size
@@ -107,6 +109,8 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	        write_timeout <duration>
 //	        pool_size     <n>
 //	        key_prefix    <prefix>
+//	        bus_secret    <secret>|{env.NAME}       # authenticate Pub/Sub messages between instances (default: derived from password)
+//	        insecure_bus                            # send and accept them unauthenticated
 //	        timeout       <duration>
 //	        breaker       <failures> [<cooldown>]|off # 3 1s: fail at once after 3 failures in a row
 //	        slot_ttl      <duration>                # a concurrency slot of a vanished instance frees after it (30s)
@@ -140,14 +144,17 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    jitter         <fraction>
 //	    sweep_interval <duration>
 //	    log_key                                     # the refusing bucket's key in the denial's log line
+//	    fingerprint_secret <secret>                 # e.g. {env.CASCADE_FP_SECRET}: fingerprints of sensitive values (default: the store's)
 //	    denial_log     values|no_values|off         # the sampled INFO line of each denied key (default values)
 //	    disable_metrics                             # this handler records no Prometheus metrics
 //	    placeholders   all|refused                  # which requests publish {http.rate_limit.*} (default all)
-//	    forwarded {                                 # a decision endpoint for Traefik, nginx, Envoy ext_authz
+//	    forwarded {                                 # a decision endpoint for Traefik, nginx, Envoy ext_authz: answers only the server's trusted_proxies
 //	        report           <path>                 # where front ends report upstream responses
 //	        report_ttl       <duration>             # how long a decision waits for it (10m)
 //	        max_report_bytes <size>                 # 1MiB
 //	        max_held         <n>                    # decisions waiting at once (100000)
+//	        max_held_per_tenant <n>                 # of one tenant (a tenth of max_held)
+//	        uri_header       <name>                 # the one header with the original URI (default: both, which must agree)
 //	    }
 //	    distributed    { ... }                      # accepted and ignored (mholt compatibility)
 //	    storage        <module...>                  # accepted and ignored (mholt compatibility)
@@ -219,6 +226,14 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			h.ShedAtFloor = true
 		case "log_key":
 			h.LogKey = true
+		case "fingerprint_secret":
+			if !d.NextArg() || d.Val() == "" {
+				return d.Err("usage: fingerprint_secret <secret>, e.g. fingerprint_secret {env.CASCADE_FP_SECRET} (at least 16 bytes; the same on every instance)")
+			}
+			h.FingerprintSecret = d.Val()
+			if d.NextArg() {
+				return d.Errf("fingerprint_secret takes one argument: quote a secret with spaces")
+			}
 		case "disable_metrics":
 			h.DisableMetrics = true
 		case "denial_log":
@@ -277,7 +292,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				d.RemainingArgs()
 			}
 		default:
-			return d.Errf("unknown rate_limit option %q: expected tree, zone, cost, store, route, charge_on, max_wait, max_queued, idempotency, on_store_error, mode, headers, status_code, forwarded, priority, shed_at_floor, use_error_routes, jitter, sweep_interval, log_key, denial_log, placeholders, disable_metrics, distributed or storage", d.Val())
+			return d.Errf("unknown rate_limit option %q: expected tree, zone, cost, store, route, charge_on, max_wait, max_queued, idempotency, on_store_error, mode, headers, status_code, forwarded, priority, shed_at_floor, use_error_routes, jitter, sweep_interval, log_key, fingerprint_secret, denial_log, placeholders, disable_metrics, distributed or storage", d.Val())
 		}
 		if err != nil {
 			return err
@@ -575,8 +590,14 @@ func (h *Handler) parseTier(d *caddyfile.Dispenser, tree string, before []*hiera
 				return nil, err
 			}
 			tier.Penalty = p
+		case "sensitive":
+			on, err := parseSensitive(d, "tier "+tier.Name)
+			if err != nil {
+				return nil, err
+			}
+			tier.Sensitive = &on
 		default:
-			return nil, d.Errf("tier %s: unknown option %q: expected key, missing, limit, value, adaptive or penalty", tier.Name, d.Val())
+			return nil, d.Errf("tier %s: unknown option %q: expected key, missing, limit, value, adaptive, penalty or sensitive", tier.Name, d.Val())
 		}
 	}
 	if tier.Key == "" {
@@ -586,6 +607,25 @@ func (h *Handler) parseTier(d *caddyfile.Dispenser, tree string, before []*hiera
 		return nil, start.errorf("tier %s has no limits: add one in its block, e.g. limit 1000/h", tier.Name)
 	}
 	return tier, nil
+}
+
+// parseSensitive parses `sensitive [on|off]`: whether a tier's values are
+// secrets, shown only as fingerprints.
+func parseSensitive(d *caddyfile.Dispenser, what string) (bool, error) {
+	on := true
+	if d.NextArg() {
+		switch d.Val() {
+		case "on":
+		case "off":
+			on = false
+		default:
+			return false, d.Errf("%s: sensitive %q: write sensitive (its values are secrets, shown as fingerprints) or sensitive off (shown as they are)", what, d.Val())
+		}
+	}
+	if d.NextArg() {
+		return false, d.Errf("%s: sensitive takes at most one argument, on or off (got %q)", what, d.Val())
+	}
+	return on, nil
 }
 
 // parsePenalty parses `penalty <for> after <n> [within <duration>]`.
@@ -826,8 +866,14 @@ func (h *Handler) parseZone(d *caddyfile.Dispenser) error {
 			} else {
 				z.IPv6Prefix = n
 			}
+		case "sensitive":
+			on, err := parseSensitive(d, "zone "+name)
+			if err != nil {
+				return err
+			}
+			z.Sensitive = &on
 		default:
-			return d.Errf("zone %s: unknown option %q: expected key, events, window, match, ipv4_prefix or ipv6_prefix", name, d.Val())
+			return d.Errf("zone %s: unknown option %q: expected key, events, window, match, ipv4_prefix, ipv6_prefix or sensitive", name, d.Val())
 		}
 	}
 	if z.Window <= 0 || z.MaxEvents <= 0 {
@@ -929,6 +975,8 @@ func parseRedis(d *caddyfile.Dispenser, r *RedisStoreConfig) error {
 			r.TenantInFlight, err = intArg(d)
 		case "key_prefix":
 			err = strArg(d, &r.KeyPrefix)
+		case "bus_secret", "insecure_bus":
+			err = parseRedisBus(d, r)
 		case "dial_timeout", "read_timeout", "write_timeout", "timeout", "slot_ttl":
 			if !d.NextArg() {
 				return d.ArgErr()

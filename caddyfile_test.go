@@ -226,6 +226,7 @@ func FuzzCaddyfile(f *testing.F) {
 		"rate_limit {\n tree t {\n  tier a {header.X} {\n   limit 5000/min sliding\n   limit 50/s sliding approx\n  }\n }\n}",
 		"rate_limit {\n store redis {\n  address a:1 b:2\n  tls insecure {\n server_name x\n }\n }\n headers none\n}",
 		"rate_limit {\n tree {\n}",
+		"rate_limit {\n tree t {\n  tier a {header.Authorization} {\n   sensitive off\n   limit 1/s\n  }\n }\n fingerprint_secret {env.X}\n}",
 	} {
 		f.Add(s)
 	}
@@ -419,5 +420,79 @@ func TestPlaceholdersOption(t *testing.T) {
 	h := &Handler{Placeholders: "none"}
 	if err := h.Validate(); err == nil || !strings.Contains(err.Error(), "use all or refused") {
 		t.Errorf("JSON placeholders none: %v", err)
+	}
+}
+
+// TestSensitiveCaddyfile: `sensitive` forces a tier's values to be shown
+// as fingerprints, `sensitive off` lifts it (JSON "sensitive": false), a
+// bad value names its line and the fix, and fingerprint_secret is checked
+// at validation.
+func TestSensitiveCaddyfile(t *testing.T) {
+	h, err := parse(t, `rate_limit {
+		tree t {
+			tier a {header.Authorization} {
+				sensitive off
+				limit 5/h
+			}
+			tier b {header.X-User} {
+				sensitive
+				limit 5/h
+			}
+			tier c {header.X-Api-Key} {
+				limit 5/h
+			}
+		}
+		zone z {
+			key {header.X-Token}
+			events 1
+			window 1s
+			sensitive on
+		}
+		fingerprint_secret {env.FP_SECRET}
+	}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tiers := h.Trees[0].Tiers
+	if s := tiers[0].Sensitive; s == nil || *s {
+		t.Errorf("sensitive off: %v", s)
+	}
+	if s := tiers[1].Sensitive; s == nil || !*s {
+		t.Errorf("sensitive: %v", s)
+	}
+	if tiers[2].Sensitive != nil {
+		t.Errorf("no sensitive line: %v, want nil (detected from the key)", *tiers[2].Sensitive)
+	}
+	if s := h.RateLimits["z"].Sensitive; s == nil || !*s {
+		t.Errorf("zone sensitive on: %v", s)
+	}
+	b, _ := json.Marshal(h)
+	if !strings.Contains(string(b), `"sensitive":false`) || !strings.Contains(string(b), `"fingerprint_secret":"{env.FP_SECRET}"`) {
+		t.Errorf("JSON: %s", b)
+	}
+
+	for input, want := range map[string]string{
+		"rate_limit {\n tree t {\n  tier a {header.X} {\n   sensitive maybe\n  }\n }\n}":  "tier a: sensitive \"maybe\": write sensitive (its values are secrets, shown as fingerprints) or sensitive off (shown as they are), at Testfile:4",
+		"rate_limit {\n tree t {\n  tier a {header.X} {\n   sensitive off on\n  }\n }\n}": "sensitive takes at most one argument",
+		"rate_limit {\n fingerprint_secret\n}":                                            "usage: fingerprint_secret <secret>",
+	} {
+		if _, err := parse(t, input); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: error %v, want %q", input, err, want)
+		}
+	}
+
+	tree := "tree t {\n tier a {header.Authorization} {\n  limit 5/h\n }\n}\n"
+	t.Setenv("CASCADE_FP_EMPTY", "")
+	for rl, want := range map[string]string{
+		tree + "fingerprint_secret short":                  "fingerprint_secret is 5 bytes: give at least 16",
+		tree + "fingerprint_secret {env.CASCADE_FP_EMPTY}": "fingerprint_secret:",
+	} {
+		cfg, err := adapt(t, "{\n admin off\n}\n:0 {\n rate_limit {\n"+rl+"\n }\n}\n")
+		if err == nil {
+			err = caddy.Validate(mustConfig(t, cfg))
+		}
+		if err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "short\"") {
+			t.Errorf("%s: error %v, want %q", rl, err, want)
+		}
 	}
 }

@@ -75,6 +75,6 @@ func (w *chargeWriter) settle(code int) {
 	d.refunded = true
 	if err := h.engine.Refund(w.ctx, &d.Decision); err != nil {
 		h.logger.Warn("charge_on: giving back the charge of a response that does not count failed; it stays charged",
-			zap.Int("status", code), zap.Error(err))
+			zap.Int("status", code), zap.Error(h.engine.ShowError(err, d.Buckets)))
 	}
 }

@@ -1,17 +1,15 @@
 package cascade
 
 import (
-	"crypto/rand"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/url"
-	"slices"
+	"reflect"
 	"strings"
-	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -21,7 +19,6 @@ import (
 
 	"github.com/caddy-cascade/cascade/cost"
 	"github.com/caddy-cascade/cascade/engine"
-	"github.com/caddy-cascade/cascade/hierarchy"
 )
 
 // The decision endpoint: a rate_limit handler with `forwarded` decides for
@@ -32,13 +29,17 @@ import (
 // decision whose costs reconcile from the upstream's response is held
 // under an id (the Cascade-Decision response header) until the front end
 // reports that response to the report path.
+//
+// Forwarded headers say who the client is and what it asked for, so the
+// endpoint answers only peers the server trusts (Caddy's trusted_proxies):
+// from anyone else they would let a client pick its own bucket.
 
 // ForwardedConfig makes a rate_limit handler a decision endpoint.
 type ForwardedConfig struct {
 	// Report is the path at which front ends report an upstream's
 	// response for the decision named by its Cascade-Decision header to be
-	// reconciled; empty for none. Keep it, like the whole endpoint, where
-	// only the proxies can reach it.
+	// reconciled; empty for none. Reports, like decisions, are answered
+	// only to the server's trusted proxies.
 	Report string `json:"report,omitempty"`
 	// ReportTTL is how long a decision waits for its report; default 10m.
 	// A decision not reported in time keeps its estimate.
@@ -47,20 +48,42 @@ type ForwardedConfig struct {
 	// are refused (413) and the decision keeps its estimate.
 	MaxReportBytes int64 `json:"max_report_bytes,omitempty"`
 	// MaxHeld bounds the decisions waiting for a report; default 100000.
-	// When full, the oldest is dropped (it keeps its estimate).
+	// When full, the oldest decision of the tenant holding the most is
+	// dropped (it keeps its estimate).
 	MaxHeld int `json:"max_held,omitempty"`
+	// MaxHeldPerTenant bounds the decisions of one tenant (the value of
+	// the first tier keyed on a placeholder, as the store shards by it)
+	// waiting for a report; default a tenth of MaxHeld. When a tenant
+	// holds that many, its own oldest is dropped: one tenant's flood never
+	// drops another's.
+	MaxHeldPerTenant int `json:"max_held_per_tenant,omitempty"`
+	// URIHeader names the one header that carries the original request's
+	// URI, for a proxy known to send it (nginx: X-Original-URI). By
+	// default both X-Forwarded-Uri and X-Original-URI are read, and a
+	// request in which they disagree is refused.
+	URIHeader string `json:"uri_header,omitempty"`
+
+	logger          *zap.Logger
+	untrustedLogged *atomic.Bool // the first refusal of an untrusted peer is logged (set at provision)
 }
 
 // decisionHeader names a held decision, in the endpoint's answer and in a
 // report.
 const decisionHeader = "Cascade-Decision"
 
+// uriHeaders carry the original request's URI, as the proxies name them:
+// Traefik and Envoy X-Forwarded-Uri, nginx (by convention) X-Original-URI.
+var uriHeaders = []string{"X-Forwarded-Uri", "X-Original-URI"}
+
 func (c *ForwardedConfig) provision() error {
 	if c.Report != "" && !strings.HasPrefix(c.Report, "/") {
 		return fmt.Errorf("forwarded: report %q: give a path starting with /, e.g. /report", c.Report)
 	}
-	if c.ReportTTL < 0 || c.MaxReportBytes < 0 || c.MaxHeld < 0 {
-		return errors.New("forwarded: report_ttl, max_report_bytes and max_held must not be negative")
+	if c.ReportTTL < 0 || c.MaxReportBytes < 0 || c.MaxHeld < 0 || c.MaxHeldPerTenant < 0 {
+		return errors.New("forwarded: report_ttl, max_report_bytes, max_held and max_held_per_tenant must not be negative")
+	}
+	if c.URIHeader != "" && !isHeaderName(c.URIHeader) {
+		return fmt.Errorf("forwarded: uri_header %q is not a header name: give one such as X-Original-URI", c.URIHeader)
 	}
 	if c.ReportTTL == 0 {
 		c.ReportTTL = caddy.Duration(10 * time.Minute)
@@ -71,17 +94,81 @@ func (c *ForwardedConfig) provision() error {
 	if c.MaxHeld == 0 {
 		c.MaxHeld = 100000
 	}
+	if c.MaxHeldPerTenant == 0 {
+		c.MaxHeldPerTenant = max(c.MaxHeld/10, 1)
+	}
+	if c.MaxHeldPerTenant > c.MaxHeld {
+		return fmt.Errorf("forwarded: max_held_per_tenant %d is more than max_held %d: give at most max_held", c.MaxHeldPerTenant, c.MaxHeld)
+	}
 	return nil
+}
+
+// isHeaderName tells whether s is an HTTP field name (an RFC 9110 token).
+func isHeaderName(s string) bool {
+	return s != "" && !strings.ContainsFunc(s, func(c rune) bool {
+		return c <= ' ' || c >= 0x7f || strings.ContainsRune(`"(),/:;<=>?@[\]{}`, c)
+	})
+}
+
+// provisionForwarded readies a decision endpoint, and warns when its
+// server trusts no proxy: then it refuses every request (403).
+func (h *Handler) provisionForwarded(ctx caddy.Context) error {
+	c := h.Forwarded
+	if err := c.provision(); err != nil {
+		return err
+	}
+	c.logger, c.untrustedLogged = h.logger, new(atomic.Bool)
+	h.pending = &held{byID: map[string]*heldDecision{}}
+	if srv, ok := ctx.Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server); ok && srv != nil {
+		trusts, known := trustsProxies(srv)
+		switch {
+		case known && !trusts:
+			h.logger.Warn("rate_limit: this decision endpoint (forwarded) answers only the server's trusted proxies, "+
+				"and its server has none: every request will be refused (403). List the proxies that call it, "+
+				"e.g. in the Caddyfile's global options: servers { trusted_proxies static 127.0.0.1/32 }",
+				zap.String("server", srv.Name()))
+		case trusts && srv.TrustedProxiesStrict == 0:
+			// Caddy then takes the left-most X-Forwarded-For address, which
+			// a client chooses when its proxy appends to the header.
+			h.logger.Warn("rate_limit: this decision endpoint (forwarded) keys clients on {client_ip}, which its server "+
+				"reads from the left of X-Forwarded-For: a proxy that appends to a client's X-Forwarded-For (Traefik, "+
+				"Envoy) lets the client choose it. Unless every proxy replaces the header, set trusted_proxies_strict: "+
+				"servers { trusted_proxies ...; trusted_proxies_strict }",
+				zap.String("server", srv.Name()))
+		}
+	}
+	return nil
+}
+
+// trustsProxies tells whether srv trusts some proxy, and whether that
+// could be found out. Caddy keeps a server's provisioned trusted_proxies
+// unexported (and clears the raw config once loaded), so its nil-ness is
+// read by reflection; a Caddy without that field leaves it unknown, and
+// the first refusal is logged instead (see untrusted).
+func trustsProxies(srv *caddyhttp.Server) (trusts, known bool) {
+	if srv.TrustedProxiesRaw != nil || srv.TrustedProxiesUnix {
+		return true, true
+	}
+	f := reflect.ValueOf(srv).Elem().FieldByName("trustedProxies")
+	if !f.IsValid() || (f.Kind() != reflect.Interface && f.Kind() != reflect.Pointer) {
+		return false, false
+	}
+	return !f.IsNil(), true
 }
 
 // parseForwarded parses
 //
 //	forwarded {
-//	    report           <path>
-//	    report_ttl       <duration>
-//	    max_report_bytes <size>
-//	    max_held         <n>
+//	    report              <path>      # where front ends report upstream responses (none)
+//	    report_ttl          <duration>  # how long a decision waits for its report (10m)
+//	    max_report_bytes    <size>      # 1MiB
+//	    max_held            <n>         # decisions waiting for a report, in all (100000)
+//	    max_held_per_tenant <n>         # of one tenant (a tenth of max_held)
+//	    uri_header          <name>      # the one header with the original URI (X-Forwarded-Uri or X-Original-URI)
 //	}
+//
+// The endpoint answers only the server's trusted proxies (the global
+// option servers { trusted_proxies ... }); any other peer gets 403.
 func (h *Handler) parseForwarded(d *caddyfile.Dispenser) error {
 	if d.NextArg() {
 		return d.Errf("forwarded takes a block or nothing, not %q", d.Val())
@@ -109,61 +196,192 @@ func (h *Handler) parseForwarded(d *caddyfile.Dispenser) error {
 			c.ReportTTL = caddy.Duration(dur)
 		case "max_report_bytes":
 			c.MaxReportBytes, err = sizeArg(d)
-		case "max_held":
+		case "max_held", "max_held_per_tenant":
 			var n int64
-			if n, err = int64Arg(d); err == nil {
+			if n, err = int64Arg(d); err == nil && (n <= 0 || n > 1<<30) {
+				err = d.Errf("%s %d: give a positive count, e.g. %s 1000", opt, n, opt)
+			}
+			if err == nil && opt == "max_held" {
 				c.MaxHeld = int(n)
+			} else if err == nil {
+				c.MaxHeldPerTenant = int(n)
+			}
+		case "uri_header":
+			if !d.NextArg() {
+				return d.Errf("uri_header needs a header name, e.g. uri_header X-Original-URI")
+			}
+			c.URIHeader = d.Val()
+			if !isHeaderName(c.URIHeader) {
+				return d.Errf("uri_header %q is not a header name: give one such as X-Original-URI", c.URIHeader)
+			}
+			if d.NextArg() {
+				return d.Errf("uri_header takes one header name, not also %q: name the one your proxy sets", d.Val())
 			}
 		default:
-			return d.Errf("forwarded: unknown option %q: expected report, report_ttl, max_report_bytes or max_held", opt)
+			return d.Errf("forwarded: unknown option %q: expected report, report_ttl, max_report_bytes, max_held, max_held_per_tenant or uri_header", opt)
 		}
 		if err != nil {
 			return err
 		}
 	}
+	if c.MaxHeld > 0 && c.MaxHeldPerTenant > c.MaxHeld {
+		return d.Errf("max_held_per_tenant %d is more than max_held %d: give at most max_held", c.MaxHeldPerTenant, c.MaxHeld)
+	}
 	h.Forwarded = c
 	return nil
+}
+
+// serveForwarded answers what a decision endpoint answers itself: a peer
+// it does not trust, a report, a request whose forwarded headers cannot
+// be read. Otherwise it turns r into the request it forwards, to be
+// decided, and answered is false.
+func (h *Handler) serveForwarded(w http.ResponseWriter, r *http.Request) (answered bool, err error) {
+	c := h.Forwarded
+	if !trustedPeer(r) {
+		return true, h.untrusted(w, r)
+	}
+	// A report is a request to the report path that forwards nothing (a
+	// forwarded request's path may be anything: nginx asks at the
+	// original URI).
+	if c.Report != "" && r.URL.Path == c.Report && !c.forwardsURI(r.Header) {
+		return true, h.serveReport(w, r)
+	}
+	if err := c.unforward(r); err != nil {
+		return true, h.badForwarded(w, err)
+	}
+	return false, nil
+}
+
+// trustedPeer is Caddy's verdict on r's peer: one of its server's
+// trusted_proxies (then Caddy has resolved the client from its
+// client_ip_headers too).
+func trustedPeer(r *http.Request) bool {
+	trusted, _ := caddyhttp.GetVar(r.Context(), caddyhttp.TrustedProxyVarKey).(bool)
+	return trusted
+}
+
+// problemUntrusted is the kind of the refusal of a peer that is not a
+// trusted proxy (its type ends in #untrusted-proxy).
+const problemUntrusted = "untrusted_proxy"
+
+// untrusted refuses a request from a peer that is not a trusted proxy:
+// 403, nothing decided, nothing charged. The first is logged.
+//
+//go:noinline
+func (h *Handler) untrusted(w http.ResponseWriter, r *http.Request) error {
+	if c := h.Forwarded; c.untrustedLogged != nil && c.untrustedLogged.CompareAndSwap(false, true) {
+		c.logger.Warn("rate_limit: a decision endpoint (forwarded) refused a peer that is not one of its server's "+
+			"trusted_proxies (logged once): if it is your proxy, add its address to trusted_proxies",
+			zap.String("peer", r.RemoteAddr))
+	}
+	d := &decision{Decision: engine.Decision{Reason: problemUntrusted, Closest: -1}}
+	h.metrics.observe(d, 0)
+	return h.problem(w, http.StatusForbidden, problemUntrusted, "Forbidden",
+		"this decision endpoint honours forwarded headers only from its server's trusted_proxies, and this peer is not one of them", d)
 }
 
 // errNotForwarded refuses a request to the decision endpoint that does
 // not say which request is to be decided.
 var errNotForwarded = errors.New("this endpoint decides forwarded requests: send the original request's URI in X-Forwarded-Uri (Traefik, Envoy) or X-Original-URI (nginx), and its method in X-Forwarded-Method")
 
-// unforward turns the endpoint's request into the request it forwards,
-// in place (as Caddy's rewrite does, so that matchers and placeholders see
-// it): the method from X-Forwarded-Method, the URI from X-Forwarded-Uri
-// or X-Original-URI, the host from X-Forwarded-Host, the client from the
-// last address of X-Forwarded-For (the one the proxy saw). Every other
-// header is the original request's, as the proxies copy them.
-func unforward(r *http.Request) error {
-	uri := r.Header.Get("X-Forwarded-Uri")
-	if uri == "" {
-		uri = r.Header.Get("X-Original-URI")
+// forwardsURI tells whether h names an original URI in any header the
+// endpoint may read one from.
+func (c *ForwardedConfig) forwardsURI(h http.Header) bool {
+	if c.URIHeader != "" && h.Get(c.URIHeader) != "" {
+		return true
+	}
+	for _, name := range uriHeaders {
+		if h.Get(name) != "" {
+			return true
+		}
+	}
+	return false
+}
+
+// forwardedURI is the original request's URI: from URIHeader alone when
+// set, else from X-Forwarded-Uri and X-Original-URI, which must agree (a
+// proxy that sets one and passes the client's other would otherwise let
+// the client choose the request decided).
+func (c *ForwardedConfig) forwardedURI(h http.Header) (string, error) {
+	names := uriHeaders
+	if c.URIHeader != "" {
+		names = []string{c.URIHeader}
+	}
+	uri, from := "", ""
+	for _, name := range names {
+		for _, v := range h.Values(name) {
+			switch {
+			case v == "" || v == uri:
+			case uri == "":
+				uri, from = v, name
+			default:
+				return "", fmt.Errorf("the request names two original URIs, %s %q and %s %q: have the proxy set one and remove any the client sent, or name the one it sets with forwarded { uri_header <name> }",
+					from, truncate(uri, 128), name, truncate(v, 128))
+			}
+		}
+	}
+	if uri == "" && c.URIHeader != "" {
+		return "", fmt.Errorf("this endpoint decides forwarded requests: send the original request's URI in %s (uri_header), and its method in X-Forwarded-Method", c.URIHeader)
 	}
 	if uri == "" {
-		return errNotForwarded
+		return "", errNotForwarded
+	}
+	return uri, nil
+}
+
+// single is the one value of the header name, however many lines carry
+// it: "" when none, an error when two differ.
+func single(h http.Header, name string) (string, error) {
+	one := ""
+	for _, v := range h.Values(name) {
+		if v != "" && one != "" && v != one {
+			return "", fmt.Errorf("the request names two values of %s, %q and %q: have the proxy set it and remove the client's", name, truncate(one, 64), truncate(v, 64))
+		}
+		if v != "" {
+			one = v
+		}
+	}
+	return one, nil
+}
+
+// unforward turns the endpoint's request into the request it forwards,
+// in place (as Caddy's rewrite does, so that matchers and placeholders see
+// it): the method from X-Forwarded-Method, the URI from the URI headers
+// (see forwardedURI), the host from X-Forwarded-Host. The client is the
+// one Caddy resolved from its client_ip_headers for a trusted peer
+// ({client_ip}); the remote address is set to it, for {remote_host}.
+// Every other header is the original request's, as the proxies copy them.
+// Call it only for a trusted peer.
+func (c *ForwardedConfig) unforward(r *http.Request) error {
+	uri, err := c.forwardedURI(r.Header)
+	if err != nil {
+		return err
 	}
 	u, err := url.ParseRequestURI(uri)
 	if err != nil || u.Host != "" {
 		return fmt.Errorf("the forwarded URI %q is not a request path: %v", truncate(uri, 256), err)
 	}
-	if m := r.Header.Get("X-Forwarded-Method"); m != "" {
-		if strings.ContainsFunc(m, func(c rune) bool { return c <= ' ' || c >= 0x7f }) || len(m) > 32 {
-			return fmt.Errorf("the forwarded method %q is not a method", truncate(m, 32))
-		}
+	m, err := single(r.Header, "X-Forwarded-Method")
+	if err != nil {
+		return err
+	}
+	if strings.ContainsFunc(m, func(c rune) bool { return c <= ' ' || c >= 0x7f }) || len(m) > 32 {
+		return fmt.Errorf("the forwarded method %q is not a method", truncate(m, 32))
+	}
+	host, err := single(r.Header, "X-Forwarded-Host")
+	if err != nil {
+		return err
+	}
+	if m != "" {
 		r.Method = m
 	}
 	r.URL.Path, r.URL.RawPath, r.URL.RawQuery = u.Path, u.RawPath, u.RawQuery
 	r.RequestURI = uri
-	if host := r.Header.Get("X-Forwarded-Host"); host != "" {
+	if host != "" {
 		r.Host = host
 	}
-	if xff := r.Header.Get("X-Forwarded-For"); xff != "" {
-		last := strings.TrimSpace(xff[strings.LastIndexByte(xff, ',')+1:])
-		if ip := net.ParseIP(last); ip != nil {
-			r.RemoteAddr = net.JoinHostPort(ip.String(), "0")
-			caddyhttp.SetVar(r.Context(), caddyhttp.ClientIPVarKey, ip.String())
-		}
+	if ip, _ := caddyhttp.GetVar(r.Context(), caddyhttp.ClientIPVarKey).(string); net.ParseIP(ip) != nil {
+		r.RemoteAddr = net.JoinHostPort(ip, "0")
 	}
 	return nil
 }
@@ -174,76 +392,6 @@ var answer = caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) 
 	w.WriteHeader(http.StatusOK)
 	return nil
 })
-
-// held are the decisions of one endpoint waiting for their reports,
-// bounded in number and age.
-type held struct {
-	mu    sync.Mutex
-	byID  map[string]*heldDecision
-	order []string // ids, oldest first (may hold ids already reported)
-}
-
-type heldDecision struct {
-	held    *engine.Held
-	costs   []int // the reconciling costs counted on the path (h.Costs indices)
-	expires time.Time
-}
-
-// hold keeps d for its report and names it in the answer's
-// Cascade-Decision header, when some cost on d's path reconciles.
-func (h *Handler) hold(hdr http.Header, d *decision) {
-	var costs []int
-	for i, c := range h.Costs {
-		if c.Reconcile != nil && slices.ContainsFunc(d.Buckets, func(b hierarchy.Bucket) bool { return b.Limit.Dimension == c.Dimension }) {
-			costs = append(costs, i)
-		}
-	}
-	if len(costs) == 0 {
-		return
-	}
-	hd := h.engine.Hold(&d.Decision)
-	if hd == nil {
-		return
-	}
-	var b [18]byte
-	_, _ = rand.Read(b[:])
-	id := base64.RawURLEncoding.EncodeToString(b[:])
-	now := time.Now()
-	p := h.pending
-	p.mu.Lock()
-	for len(p.order) > 0 && (len(p.byID) >= h.Forwarded.MaxHeld || p.byID[p.order[0]] == nil || now.After(p.byID[p.order[0]].expires)) {
-		delete(p.byID, p.order[0])
-		p.order = p.order[1:]
-	}
-	if len(p.order) > 2*max(len(p.byID), 1024) { // reported ids behind a live one
-		p.order = slices.DeleteFunc(p.order, func(id string) bool { return p.byID[id] == nil })
-	}
-	p.byID[id] = &heldDecision{held: hd, costs: costs, expires: now.Add(time.Duration(h.Forwarded.ReportTTL))}
-	p.order = append(p.order, id)
-	p.mu.Unlock()
-	hdr.Set(decisionHeader, id)
-}
-
-// put holds hd under id again.
-func (p *held) put(id string, hd *heldDecision) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.byID[id] = hd
-	p.order = append(p.order, id)
-}
-
-// take removes the held decision id and returns it, or nil when it is
-// unknown, expired or already reported.
-func (p *held) take(id string) *heldDecision {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	hd := p.byID[id]
-	delete(p.byID, id)
-	if hd == nil || time.Now().After(hd.expires) {
-		return nil
-	}
-	return hd
-}
 
 // serveReport reconciles a held decision with the upstream's response a
 // front end reports: the body as the upstream sent it (JSON or an event
@@ -269,23 +417,14 @@ func (h *Handler) serveReport(w http.ResponseWriter, r *http.Request) error {
 		}
 		return fail(http.StatusBadRequest, "bad_report", "reading the report: "+err.Error())
 	}
-	hd := h.pending.take(id)
+	hd := h.pending.take(id, time.Now())
 	if hd == nil {
 		return fail(http.StatusNotFound, "unknown_decision", fmt.Sprintf("no decision %q waits for a report: unknown, older than report_ttl, or already reported", truncate(id, 64)))
 	}
-	var usage []engine.Usage
-	for _, i := range hd.costs {
-		c := h.Costs[i]
-		tp := cost.NewTap(discard{hdr: http.Header{"Content-Type": {r.Header.Get("Content-Type")}, "Content-Encoding": r.Header.Values("Content-Encoding")}}, c.Reconcile.TapConfig)
-		tp.WriteHeader(http.StatusOK)
-		_, _ = tp.Write(body)
-		if u := tp.Usage(); u.Found {
-			usage = append(usage, engine.Usage{Dimension: c.Dimension, Actual: c.Reconcile.Actual.Cost(u)})
-		}
-	}
+	usage := h.reportedUsage(hd, r.Header, body)
 	adjusted, err := h.engine.ReconcileHeld(r.Context(), hd.held, usage...)
 	if err != nil {
-		h.pending.put(id, hd) // for the front end to report again
+		h.pending.add(hd, h.Forwarded, time.Now()) // for the front end to report again
 		h.logStoreError(err)
 		w.Header().Set("Retry-After", "1")
 		return fail(http.StatusServiceUnavailable, problemUnavailable, "the rate limit store could not apply the report; report again shortly")
@@ -295,6 +434,23 @@ func (h *Handler) serveReport(w http.ResponseWriter, r *http.Request) error {
 	}
 	w.WriteHeader(http.StatusNoContent)
 	return nil
+}
+
+// reportedUsage reads, with the usage reader of each reconciling cost of
+// hd, the usage a reported body shows (hdr: the report's headers, whose
+// Content-Type and Content-Encoding are the upstream's).
+func (h *Handler) reportedUsage(hd *heldDecision, hdr http.Header, body []byte) []engine.Usage {
+	var usage []engine.Usage
+	for _, i := range hd.costs {
+		c := h.Costs[i]
+		tp := cost.NewTap(discard{hdr: http.Header{"Content-Type": {hdr.Get("Content-Type")}, "Content-Encoding": hdr.Values("Content-Encoding")}}, c.Reconcile.TapConfig)
+		tp.WriteHeader(http.StatusOK)
+		_, _ = tp.Write(body)
+		if u := tp.Usage(); u.Found {
+			usage = append(usage, engine.Usage{Dimension: c.Dimension, Actual: c.Reconcile.Actual.Cost(u)})
+		}
+	}
+	return usage
 }
 
 // discard is a ResponseWriter that keeps nothing but its header: what a

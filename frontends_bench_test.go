@@ -23,12 +23,13 @@ func BenchmarkFrontEnds(b *testing.B) {
 	for _, st := range []string{"memory", "redis"} {
 		for _, front := range []string{"handler", "endpoint"} {
 			b.Run(st+"/"+front, func(b *testing.B) {
-				option, respond := "", "respond 200"
+				option, respond, global := "", "respond 200", ""
 				if front == "endpoint" {
-					option, respond = "forwarded", ""
+					// the endpoint answers only the proxies its server trusts
+					option, respond, global = "forwarded", "", "servers {\n\t\ttrusted_proxies static 127.0.0.1/32\n\t}"
 				}
 				port := freePort(b)
-				startCaddy(b, benchSite(b, port, st, option, respond))
+				startCaddy(b, benchSite(b, port, st, option, respond), global)
 				url := fmt.Sprintf("http://127.0.0.1:%d/v1/things", port)
 				var n atomic.Int64
 				b.SetParallelism(8) // 16 clients on 2 cores

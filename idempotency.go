@@ -37,10 +37,12 @@ type IdempotencyConfig struct {
 	// 5m. A request that runs longer is retried without a charge after it.
 	InFlight caddy.Duration `json:"in_flight,omitempty"`
 	// Retries is how many retries of a request are admitted without a
-	// charge (default 3); the next is charged as a new request. A gateway
+	// charge (default 1); the next is charged as a new request. A gateway
 	// cannot tell a retry from another request that reuses its key and
-	// target: this bounds what reusing one gets. A negative value lets
-	// none through (a duplicate in flight is still refused).
+	// target: this bounds what reusing one gets. A retry admitted free
+	// still pays what its response reports it used (reconciled costs).
+	// A negative value lets none through (a duplicate in flight is still
+	// refused).
 	Retries int `json:"retries,omitempty"`
 	// Methods are the methods whose requests' keys count (default POST
 	// and PATCH: the others are idempotent by definition).
@@ -55,7 +57,7 @@ const (
 	defaultIdempotencyHeader   = "Idempotency-Key"
 	defaultIdempotencyTTL      = 24 * time.Hour
 	defaultIdempotencyInFlight = 5 * time.Minute
-	defaultIdempotencyRetries  = 3
+	defaultIdempotencyRetries  = 1
 )
 
 // provision fills the defaults in and checks the rest.

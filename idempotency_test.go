@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -217,6 +218,77 @@ http://127.0.0.1:%d {
 		t.Logf("limit 2/h and 100 tokens/h: 20 unrelated requests reusing one key -> %d admitted, upstream served %d", ok, up.served.Load())
 		if ok > 1 {
 			t.Errorf("%d of 20 unrelated requests admitted with a reused key, want at most the 1 the limits allow", ok)
+		}
+	})
+}
+
+// TestIdempotentRetriesPayTheirUsage: retrying an LLM call with one
+// idempotency key buys no tokens. The first request is charged its
+// estimate and reconciled to the 900 tokens the upstream reports; its one
+// free retry (retries defaults to 1) is charged nothing up front but its
+// own 900 tokens after; the next is charged as a new request. Without
+// both, four calls with one key used 3,600 tokens and were charged 900.
+func TestIdempotentRetriesPayTheirUsage(t *testing.T) {
+	eachStore(t, func(t *testing.T, storeBlock string) {
+		up := newFakeLLM(t, 30, 870)
+		url := llmSiteLimit(t, up.srv.URL, storeBlock+"\n\t\tidempotency", "reconcile {\n provider openai\n }", "limit 5000 tokens/h") + "/v1/chat/completions"
+		body := fmt.Sprintf(pythagoras, "")
+		start := time.Now()
+		for i := range 3 {
+			// A retry sent just as the request before it ends may find it
+			// still in flight (409): it is sent again.
+			deadline := time.Now().Add(propagation)
+			for {
+				r := post(t, url, body, "X-User: eve", "Idempotency-Key: k1")
+				if r.status == 200 {
+					break
+				}
+				if r.status != http.StatusConflict || time.Now().After(deadline) {
+					t.Fatalf("call %d: %d %s", i+1, r.status, r.body)
+				}
+				time.Sleep(20 * time.Millisecond) // waiting for the request before to end, not timing an algorithm
+			}
+		}
+		// Three calls reached the upstream: 3 × 900 tokens, whatever was
+		// estimated or replayed.
+		waitRemaining(t, url, body, 64, 5000-3*900, start, "X-User: eve")
+		if n := len(up.bodies); n < 3 {
+			t.Fatalf("the upstream saw %d calls, want 3", n)
+		}
+	})
+}
+
+// TestIdempotencyOneFreeRetryByDefault: without retries set, one retry of
+// a request is admitted without a charge and the next is charged as a new
+// request: each key buys one free repeat, not three.
+func TestIdempotencyOneFreeRetryByDefault(t *testing.T) {
+	eachStore(t, func(t *testing.T, storeBlock string) {
+		url := site(t, fmt.Sprintf(`
+	tree api {
+		tier user {header.X-User} {
+			limit 10/h
+		}
+	}
+	idempotency
+	%s
+`, storeBlock))
+		var left []int
+		for i := range 3 {
+			deadline := time.Now().Add(propagation)
+			for {
+				r := do(t, "POST", url, "X-User: zoe", "Idempotency-Key: k1")
+				if r.status == 200 {
+					left = append(left, remainingIn(t, r))
+					break
+				}
+				if r.status != http.StatusConflict || time.Now().After(deadline) {
+					t.Fatalf("call %d: %d %s", i+1, r.status, r.body)
+				}
+				time.Sleep(20 * time.Millisecond) // waiting for the request before to end, not timing an algorithm
+			}
+		}
+		if want := []int{9, 9, 8}; !slices.Equal(left, want) {
+			t.Fatalf("remaining after a request and two retries: %v, want %v (one free retry)", left, want)
 		}
 	})
 }

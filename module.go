@@ -128,6 +128,16 @@ type Handler struct {
 	// setting of that name.)
 	LogKey bool `json:"log_key,omitempty"`
 
+	// FingerprintSecret is the secret under which the values of sensitive
+	// tiers (hierarchy.Tier.Sensitive: by default, a key that reads a
+	// credential) are fingerprinted wherever a value is written out: logs,
+	// the admin API. Placeholders such as {env.X} and {file.X} are
+	// replaced; at least 16 bytes; never logged. The same secret on every
+	// instance gives the same fingerprints. Default: a random secret kept
+	// in the Redis store (made once, shared by the instances), or, on the
+	// memory store, this process's own.
+	FingerprintSecret string `json:"fingerprint_secret,omitempty"`
+
 	// DisableMetrics turns off this handler's Prometheus metrics (it
 	// counts nothing). (mholt/caddy-ratelimit's setting of that name.)
 	DisableMetrics bool `json:"disable_metrics,omitempty"`
@@ -266,6 +276,9 @@ type Zone struct {
 	// IPv4). Keys that are not an IP address are used as they are.
 	IPv4Prefix int `json:"ipv4_prefix,omitempty"`
 	IPv6Prefix int `json:"ipv6_prefix,omitempty"`
+	// Sensitive, as a tier's (hierarchy.Tier.Sensitive): nil detects it
+	// from Key.
+	Sensitive *bool `json:"sensitive,omitempty"`
 }
 
 // HeadersConfig switches the response header families. IETF and
@@ -383,10 +396,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	hierarchy.QualifyPolicies(compiled)
 	h.costs = map[string]*Cost{}
 	if h.Forwarded != nil {
-		if err := h.Forwarded.provision(); err != nil {
+		if err := h.provisionForwarded(ctx); err != nil {
 			return fmt.Errorf("rate_limit: %w", err)
 		}
-		h.pending = &held{byID: map[string]*heldDecision{}}
 	}
 	for _, c := range h.Costs {
 		if err := c.provision(); err != nil {
@@ -477,6 +489,10 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			instances = o.presence.Count
 		}
 	}
+	fps, err := h.fingerprints(o.redis)
+	if err != nil {
+		return err
+	}
 	h.engine = engine.New(engine.Config{
 		Local: local, LocalShare: share, LocalInstances: instances, Routes: routes, OnError: h.onStoreError(),
 		Trees: h.etrees, Dimensions: dims,
@@ -484,7 +500,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		Controller: h.controller, Priority: h.priority,
 		Mode:    h.Mode,
 		Headers: engine.Headers{IETF: on(hc.IETF), XRateLimit: set(hc.XRateLimit), RetryAfter: on(hc.RetryAfter), OpenAI: hc.OpenAI},
-		Jitter:  h.Jitter, DenialLog: h.DenialLog, LogKey: h.LogKey, MaxWait: time.Duration(h.MaxWait),
+		Jitter:  h.Jitter, DenialLog: h.DenialLog, LogKey: h.LogKey, Fingerprints: fps, MaxWait: time.Duration(h.MaxWait),
 		Idempotency: h.Idempotency.engineConfig(),
 		Logger:      h.logger, Reconciled: h.metrics.reconcile,
 	})
@@ -551,7 +567,7 @@ func (z *Zone) tree(name string) (*Tree, error) {
 	}
 	return &Tree{
 		Tree: hierarchy.Tree{Name: name, Tiers: []*hierarchy.Tier{{
-			Name: name, Key: key, Missing: hierarchy.MissingShared,
+			Name: name, Key: key, Missing: hierarchy.MissingShared, Sensitive: z.Sensitive,
 			Limits: []*hierarchy.Limit{{
 				Count: int64(z.MaxEvents), Per: time.Duration(z.Window).String(), Algorithm: string(rate.Sliding),
 			}},
@@ -714,15 +730,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		repl = caddy.NewReplacer()
 	}
 	if h.Forwarded != nil { // a decision endpoint: it answers itself
-		// A report is a request to the report path that forwards nothing
-		// (a forwarded request's path may be anything: nginx asks at the
-		// original URI).
-		if h.Forwarded.Report != "" && r.URL.Path == h.Forwarded.Report &&
-			r.Header.Get("X-Forwarded-Uri") == "" && r.Header.Get("X-Original-URI") == "" {
-			return h.serveReport(w, r)
-		}
-		if err := unforward(r); err != nil {
-			return h.badForwarded(w, err)
+		if answered, err := h.serveForwarded(w, r); answered {
+			return err
 		}
 		next = answer
 	}
@@ -850,7 +859,7 @@ func (h *Handler) shed(w http.ResponseWriter, r *http.Request, repl *caddy.Repla
 //go:noinline
 func (h *Handler) undecided(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, d *decision, status int, err error) error {
 	if !d.Enforcing { // no tree enforces: never change what clients get
-		h.logger.Debug("rate limit not decided", zap.String("reason", d.Reason), zap.Error(err))
+		h.logger.Debug("rate limit not decided", zap.String("reason", d.Reason), zap.Error(h.engine.ShowError(err, d.Buckets)))
 		return h.pass(w, r, next)
 	}
 	if ie := d.inputErr; ie != nil {
@@ -1019,7 +1028,7 @@ func (h *Handler) giveBack(ctx context.Context, d *decision) error {
 	defer cancel()
 	err := h.engine.Refund(ctx, &d.Decision)
 	if err != nil {
-		h.logger.Warn("rate limit: giving back a reservation failed; it stays charged", zap.Error(err))
+		h.logger.Warn("rate limit: giving back a reservation failed; it stays charged", zap.Error(h.engine.ShowError(err, d.Buckets)))
 	}
 	return err
 }
@@ -1035,7 +1044,7 @@ func (h *Handler) logStoreError(err error) {
 		return
 	}
 	h.storeErrors.Add(-n)
-	h.logger.Error("rate limit store failed", zap.Error(err), zap.Int64("failures", n),
+	h.logger.Error("rate limit store failed", zap.Error(h.engine.ShowError(err, nil)), zap.Int64("failures", n),
 		zap.String("on_store_error", h.onStoreError()))
 }
 

@@ -34,7 +34,8 @@ func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }
 // front of the example's API, every request decided by Cascade through
 // auth_request (examples/nginx/Caddyfile): limits, the 429 and Retry-After
 // reaching the client, the rate-limit headers on admitted responses, keys
-// from the forwarded headers.
+// from the forwarded headers, and a client's own forwarded headers, which
+// nginx replaces: the request decided is the one nginx serves.
 func TestNginxAuthRequest(t *testing.T) {
 	bin := requireNginx(t)
 	front, api := runExamplePorts(t, "examples/nginx/Caddyfile")
@@ -80,16 +81,30 @@ func TestNginxAuthRequest(t *testing.T) {
 		if r.status != 200 || r.body != "hello alice" {
 			t.Fatalf("request %d: %d %q\n%s", i, r.status, r.body, out)
 		}
-		if want := fmt.Sprintf(`"user";r=%d;t=`, 2-i); !strings.HasPrefix(r.header.Get("RateLimit"), want) {
+		if want := fmt.Sprintf(`"api/user";r=%d;t=`, 2-i); !strings.HasPrefix(r.header.Get("RateLimit"), want) {
 			t.Fatalf("request %d: RateLimit %q, want %s…", i, r.header.Get("RateLimit"), want)
 		}
 	}
 	r := do(t, "GET", url, "X-User: alice")
 	if r.status != 429 || r.header.Get("Retry-After") == "" || r.header.Get("Retry-After") == "0" ||
-		!strings.HasPrefix(r.header.Get("RateLimit"), `"user";r=0;t=`) || strings.Contains(r.body, "hello") {
+		!strings.HasPrefix(r.header.Get("RateLimit"), `"api/user";r=0;t=`) || strings.Contains(r.body, "hello") {
 		t.Fatalf("over the limit: %d %v %q", r.status, r.header, r.body)
 	}
 	if r := do(t, "POST", url, "X-User: bob"); r.status != 200 || r.body != "hello bob" {
 		t.Fatalf("bob: %d %q", r.status, r.body)
+	}
+
+	// A client sends the headers that describe the request decided,
+	// naming the cheap /hello while nginx serves it the dear /search (one
+	// a minute): nginx sets or removes each of them, and Cascade decides
+	// /search.
+	search := fmt.Sprintf("http://127.0.0.1:%d/search", listen)
+	spoof := []string{"X-User: mallory", "X-Forwarded-Uri: /hello", "X-Original-URI: /hello", "X-Forwarded-Method: GET",
+		"X-Forwarded-Host: elsewhere", "Forwarded: for=198.51.100.1", "X-Forwarded-For: 198.51.100.1"}
+	if r := do(t, "GET", search, spoof...); r.status != 200 || r.body != "hello mallory" {
+		t.Fatalf("mallory's first search: %d %q\n%s", r.status, r.body, out)
+	}
+	if r := do(t, "GET", search, spoof...); r.status != 429 {
+		t.Fatalf("mallory's second search, naming /hello: %d %q, want 429 (decided as /search, one a minute)\n%s", r.status, r.body, out)
 	}
 }

@@ -2,11 +2,15 @@ package cascade
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -27,8 +31,14 @@ import (
 // for how descriptors map to a tree's tiers.
 type RLSConfig struct {
 	// Listen is the listener's network address, e.g. "127.0.0.1:8081" or
-	// "unix//run/cascade-rls.sock". Keep it where only Envoy reaches it.
+	// "unix//run/cascade-rls.sock". Keep it where only Envoy reaches it:
+	// whoever reaches it can charge any bucket the domains name.
 	Listen string `json:"listen"`
+	// TLS serves the listener over TLS, mutual TLS when it names a
+	// client_ca: then only clients with a certificate from that CA may
+	// call. Without it the listener is plaintext, and a listener on an
+	// address other than loopback is warned about at start.
+	TLS *rls.TLSFiles `json:"tls,omitempty"`
 	// Domains maps Envoy's rate limit domains to trees. Without any, every
 	// tree of every rate_limit handler is served under its own name.
 	Domains []RLSDomain `json:"domains,omitempty"`
@@ -43,17 +53,83 @@ type RLSDomain struct {
 	// Dimension is what a call's hits_addend counts: requests (default) or
 	// a dimension the tree limits, such as tokens.
 	Dimension string `json:"dimension,omitempty"`
+	// AllowRefunds lets descriptors with is_negative_hits give hits back.
+	// Off (the default), such a call is refused with INVALID_ARGUMENT:
+	// whoever may refund can reset any bucket it names.
+	AllowRefunds bool `json:"allow_refunds,omitempty"`
+	// MaxHitsAddend is the largest hits_addend a call may carry (its own,
+	// or a descriptor's); a larger one is refused with INVALID_ARGUMENT.
+	// Default 4294967295, the most Envoy's call-level field carries.
+	MaxHitsAddend int64 `json:"max_hits_addend,omitempty"`
 }
 
 // rlsServers holds the rate limit services by listen address, across
-// reloads: a reload swaps the routes of the running server instead of
-// closing and re-opening its listener under Envoy's feet.
+// reloads: a reload swaps the routes and TLS of the running server instead
+// of closing and re-opening its listener under Envoy's feet. It also holds
+// each configuration's lease on its server (see startRLS).
 var rlsServers = caddy.NewUsagePool()
 
 // rlsServer is one gRPC server and its listener.
 type rlsServer struct {
-	svc  *rls.Server
-	grpc *grpc.Server
+	svc   *rls.Server
+	grpc  *grpc.Server
+	creds *rls.Credentials
+
+	mu sync.Mutex
+	// states holds what each configuration using the server gives it, in
+	// the order they started: the newest one serves. A configuration that
+	// fails to start, or is unloaded, leaves, and the one before it serves
+	// again (its TLS included).
+	states []*rlsState
+}
+
+// rlsLease is one configuration's use of a server: given back, its state
+// leaves the server, and the server is released.
+type rlsLease struct {
+	srv    *rlsServer
+	st     *rlsState
+	listen string
+}
+
+func (l *rlsLease) Destruct() error {
+	l.srv.leave(l.st)
+	_, err := rlsServers.Delete(l.listen)
+	return err
+}
+
+// rlsState is what one configuration gives its rate limit service.
+type rlsState struct {
+	routes  map[string]rls.Route
+	observe rls.Observer
+	tls     *tls.Config // nil: plaintext
+}
+
+// serve makes st the state served until it leaves.
+func (s *rlsServer) serve(st *rlsState) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.states = append(s.states, st)
+	s.apply()
+}
+
+// leave drops st, and serves the newest state left.
+func (s *rlsServer) leave(st *rlsState) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	i := slices.Index(s.states, st)
+	if i < 0 {
+		return
+	}
+	s.states = slices.Delete(s.states, i, i+1)
+	if i == len(s.states) && i > 0 {
+		s.apply()
+	}
+}
+
+func (s *rlsServer) apply() {
+	st := s.states[len(s.states)-1]
+	s.creds.Set(st.tls)
+	s.svc.SetRoutes(st.routes, st.observe)
 }
 
 // Destruct stops the server when no configuration uses its address any
@@ -81,6 +157,11 @@ func (c *RLSConfig) validate() error {
 	if na.PortRangeSize() > 1 {
 		return fmt.Errorf("cascade rls: listen %q: give one port, not a range", c.Listen)
 	}
+	if c.TLS != nil {
+		if err := c.TLS.Validate(); err != nil {
+			return fmt.Errorf("cascade rls: %w", err)
+		}
+	}
 	seen := map[string]bool{}
 	for _, d := range c.Domains {
 		if d.Domain == "" {
@@ -90,6 +171,9 @@ func (c *RLSConfig) validate() error {
 			return fmt.Errorf("cascade rls: domain %q configured twice", d.Domain)
 		}
 		seen[d.Domain] = true
+		if err := rls.ValidAddend(d.MaxHitsAddend); err != nil {
+			return fmt.Errorf("cascade rls: domain %s: %w", d.Domain, err)
+		}
 	}
 	return nil
 }
@@ -156,48 +240,90 @@ func (c *RLSConfig) routes(engines []*engine.Engine, logger *zap.Logger) (map[st
 		if r.Tree.Concurrent() {
 			return nil, fmt.Errorf("cascade rls: domain %s: tree %s has a concurrency limit, which Envoy cannot use: it never says when a request ends, so its slots would never be given back (limit concurrency in a rate_limit in front of the upstream)", d.Domain, tree)
 		}
-		r.Dimension = d.Dimension
+		r.Dimension, r.AllowRefunds, r.MaxAddend = d.Dimension, d.AllowRefunds, d.MaxHitsAddend
 		routes[d.Domain] = r
 	}
 	return routes, nil
 }
 
 // startRLS serves the configuration's routes on the listener, opening it
-// unless a configuration before this one already did.
+// unless a configuration before this one already did, until the
+// configuration is unloaded.
 func (a *App) startRLS() error {
 	routes, err := a.RLS.routes(running.EnginesOf(a.ctx.Done()), a.logger)
 	if err != nil {
 		return err
 	}
-	v, _, err := rlsServers.LoadOrNew(a.RLS.Listen, func() (caddy.Destructor, error) {
-		na, err := caddy.ParseNetworkAddress(a.RLS.Listen)
-		if err != nil {
-			return nil, err
+	st := &rlsState{routes: routes}
+	if a.RLS.TLS != nil {
+		if st.tls, err = a.RLS.TLS.Config(); err != nil {
+			return fmt.Errorf("cascade rls: %w", err)
 		}
+	}
+	if st.observe, err = rlsMetrics(a.ctx.GetMetricsRegistry()); err != nil {
+		return fmt.Errorf("cascade rls: metrics: %w", err)
+	}
+	na, err := caddy.ParseNetworkAddress(a.RLS.Listen)
+	if err != nil {
+		return fmt.Errorf("cascade rls: listen %q: %w", a.RLS.Listen, err)
+	}
+	v, _, err := rlsServers.LoadOrNew(a.RLS.Listen, func() (caddy.Destructor, error) {
 		ln, err := na.Listen(context.Background(), 0, net.ListenConfig{})
 		if err != nil {
 			return nil, err
 		}
-		s := &rlsServer{svc: rls.New(a.logger), grpc: grpc.NewServer()}
+		creds := &rls.Credentials{}
+		creds.Set(st.tls) // before the first connection is accepted
+		s := &rlsServer{svc: rls.New(a.logger), grpc: grpc.NewServer(rls.ServerOptions(creds)...), creds: creds}
 		s.svc.Register(s.grpc)
 		go func() {
 			if err := s.grpc.Serve(ln.(net.Listener)); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 				a.logger.Error("rls: serving stopped", zap.Error(err))
 			}
 		}()
-		a.logger.Info("rls: serving Envoy's rate limit service", zap.String("listen", a.RLS.Listen))
+		a.logger.Info("rls: serving Envoy's rate limit service", zap.String("listen", a.RLS.Listen), zap.Bool("tls", st.tls != nil))
 		return s, nil
 	})
 	if err != nil {
 		return fmt.Errorf("cascade rls: listen %s: %w", a.RLS.Listen, err)
 	}
-	a.rlsKey = a.RLS.Listen
-	observe, err := rlsMetrics(a.ctx.GetMetricsRegistry())
-	if err != nil {
-		return fmt.Errorf("cascade rls: metrics: %w", err)
+	// This configuration's hold on the server is a lease of its own in
+	// the pool, which the App's Cleanup gives back: the state leaves as
+	// the configuration is unloaded (or fails to start), before Caddy
+	// returns, and the previous configuration's TLS and routes serve again.
+	srv := v.(*rlsServer)
+	lease := &rlsLease{srv: srv, st: st, listen: a.RLS.Listen}
+	key := fmt.Sprintf("%s#%p", a.RLS.Listen, st)
+	if _, _, err := rlsServers.LoadOrNew(key, func() (caddy.Destructor, error) { return lease, nil }); err != nil {
+		_, _ = rlsServers.Delete(a.RLS.Listen)
+		return fmt.Errorf("cascade rls: %w", err)
 	}
-	v.(*rlsServer).svc.SetRoutes(routes, observe)
+	a.rlsKey = key
+	srv.serve(st)
+	switch {
+	case localOnly(na):
+	case st.tls == nil:
+		a.logger.Warn("rls: Envoy's rate limit service listens in plaintext on an address others may reach: anyone who reaches it can charge any bucket its domains name; listen on loopback or a unix socket, or set tls { cert, key, client_ca }",
+			zap.String("listen", a.RLS.Listen))
+	case st.tls.ClientCAs == nil:
+		a.logger.Warn("rls: Envoy's rate limit service takes calls from any client on an address others may reach: set tls client_ca so that only Envoy's certificate may call",
+			zap.String("listen", a.RLS.Listen))
+	}
 	return nil
+}
+
+// localOnly says whether a listener on na is reachable from this host
+// only: a unix socket, or a loopback address. (A socket inherited as a file
+// descriptor may be anything, so it is not.)
+func localOnly(na caddy.NetworkAddress) bool {
+	if na.IsUnixNetwork() {
+		return true
+	}
+	if na.Host == "localhost" {
+		return true
+	}
+	ip, err := netip.ParseAddr(na.Host)
+	return err == nil && ip.IsLoopback()
 }
 
 // rlsMetrics counts the rate limit service's calls by domain and outcome,
@@ -230,9 +356,19 @@ func rlsMetrics(reg prometheus.Registerer) (rls.Observer, error) {
 // parseRLS parses
 //
 //	rls {
-//	    listen <address>
-//	    domain <name> [tree <tree>] [dimension <dimension>]
+//	    listen <address>            # e.g. 127.0.0.1:8081: keep it where only Envoy reaches it
+//	    tls {                       # serve over TLS (default: plaintext)
+//	        cert      <file>        # PEM certificate chain, leaf first
+//	        key       <file>        # its PEM private key
+//	        client_ca <file>        # mutual TLS: only clients with a certificate from these CAs
+//	    }
+//	    domain <name> [tree <tree>] [dimension <dim>] [max_hits_addend <n>] [allow_refunds]
 //	}
+//
+// A domain's max_hits_addend (default 4294967295) is the largest hits_addend
+// a call may carry; allow_refunds lets its descriptors with
+// is_negative_hits give hits back (refused by default: a caller that may
+// refund can reset any bucket it names).
 func parseRLS(d *caddyfile.Dispenser) (*RLSConfig, error) {
 	c := &RLSConfig{}
 	if d.NextArg() {
@@ -248,29 +384,105 @@ func parseRLS(d *caddyfile.Dispenser) (*RLSConfig, error) {
 			if d.NextArg() {
 				return nil, d.ArgErr()
 			}
-		case "domain":
-			args := d.RemainingArgs()
-			if len(args) == 0 || len(args)%2 == 0 {
-				return nil, d.Errf("rls domain: expected domain <name> [tree <tree>] [dimension <dimension>]")
+		case "tls":
+			if c.TLS != nil {
+				return nil, d.Errf("rls tls: configured twice")
 			}
-			dom := RLSDomain{Domain: args[0]}
-			for i := 1; i < len(args); i += 2 {
-				switch args[i] {
-				case "tree":
-					dom.Tree = args[i+1]
-				case "dimension":
-					dom.Dimension = args[i+1]
-				default:
-					return nil, d.Errf("rls domain %s: unknown setting %q: expected tree or dimension", args[0], args[i])
-				}
+			t, err := parseRLSTLS(d)
+			if err != nil {
+				return nil, err
+			}
+			c.TLS = t
+		case "domain":
+			dom, err := parseRLSDomain(d)
+			if err != nil {
+				return nil, err
 			}
 			c.Domains = append(c.Domains, dom)
 		default:
-			return nil, d.Errf("rls: unknown option %q: expected listen or domain", d.Val())
+			return nil, d.Errf("rls: unknown option %q: expected listen, tls or domain", d.Val())
 		}
 	}
 	if err := c.validate(); err != nil {
 		return nil, d.Errf("%v", err)
 	}
 	return c, nil
+}
+
+// parseRLSTLS parses the rls block's tls block (see parseRLS).
+func parseRLSTLS(d *caddyfile.Dispenser) (*rls.TLSFiles, error) {
+	if d.NextArg() {
+		return nil, d.Errf("rls tls: expected a block: tls { cert <file>; key <file>; client_ca <file> }")
+	}
+	t := &rls.TLSFiles{}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		opt := d.Val()
+		var into *string
+		switch opt {
+		case "cert":
+			into = &t.Cert
+		case "key":
+			into = &t.Key
+		case "client_ca":
+			into = &t.ClientCA
+		default:
+			return nil, d.Errf("rls tls: unknown option %q: expected cert, key or client_ca", opt)
+		}
+		if !d.NextArg() {
+			return nil, d.Errf("rls tls %s: give a PEM file, e.g. %s /etc/cascade/rls-%s.pem", opt, opt, opt)
+		}
+		*into = d.Val()
+		if d.NextArg() {
+			return nil, d.Errf("rls tls %s: one file only", opt)
+		}
+	}
+	if err := t.Validate(); err != nil {
+		return nil, d.Errf("rls %v", err)
+	}
+	return t, nil
+}
+
+// parseRLSDomain parses a domain line of the rls block (see parseRLS).
+func parseRLSDomain(d *caddyfile.Dispenser) (RLSDomain, error) {
+	const usage = "expected domain <name> [tree <tree>] [dimension <dimension>] [max_hits_addend <n>] [allow_refunds]"
+	args := d.RemainingArgs()
+	if len(args) == 0 {
+		return RLSDomain{}, d.Errf("rls domain: %s", usage)
+	}
+	dom := RLSDomain{Domain: args[0]}
+	for i := 1; i < len(args); i++ {
+		if args[i] == "allow_refunds" {
+			dom.AllowRefunds = true
+			continue
+		}
+		if i+1 == len(args) {
+			switch args[i] {
+			case "tree", "dimension", "max_hits_addend":
+				return RLSDomain{}, d.Errf("rls domain %s: %s needs a value: %s", args[0], args[i], usage)
+			}
+			return RLSDomain{}, d.Errf("rls domain %s: unknown setting %q: %s", args[0], args[i], usage)
+		}
+		switch v := args[i+1]; args[i] {
+		case "tree":
+			dom.Tree = v
+		case "dimension":
+			dom.Dimension = v
+		case "max_hits_addend":
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err == nil && n == 0 {
+				err = errors.New("0 would refuse every call")
+			}
+			if err == nil {
+				err = rls.ValidAddend(n)
+			}
+			if err != nil {
+				return RLSDomain{}, d.Errf("rls domain %s: max_hits_addend %q: give a whole number from 1 to %d (%v)", args[0], v, rls.MaxMaxAddend, err)
+			}
+			dom.MaxHitsAddend = n
+		default:
+			return RLSDomain{}, d.Errf("rls domain %s: unknown setting %q: expected tree, dimension, max_hits_addend or allow_refunds", args[0], args[i])
+		}
+		i++
+	}
+	return dom, nil
 }

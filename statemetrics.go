@@ -16,7 +16,7 @@ type stateCollector struct {
 	keys, evictions, overrides, mode, breakerOpen, breakerTrips *prometheus.Desc
 	leaseDecisions, leaseGrants, leaseRenewals, leaseReleases   *prometheus.Desc
 	instances                                                   *prometheus.Desc
-	leasePeerResets                                             *prometheus.Desc
+	leasePeerResets, leasePeerRejected, busDropped              *prometheus.Desc
 }
 
 func newStateCollector() *stateCollector {
@@ -43,6 +43,10 @@ func newStateCollector() *stateCollector {
 			[]string{"store"}, nil),
 		leaseReleases: prometheus.NewDesc("cascade_lease_releases_total", "Leases that ended and gave back their unspent capacity.",
 			[]string{"store"}, nil),
+		leasePeerRejected: prometheus.NewDesc("cascade_lease_peer_rejected_total", "Messages on the leases' channel refused as malformed (sizes, shapes), unapplied.",
+			[]string{"store"}, nil),
+		busDropped: prometheus.NewDesc("cascade_bus_messages_dropped_total", "Pub/Sub messages between instances dropped, by reason: unpublished (not sent), oversized, unauthenticated (no valid HMAC under the bus key), replayed.",
+			[]string{"store", "reason"}, nil),
 		leasePeerResets: prometheus.NewDesc("cascade_lease_peer_resets_total", "Resets made through other instances sharing a Redis store with leases, which revoked this instance's leases on the reset buckets.",
 			[]string{"store"}, nil),
 	}
@@ -61,6 +65,8 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.leaseRenewals
 	ch <- c.leaseReleases
 	ch <- c.leasePeerResets
+	ch <- c.leasePeerRejected
+	ch <- c.busDropped
 	ch <- c.instances
 }
 
@@ -82,6 +88,10 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			}
 			ch <- prometheus.MustNewConstMetric(c.breakerOpen, prometheus.GaugeValue, open, p.name)
 			ch <- prometheus.MustNewConstMetric(c.breakerTrips, prometheus.CounterValue, float64(r.BreakerTrips()), p.name)
+			bs := r.BusStats()
+			for reason, n := range map[string]int64{"unpublished": bs.Dropped, "oversized": bs.Oversized, "unauthenticated": bs.Unauthenticated, "replayed": bs.Replayed} {
+				ch <- prometheus.MustNewConstMetric(c.busDropped, prometheus.CounterValue, float64(n), p.name, reason)
+			}
 		}
 		if pr := p.presence; pr != nil && pr.Started() {
 			ch <- prometheus.MustNewConstMetric(c.instances, prometheus.GaugeValue, float64(pr.Count()), p.name)
@@ -95,6 +105,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(c.leaseRenewals, prometheus.CounterValue, float64(st.Renewals), p.name)
 			ch <- prometheus.MustNewConstMetric(c.leaseReleases, prometheus.CounterValue, float64(st.Released), p.name)
 			ch <- prometheus.MustNewConstMetric(c.leasePeerResets, prometheus.CounterValue, float64(st.PeerResets), p.name)
+			ch <- prometheus.MustNewConstMetric(c.leasePeerRejected, prometheus.CounterValue, float64(l.PeerRejected()), p.name)
 		}
 		if p.runtime != nil {
 			ch <- prometheus.MustNewConstMetric(c.overrides, prometheus.GaugeValue, float64(len(p.runtime.Snapshot().Overrides())), p.name)

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"go.uber.org/zap"
 
 	"github.com/caddy-cascade/cascade/control"
@@ -94,6 +95,87 @@ type RedisStoreConfig struct {
 	// from Redis (package lease): never more admitted than the limits,
 	// bounded under-admission, strict decisions near exhaustion.
 	Lease *RedisLease `json:"lease,omitempty"`
+	// BusSecret authenticates the messages the instances sharing this
+	// Redis send each other over Pub/Sub (lease resets, held requests):
+	// each carries an HMAC-SHA256 under a key derived from it, and one
+	// that does not verify is dropped and counted. At least 16 bytes,
+	// the same on every instance; a placeholder such as
+	// {env.CASCADE_BUS_SECRET} is resolved (and keeps the secret out of
+	// the config Caddy shows). Without it, the key is derived from the
+	// store's username and password when there is a password; with
+	// neither, messages are not authenticated and provisioning warns.
+	BusSecret string `json:"bus_secret,omitempty"`
+	// InsecureBus sends and accepts the messages unauthenticated even
+	// when a password could key them: for a fleet that mixes instances
+	// with different credentials, or older ones, during a migration.
+	InsecureBus bool `json:"insecure_bus,omitempty"`
+}
+
+// minBusSecret is the shortest bus_secret taken, in bytes.
+const minBusSecret = 16
+
+// busKey is the key that authenticates the store's Pub/Sub messages (see
+// BusSecret), nil when they are not authenticated, and how it was chosen
+// (for the log: never the secret).
+func (c *RedisStoreConfig) busKey() (key []byte, how string, err error) {
+	repl := caddy.NewReplacer()
+	if c.BusSecret != "" {
+		if c.InsecureBus {
+			return nil, "", errors.New("redis: bus_secret and insecure_bus contradict each other: keep bus_secret (messages authenticated) or insecure_bus (not)")
+		}
+		secret := repl.ReplaceAll(c.BusSecret, "")
+		name := "bus_secret" // never the secret itself
+		if strings.Contains(c.BusSecret, "{") {
+			name = "bus_secret " + c.BusSecret // a placeholder: which variable to set
+		}
+		switch {
+		case secret == "":
+			return nil, "", fmt.Errorf("redis %s resolved to nothing: set what it names (e.g. the environment variable of {env.NAME})", name)
+		case len(secret) < minBusSecret:
+			return nil, "", fmt.Errorf("redis %s is %d bytes: give at least %d, the same on every instance (e.g. the output of openssl rand -base64 32)", name, len(secret), minBusSecret)
+		}
+		return store.BusKey(secret, false), "bus_secret", nil
+	}
+	if c.InsecureBus {
+		return nil, "insecure_bus", nil
+	}
+	if password := repl.ReplaceAll(c.Password, ""); password != "" {
+		return store.BusKey(repl.ReplaceAll(c.Username, "")+"\x00"+password, true), "credentials", nil
+	}
+	return nil, "", nil
+}
+
+// parseRedisBus parses the bus options of a redis store block (its
+// caller, parseRedis, is on the option's name):
+//
+//	bus_secret <secret>|<placeholder>   # authenticate Pub/Sub messages between instances
+//	insecure_bus                        # send and accept them unauthenticated
+func parseRedisBus(d *caddyfile.Dispenser, r *RedisStoreConfig) error {
+	opt := d.Val()
+	switch opt {
+	case "bus_secret":
+		if !d.NextArg() {
+			return d.Errf("bus_secret needs a value: a secret of at least %d bytes, the same on every instance, or a placeholder such as {env.CASCADE_BUS_SECRET}", minBusSecret)
+		}
+		r.BusSecret = d.Val()
+		if !strings.Contains(r.BusSecret, "{") && len(r.BusSecret) < minBusSecret {
+			return d.Errf("bus_secret is %d bytes: give at least %d (e.g. the output of openssl rand -base64 32), or a placeholder such as {env.CASCADE_BUS_SECRET}", len(r.BusSecret), minBusSecret)
+		}
+	case "insecure_bus":
+		r.InsecureBus = true
+	default:
+		return d.Errf("store redis: %q is not a bus option (bus_secret, insecure_bus)", opt)
+	}
+	if d.NextArg() {
+		if opt == "insecure_bus" {
+			return d.Errf("insecure_bus takes no value")
+		}
+		return d.Errf("bus_secret takes one value (quote a secret with spaces)")
+	}
+	if r.BusSecret != "" && r.InsecureBus {
+		return d.Errf("bus_secret and insecure_bus contradict each other: keep bus_secret (messages authenticated) or insecure_bus (not)")
+	}
+	return nil
 }
 
 // RedisLease configures capacity leases (see package lease for the
@@ -275,6 +357,10 @@ func (c *StoreConfig) open(ctx caddy.Context, sweep time.Duration) (opened, erro
 			}
 			leaseOpts = &lo
 		}
+		busKey, busHow, err := c.Redis.busKey()
+		if err != nil {
+			return opened{}, err
+		}
 		key, _ := json.Marshal(c.Redis)
 		poolKey := "redis/" + string(key)
 		v, _, err := stores.LoadOrNew(poolKey, func() (caddy.Destructor, error) {
@@ -298,6 +384,17 @@ func (c *StoreConfig) open(ctx caddy.Context, sweep time.Duration) (opened, erro
 				name += "/db" + strconv.Itoa(opts.DB)
 			}
 			logger := ctx.Logger().With(zap.String("store", name))
+			// Before any Bus opens (the lease bus below, the waiting one
+			// of max_wait): every message is signed and checked.
+			s.SetBusKey(busKey)
+			switch busHow {
+			case "":
+				logger.Warn("redis store: the messages instances send each other over Pub/Sub (lease resets, held requests) are not authenticated: anyone who may PUBLISH on this Redis can forge them; set bus_secret (or a password), or insecure_bus to say this is intended")
+			case "insecure_bus":
+				logger.Info("redis store: Pub/Sub messages between instances are not authenticated (insecure_bus)")
+			default:
+				logger.Debug("redis store: Pub/Sub messages between instances are authenticated", zap.String("key_from", busHow))
+			}
 			if opts.Breaker.Failures > 0 {
 				// Set before any decision: the store is not shared yet.
 				s.SetBreakerChange(func(open bool, err error) {

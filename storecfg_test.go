@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 )
 
 // TestRedisAddressErrorNamesTheTemplate: an address placeholder that
@@ -42,5 +43,93 @@ func TestLeaseOptionsInJSON(t *testing.T) {
 	o, err := (&RedisLease{MaxShare: 0.2, MinRemaining: 0.01, TTL: caddy.Duration(time.Second), MaxPaths: 1000}).options(nil)
 	if err != nil || o.MaxShare != 0.2 || o.MinRemaining != 0.01 || o.TTL != time.Second || o.MaxPaths != 1000 {
 		t.Errorf("options: %+v, %v; want every option carried over", o, err)
+	}
+}
+
+// TestBusKeyChoice: bus_secret (a placeholder resolved) keys the Pub/Sub
+// messages, the same on every instance; without it the credentials do,
+// when there is a password; with neither, or with insecure_bus, nothing
+// does. A secret that resolves to nothing or is too short is refused by
+// its template, never echoed; bus_secret with insecure_bus is refused.
+func TestBusKeyChoice(t *testing.T) {
+	t.Setenv("CASCADE_TEST_BUS_SECRET", "0123456789abcdef-bus")
+	t.Setenv("CASCADE_TEST_BUS_SHORT", "tiny-secret")
+	t.Setenv("CASCADE_TEST_BUS_UNSET", "")
+	key := func(c RedisStoreConfig) ([]byte, string) {
+		t.Helper()
+		k, how, err := c.busKey()
+		if err != nil {
+			t.Fatalf("%+v: %v", c, err)
+		}
+		return k, how
+	}
+	fromEnv, how := key(RedisStoreConfig{BusSecret: "{env.CASCADE_TEST_BUS_SECRET}"})
+	literal, _ := key(RedisStoreConfig{BusSecret: "0123456789abcdef-bus", Password: "pw"})
+	if how != "bus_secret" || len(fromEnv) != 32 || string(fromEnv) != string(literal) {
+		t.Fatalf("bus_secret from the environment and literal give different keys (%s)", how)
+	}
+	derived, how := key(RedisStoreConfig{Username: "cascade", Password: "pw"})
+	other, _ := key(RedisStoreConfig{Username: "cascade", Password: "pw2"})
+	if how != "credentials" || derived == nil || string(derived) == string(other) || string(derived) == string(fromEnv) {
+		t.Fatalf("the key derived from the credentials (%s): %x, %x", how, derived, other)
+	}
+	for _, c := range []RedisStoreConfig{{}, {InsecureBus: true, Password: "pw"}} {
+		if k, _ := key(c); k != nil {
+			t.Errorf("%+v keys the messages", c)
+		}
+	}
+	for _, tc := range []struct {
+		c    RedisStoreConfig
+		want string
+	}{
+		{RedisStoreConfig{BusSecret: "{env.CASCADE_TEST_BUS_UNSET}"}, "bus_secret {env.CASCADE_TEST_BUS_UNSET} resolved to nothing"},
+		{RedisStoreConfig{BusSecret: "{env.CASCADE_TEST_BUS_SHORT}"}, "bus_secret {env.CASCADE_TEST_BUS_SHORT} is 11 bytes: give at least 16"},
+		{RedisStoreConfig{BusSecret: "tiny-secret"}, "bus_secret is 11 bytes"},
+		{RedisStoreConfig{BusSecret: "0123456789abcdef-bus", InsecureBus: true}, "contradict"},
+	} {
+		_, _, err := tc.c.busKey()
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%+v: error %v, want %q", tc.c, err, tc.want)
+		} else if strings.Contains(err.Error(), "tiny-secret") || strings.Contains(err.Error(), "0123456789abcdef") {
+			t.Errorf("the error shows the secret: %v", err)
+		}
+	}
+}
+
+// TestParseRedisBus: the bus options of a store redis block, and their
+// errors naming the line and the fix (a short secret is not echoed).
+func TestParseRedisBus(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want RedisStoreConfig
+		err  string
+	}{
+		{"bus_secret {env.CASCADE_BUS_SECRET}", RedisStoreConfig{BusSecret: "{env.CASCADE_BUS_SECRET}"}, ""},
+		{"bus_secret 0123456789abcdef", RedisStoreConfig{BusSecret: "0123456789abcdef"}, ""},
+		{"insecure_bus", RedisStoreConfig{InsecureBus: true}, ""},
+		{"bus_secret", RedisStoreConfig{}, "bus_secret needs a value"},
+		{"bus_secret tiny-secret", RedisStoreConfig{}, "bus_secret is 11 bytes: give at least 16"},
+		{"bus_secret 0123456789abcdef more", RedisStoreConfig{}, "bus_secret takes one value"},
+		{"insecure_bus yes", RedisStoreConfig{}, "insecure_bus takes no value"},
+	} {
+		d := caddyfile.NewTestDispenser(tc.in)
+		d.Next()
+		var got RedisStoreConfig
+		err := parseRedisBus(d, &got)
+		switch {
+		case tc.err == "" && err != nil:
+			t.Errorf("%q: %v", tc.in, err)
+		case tc.err == "" && (got.BusSecret != tc.want.BusSecret || got.InsecureBus != tc.want.InsecureBus):
+			t.Errorf("%q: %+v, want %+v", tc.in, got, tc.want)
+		case tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err) || !strings.Contains(err.Error(), ":1")):
+			t.Errorf("%q: error %v, want %q at line 1", tc.in, err, tc.err)
+		case err != nil && strings.Contains(err.Error(), "tiny-secret"):
+			t.Errorf("%q: the error shows the secret: %v", tc.in, err)
+		}
+	}
+	d := caddyfile.NewTestDispenser("insecure_bus")
+	d.Next()
+	if err := parseRedisBus(d, &RedisStoreConfig{BusSecret: "0123456789abcdef"}); err == nil || !strings.Contains(err.Error(), "contradict") {
+		t.Errorf("bus_secret with insecure_bus: %v", err)
 	}
 }

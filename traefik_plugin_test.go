@@ -279,3 +279,31 @@ func TestDecisionEndpointReports(t *testing.T) {
 		t.Fatalf("after the report: %d tokens remaining (%q)", r, d.header.Get("RateLimit"))
 	}
 }
+
+// TestTraefikPluginForwardedHeaders: a client's own forwarded headers,
+// naming another request (X-Original-URI: /cheap, X-Forwarded-Uri,
+// -Method, -Host), never reach Cascade through the plugin: the request
+// decided is the one the upstream serves, here the LLM route's.
+func TestTraefikPluginForwardedHeaders(t *testing.T) {
+	endpoint := runExample(t, "examples/traefik/Caddyfile")
+	var seen http.Header
+	upstream := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		seen = r.Header.Clone()
+		fmt.Fprint(w, "ok")
+	})
+	plugin := loadTraefikPlugin(t, upstream, map[string]any{"Endpoint": endpoint, "SendBody": true})
+	req := httptest.NewRequest("POST", "/v1/chat/completions", strings.NewReader(`{"model":"m","max_tokens":10,"messages":[{"role":"user","content":"x"}]}`))
+	for k, v := range map[string]string{"X-Org": "spoof-org", "X-User": "mallory", "Content-Type": "application/json",
+		"X-Original-URI": "/cheap", "X-Forwarded-Uri": "/cheap", "X-Forwarded-Method": "GET", "X-Forwarded-Host": "elsewhere",
+		"Forwarded": "for=198.51.100.1"} {
+		req.Header.Set(k, v)
+	}
+	rec := httptest.NewRecorder()
+	plugin.ServeHTTP(rec, req)
+	if rec.Code != 200 || !strings.Contains(rec.Header().Get("RateLimit-Policy"), `"llm/org"`) {
+		t.Fatalf("decided as another request: %d %v %q", rec.Code, rec.Header(), rec.Body.String())
+	}
+	if seen == nil {
+		t.Fatal("the upstream was not called")
+	}
+}

@@ -172,10 +172,13 @@ func pathValues(q url.Values) (map[string]string, error) {
 }
 
 func handleBuckets(w http.ResponseWriter, r *http.Request) error {
-	if err := method(r, http.MethodGet); err != nil {
+	if err := method(r, http.MethodGet, http.MethodPost); err != nil {
 		return err
 	}
-	q := r.URL.Query()
+	q, err := query(w, r)
+	if err != nil {
+		return err
+	}
 	es, err := withTree(q.Get("tree"))
 	if err != nil {
 		return err
@@ -211,7 +214,10 @@ func handleReset(w http.ResponseWriter, r *http.Request) error {
 	if err := method(r, http.MethodPost); err != nil {
 		return err
 	}
-	q := r.URL.Query()
+	q, err := query(w, r)
+	if err != nil {
+		return err
+	}
 	es, err := withTree(q.Get("tree"))
 	if err != nil {
 		return err
@@ -231,6 +237,21 @@ func handleReset(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	return writeJSON(w, res)
+}
+
+// query returns the parameters of a request: its URL's, and for a POST
+// those of its form body (application/x-www-form-urlencoded) too. A value
+// sent in the body stays out of the request's URI, which Caddy's admin
+// endpoint logs: the way to name a sensitive value (an API key).
+func query(w http.ResponseWriter, r *http.Request) (url.Values, error) {
+	if r.Method != http.MethodPost {
+		return r.URL.Query(), nil
+	}
+	r.Body = http.MaxBytesReader(w, r.Body, maxBody)
+	if err := r.ParseForm(); err != nil {
+		return nil, apiError(http.StatusBadRequest, "the form body: %v: send tier=value pairs URL-encoded, at most %d KiB", err, maxBody>>10)
+	}
+	return r.Form, nil
 }
 
 // segments splits what follows prefix in the request's path into its
@@ -295,9 +316,12 @@ func handleOverrides(w http.ResponseWriter, r *http.Request) error {
 			return err
 		}
 		out := Overrides{Overrides: []*control.Override{}, Modes: []*control.Mode{}}
-		for _, rt := range runtimes(active()) {
+		all := active()
+		for _, rt := range runtimes(all) {
 			snap := rt.Snapshot()
-			out.Overrides = append(out.Overrides, snap.Overrides()...)
+			for _, o := range snap.Overrides() {
+				out.Overrides = append(out.Overrides, showOverride(enginesOf(all, rt), o))
+			}
 			out.Modes = append(out.Modes, snap.Modes()...)
 		}
 		return writeJSON(w, out)
@@ -321,18 +345,18 @@ func handleOverrides(w http.ResponseWriter, r *http.Request) error {
 	case http.MethodGet:
 		o := rts[0].Snapshot().Override(tree, tier, value)
 		if o == nil {
-			return apiError(http.StatusNotFound, "no override of %s/%s/%q", tree, tier, value)
+			return apiError(http.StatusNotFound, "no override of %s/%s/%q", tree, tier, showValue(es, tree, tier, value))
 		}
-		return writeJSON(w, o)
+		return writeJSON(w, showOverride(es, o))
 	case http.MethodDelete:
 		var change Change[control.Override]
 		for _, rt := range rts {
 			old, err := rt.DeleteOverride(r.Context(), tree, tier, value)
 			if err != nil {
-				return apiError(http.StatusServiceUnavailable, "deleting the override: %v", err)
+				return apiError(http.StatusServiceUnavailable, "deleting the override: %v", showError(es[0], tree, tier, value, err))
 			}
 			if old != nil {
-				change.Old = old
+				change.Old = showOverride(es, old)
 			}
 		}
 		return writeJSON(w, change)
@@ -341,7 +365,7 @@ func handleOverrides(w http.ResponseWriter, r *http.Request) error {
 	if err := decode(r, &req); err != nil {
 		return err
 	}
-	o := &control.Override{Tree: tree, Tier: tier, Value: value, Limits: req.Limits, Unlimited: req.Unlimited, Note: req.Note}
+	o := &control.Override{Tree: tree, Tier: tier, Value: value, Limits: req.Limits, Unlimited: req.Unlimited, Replace: req.Replace, Note: req.Note}
 	if req.Expires != "" {
 		t, err := time.Parse(time.RFC3339, req.Expires)
 		if err != nil {
@@ -354,23 +378,24 @@ func handleOverrides(w http.ResponseWriter, r *http.Request) error {
 	}
 	for _, e := range es {
 		if err := e.CheckOverride(o); err != nil {
-			return apiError(http.StatusBadRequest, "%v", err)
+			return apiError(http.StatusBadRequest, "%v", showError(e, tree, tier, value, err))
 		}
 	}
 	var change Change[control.Override]
 	for _, rt := range rts {
 		old, err := rt.SetOverride(r.Context(), o)
 		if err != nil {
-			return errorOf(err, "setting the override")
+			return errorOf(showError(es[0], tree, tier, value, err), "setting the override")
 		}
 		if old != nil {
-			change.Old = old
+			change.Old = showOverride(es, old)
 		}
 	}
 	change.New = rts[0].Snapshot().Override(tree, tier, value)
 	if change.New == nil {
 		change.New = o
 	}
+	change.New = showOverride(es, change.New)
 	return writeJSON(w, change)
 }
 
@@ -449,16 +474,28 @@ func handleTop(w http.ResponseWriter, r *http.Request) error {
 		}
 		n = v
 	}
+	// A sketch keeps the keys as they are: each is shown by an engine
+	// that counts into it and has its tree (engine.ShowKey), so the values
+	// of sensitive tiers come out as fingerprints.
 	var sketches []*topk.Sketch
+	var users [][]*engine.Engine
 	for _, e := range active() {
-		if s := e.Top(); s != nil && !slices.Contains(sketches, s) {
-			sketches = append(sketches, s)
+		s := e.Top()
+		if s == nil {
+			continue
 		}
+		i := slices.Index(sketches, s)
+		if i < 0 {
+			sketches, users = append(sketches, s), append(users, nil)
+			i = len(sketches) - 1
+		}
+		users[i] = append(users[i], e)
 	}
 	out := Top{Keys: []TopEntry{}}
-	for _, s := range sketches {
+	for i, s := range sketches {
 		out.Total += s.Total()
 		for _, en := range s.Top(0) {
+			en.Key = showKey(users[i], en.Key)
 			out.Keys = append(out.Keys, topEntry(en))
 		}
 	}

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net/http"
 	"net/url"
 	"slices"
 	"strconv"
@@ -123,17 +124,23 @@ func clientOf(cmd *cobra.Command) (*client, error) {
 
 // do sends one request (body, if not nil, as JSON) and decodes the answer
 // into out; with --json it prints the answer instead. It reports whether
-// the answer was printed (then the caller prints nothing more).
+// the answer was printed (then the caller prints nothing more). A body of
+// url.Values is sent as a form: the tiers' values, kept out of the URI
+// that Caddy's admin endpoint logs.
 func (c *client) do(method, uri string, body, out any) (printed bool, err error) {
 	var rd io.Reader
-	if body != nil {
+	var hdr http.Header
+	if form, ok := body.(url.Values); ok {
+		rd = strings.NewReader(form.Encode())
+		hdr = http.Header{"Content-Type": {"application/x-www-form-urlencoded"}}
+	} else if body != nil {
 		b, err := json.Marshal(body)
 		if err != nil {
 			return false, err
 		}
 		rd = bytes.NewReader(b)
 	}
-	res, err := caddycmd.AdminAPIRequest(c.address, method, uri, nil, rd)
+	res, err := caddycmd.AdminAPIRequest(c.address, method, uri, hdr, rd)
 	if err != nil {
 		return false, apiMessage(c.address, err)
 	}
@@ -336,7 +343,7 @@ func inspectCommand() *cobra.Command {
 				return err
 			}
 			var b Buckets
-			if printed, err := c.do("GET", "/rate_limit/buckets?"+q.Encode(), nil, &b); err != nil || printed {
+			if printed, err := c.do("POST", "/rate_limit/buckets", q, &b); err != nil || printed {
 				return err
 			}
 			renderBuckets(c.out, &b)
@@ -432,7 +439,7 @@ func resetCommand() *cobra.Command {
 				return err
 			}
 			var r Reset
-			if printed, err := c.do("POST", "/rate_limit/reset?"+q.Encode(), nil, &r); err != nil || printed {
+			if printed, err := c.do("POST", "/rate_limit/reset", q, &r); err != nil || printed {
 				return err
 			}
 			renderReset(c.out, &r)
@@ -475,7 +482,7 @@ func overrideCommand() *cobra.Command {
 			if printed, err := c.do("PUT", overridePath(args[0], args[1], args[2]), req, &ch); err != nil || printed {
 				return err
 			}
-			fmt.Fprintf(c.out, "%s/%s/%s: %s → %s\n", args[0], args[1], show(args[2]), overrideText(ch.Old), overrideText(ch.New)+expiresText(ch.New))
+			fmt.Fprintf(c.out, "%s/%s/%s: %s → %s\n", args[0], args[1], show(answeredValue(ch)), overrideText(ch.Old), overrideText(ch.New)+expiresText(ch.New))
 			return nil
 		},
 	}
@@ -500,9 +507,9 @@ func overrideCommand() *cobra.Command {
 				return err
 			}
 			if ch.Old == nil {
-				fmt.Fprintf(c.out, "%s/%s/%s had no override: nothing changed\n", args[0], args[1], show(args[2]))
+				fmt.Fprintf(c.out, "%s/%s: the value given had no override: nothing changed\n", args[0], args[1])
 			} else {
-				fmt.Fprintf(c.out, "%s/%s/%s: %s → the configuration's\n", args[0], args[1], show(args[2]), overrideText(ch.Old))
+				fmt.Fprintf(c.out, "%s/%s/%s: %s → the configuration's\n", args[0], args[1], show(answeredValue(ch)), overrideText(ch.Old))
 			}
 			return nil
 		},
@@ -942,4 +949,17 @@ func indentText(s, prefix string) string {
 		}
 	}
 	return strings.Join(lines, "\n")
+}
+
+// answeredValue is the value of an override as the API answered it: the
+// value given, or its fingerprint when its tier is sensitive. The CLI
+// prints that rather than its argument, so that a secret is never echoed.
+func answeredValue(ch Change[control.Override]) string {
+	switch {
+	case ch.New != nil:
+		return ch.New.Value
+	case ch.Old != nil:
+		return ch.Old.Value
+	}
+	return "(the value given)"
 }

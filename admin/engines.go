@@ -42,10 +42,10 @@ func describe(e *engine.Engine) []Tree {
 			at.ModeOverride = snap.Mode(t.Name)
 		}
 		for _, tier := range t.Tiers {
-			ti := Tier{Name: tier.Name, Key: tier.Key, Missing: string(tier.Missing), Adaptive: tier.Adaptive, Limits: limitsOf(tier.Limits)}
+			ti := Tier{Name: tier.Name, Key: tier.Key, Missing: string(tier.Missing), Adaptive: tier.Adaptive, Sensitive: tier.IsSensitive(), Limits: limitsOf(tier.Limits)}
 			values := map[string]*Value{}
 			for v, o := range tier.Values {
-				values[v] = &Value{Value: v, Source: "config", Limits: limitsOf(o.Limits), Unlimited: o.Unlimited}
+				values[v] = &Value{Value: e.Show(tier, v), Source: "config", Limits: limitsOf(o.Limits), Unlimited: o.Unlimited}
 			}
 			if snap != nil {
 				for _, o := range snap.Overrides() {
@@ -53,7 +53,7 @@ func describe(e *engine.Engine) []Tree {
 						continue
 					}
 					updated := o.Updated
-					av := &Value{Value: o.Value, Source: "override", Unlimited: o.Unlimited, Note: o.Note, Updated: &updated,
+					av := &Value{Value: e.Show(tier, o.Value), Source: "override", Unlimited: o.Unlimited, Note: o.Note, Updated: &updated,
 						Configured: values[o.Value]}
 					if c, rt := tier.OverrideOf(o.Value); rt && c != nil {
 						av.Limits = limitsOf(c.Limits) // as compiled
@@ -133,11 +133,11 @@ func inspect(r *http.Request, e *engine.Engine, tree string, given map[string]st
 	}
 	out := &Buckets{Tree: t.Name, Cost: costOf, Allowed: true, Buckets: []Bucket{}}
 	for i, v := range values {
-		out.Path = append(out.Path, PathValue{Tier: t.Tiers[i].Name, Value: v})
+		out.Path = append(out.Path, PathValue{Tier: t.Tiers[i].Name, Value: e.Show(t.Tiers[i], v)})
 	}
 	p, err := e.Peek(r.Context(), t, values, costOf)
 	if err != nil {
-		return nil, caddy.APIError{HTTPStatus: http.StatusServiceUnavailable, Err: err}
+		return nil, caddy.APIError{HTTPStatus: http.StatusServiceUnavailable, Err: e.ShowError(err, pathBuckets(t, values))}
 	}
 	out.Store = e.StoreName()
 	if p.Store != "" {
@@ -151,9 +151,9 @@ func inspect(r *http.Request, e *engine.Engine, tree string, given map[string]st
 			source = map[bool]string{true: "override", false: "config"}[rt]
 		}
 		ab := Bucket{
-			Tier: b.Tier.Name, Value: b.Value, Limit: b.Limit.String(), Source: source, Policy: b.Limit.Policy(),
+			Tier: b.Tier.Name, Value: e.Show(b.Tier, b.Value), Limit: b.Limit.String(), Source: source, Policy: b.Limit.Policy(),
 			Dimension: b.Limit.Dimension, Capacity: p.Limits[i].Limit.Capacity(), Remaining: now.Before,
-			FullIn: secondsOf(now.Reset), Impossible: asked.Impossible, Scaled: p.Scaled[i], Key: b.Key,
+			FullIn: secondsOf(now.Reset), Impossible: asked.Impossible, Scaled: p.Scaled[i], Key: e.ShowKey(b.Key),
 		}
 		if !asked.Allowed && !asked.Impossible {
 			ab.RetryAfter = secondsOf(asked.RetryAfter)
@@ -180,14 +180,14 @@ func reset(r *http.Request, e *engine.Engine, tree string, given map[string]stri
 	}
 	out := &Reset{Tree: t.Name, Below: below}
 	for i, v := range values {
-		out.Path = append(out.Path, PathValue{Tier: t.Tiers[i].Name, Value: v})
+		out.Path = append(out.Path, PathValue{Tier: t.Tiers[i].Name, Value: e.Show(t.Tiers[i], v)})
 	}
 	out.Buckets, err = e.Reset(r.Context(), t, values, below)
 	switch {
 	case errors.Is(err, engine.ErrCannotReset):
 		return nil, caddy.APIError{HTTPStatus: http.StatusNotImplemented, Err: err}
 	case err != nil:
-		return nil, caddy.APIError{HTTPStatus: http.StatusServiceUnavailable, Err: err}
+		return nil, caddy.APIError{HTTPStatus: http.StatusServiceUnavailable, Err: e.ShowError(err, pathBuckets(t, values))}
 	}
 	return out, nil
 }

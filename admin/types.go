@@ -27,11 +27,14 @@ type Tree struct {
 
 // Tier is one tier of a Tree.
 type Tier struct {
-	Name     string  `json:"name"`
-	Key      string  `json:"key"`
-	Missing  string  `json:"missing"`
-	Adaptive bool    `json:"adaptive,omitempty"`
-	Limits   []Limit `json:"limits,omitempty"`
+	Name     string `json:"name"`
+	Key      string `json:"key"`
+	Missing  string `json:"missing"`
+	Adaptive bool   `json:"adaptive,omitempty"`
+	// Sensitive says that the tier's values are secrets: the API shows
+	// them as fingerprints ("fp:" and 12 hex digits).
+	Sensitive bool    `json:"sensitive,omitempty"`
+	Limits    []Limit `json:"limits,omitempty"`
 	// Values are the per-value limits in force: the configuration's value
 	// blocks and the runtime overrides, which win over them (Source says
 	// which applies).
@@ -125,6 +128,10 @@ type Reset struct {
 type OverrideRequest struct {
 	Limits    []*hierarchy.Limit `json:"limits,omitempty"`
 	Unlimited bool               `json:"unlimited,omitempty"`
+	// Replace replaces every limit of the tier for the value, even of
+	// dimensions the override leaves out; without it, an override that
+	// leaves out a dimension the tier limits is refused.
+	Replace bool `json:"replace,omitempty"`
 	// Expires, optional, is an RFC 3339 time in the future.
 	Expires string `json:"expires,omitempty"`
 	Note    string `json:"note,omitempty"`

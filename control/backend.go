@@ -8,6 +8,7 @@ import (
 	"maps"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -40,6 +41,37 @@ type Backend interface {
 	// the newer entry that replaced it.
 	DeleteIf(ctx context.Context, field string, value []byte) (deleted bool, err error)
 }
+
+// maxVersion is the largest valid version: far below where INCR
+// overflows, far above what changes reach.
+const maxVersion = 1 << 62
+
+// BadVersionError is the error of a backend whose version is not a
+// version (not an integer from 0 to 2^62): written by something other
+// than Cascade. The Runtime repairs it (see versionRepairer) and loads
+// the state regardless.
+type BadVersionError struct {
+	Key   string // the version's key
+	Value string // what it holds, clipped
+}
+
+func (e *BadVersionError) Error() string {
+	return fmt.Sprintf("%s holds %q, not a version (an integer from 0 to 2^62)", e.Key, e.Value)
+}
+
+// versionRepairer is a Backend whose version can be found not valid
+// (*BadVersionError), and repaired.
+type versionRepairer interface {
+	// RepairVersion replaces a version that is not valid with a fresh one
+	// that no instance has seen, so that every instance reloads the
+	// state, and returns it. A version found valid is returned unchanged.
+	RepairVersion(ctx context.Context) (int64, error)
+}
+
+// freshVersion is the version a repair sets: the time in microseconds,
+// above any count of changes (so no instance has seen it, and each
+// instance reloads the state), below maxVersion for millennia.
+func freshVersion() int64 { return max(time.Now().UnixMicro(), 1) }
 
 // NewMemoryBackend returns a backend in the process's memory, for the
 // memory store: the state survives configuration reloads for as long as
@@ -136,11 +168,24 @@ type redisBackend struct {
 }
 
 func (r *redisBackend) Version(ctx context.Context) (int64, error) {
-	v, err := r.client.Get(ctx, r.version).Int64()
+	s, err := r.client.Get(ctx, r.version).Result()
 	if errors.Is(err, redis.Nil) {
 		return 0, nil
 	}
-	return v, err
+	if err != nil {
+		return 0, err
+	}
+	return r.parseVersion(s)
+}
+
+// parseVersion reads the version key's value: an integer from 0 to
+// maxVersion, else a *BadVersionError.
+func (r *redisBackend) parseVersion(s string) (int64, error) {
+	v, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || v < 0 || v > maxVersion {
+		return 0, &BadVersionError{Key: r.version, Value: clip(s)}
+	}
+	return v, nil
 }
 
 func (r *redisBackend) Load(ctx context.Context) (int64, map[string][]byte, error) {
@@ -152,17 +197,48 @@ func (r *redisBackend) Load(ctx context.Context) (int64, map[string][]byte, erro
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return 0, nil, err
 	}
-	var version int64
-	if s, err := v.Result(); err == nil {
-		if version, err = strconv.ParseInt(s, 10, 64); err != nil {
-			return 0, nil, fmt.Errorf("%s holds %q, not a version", r.version, s)
-		}
-	}
 	fields := make(map[string][]byte, len(h.Val()))
 	for f, val := range h.Val() {
 		fields[f] = []byte(val)
 	}
+	var version int64
+	if s, err := v.Result(); err == nil {
+		if version, err = r.parseVersion(s); err != nil {
+			return 0, fields, err
+		}
+	}
 	return version, fields, nil
+}
+
+// RepairVersion replaces a version key that is not a valid version with
+// a fresh one and returns it; a valid version, found meanwhile, is left
+// as it is and returned. See versionRepairer.
+func (r *redisBackend) RepairVersion(ctx context.Context) (int64, error) {
+	var version int64
+	// WATCH/MULTI: of two instances repairing at once, one sets the
+	// version and the other finds it valid, so the version is set once.
+	err := r.client.Watch(ctx, func(tx *redis.Tx) error {
+		s, err := tx.Get(ctx, r.version).Result()
+		if errors.Is(err, redis.Nil) {
+			return nil // deleted meanwhile: version 0, as Version says
+		}
+		if err != nil {
+			return err
+		}
+		if version, err = r.parseVersion(s); err == nil {
+			return nil
+		}
+		version = freshVersion()
+		_, err = tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
+			p.Set(ctx, r.version, version, 0)
+			return nil
+		})
+		return err
+	}, r.version)
+	if err != nil {
+		return 0, fmt.Errorf("resetting %s: %w", r.version, err)
+	}
+	return version, nil
 }
 
 // run runs control.lua: op on field, with value for set and prune. It

@@ -67,6 +67,17 @@
 // the last snapshot in force. Writes fail with the backend's error,
 // wrapped, which the admin API reports as 503; invalid changes fail with
 // an [*InvalidError], which it reports as 400.
+//
+// # What is trusted
+//
+// Anyone who can write the backend's keys can write what no admin call
+// would, so everything read back is validated as SetOverride and SetMode
+// validate: an override that is not valid is left out (the configured
+// limits apply), a mode that is not valid counts as enforce, and a
+// version that is not one is reset to a fresh one (see
+// [BadVersionError]); each is logged at WARN once, when it appears. A
+// valid entry is applied whoever wrote it: a key prefix is not a
+// security boundary, a Redis ACL is.
 package control
 
 import (
@@ -98,6 +109,12 @@ type Override struct {
 	// of the two.
 	Limits    []*hierarchy.Limit `json:"limits,omitempty"`
 	Unlimited bool               `json:"unlimited,omitempty"`
+	// Replace says that Limits replace every limit of the tier for Value
+	// even when they leave out a dimension the tier counts (its tokens
+	// limit, say), which Value then no longer has. Without it the engine
+	// refuses such an override, so that an override meant to raise one
+	// limit never silently lifts another.
+	Replace bool `json:"replace,omitempty"`
 	// Expires, when set, is when the override ends by itself. The zero
 	// time means never.
 	Expires time.Time `json:"expires,omitzero"`
@@ -134,6 +151,10 @@ const (
 	maxName  = 1 << 10
 	maxNote  = 1 << 10
 	maxValue = 16 << 10
+	// maxEntry bounds one stored JSON document read back: an override at
+	// its largest (a 16 KiB value, escaped, and its limits) is well under
+	// it; anything larger was not written by Cascade and is not decoded.
+	maxEntry = 256 << 10
 )
 
 // InvalidError is the error of a change that is not valid, which the

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -695,6 +696,7 @@ func TestLogging(t *testing.T) {
 	core, logs := observer.New(zapcore.DebugLevel)
 	c := newClock()
 	r := open(t, NewMemoryBackend(), Options{Poll: time.Hour, Now: c.Now, Logger: zap.New(core)})
+	r.ShowValues(func(tree, tier, value string) (string, bool) { return value, tree == "t" })
 	ctx := context.Background()
 	long := strings.Repeat("é", 300) // 600 bytes
 	r.SetOverride(ctx, &Override{Tree: "t", Tier: "u", Value: long, Limits: []*hierarchy.Limit{{Count: 100000, Per: "h", Dimension: "tokens"}}, Note: "why"})
@@ -886,5 +888,37 @@ func TestClose(t *testing.T) {
 	}
 	if _, err := New(nil, Options{}); err == nil {
 		t.Fatal("New without a backend")
+	}
+}
+
+// TestLoggedValuesShownByHandlers: the Runtime's logs write a tier's value
+// as the handlers that know its tree show it: raw when every one shows it
+// raw, a fingerprint when any one does (two handlers may name a tree
+// alike, one keyed on a credential), and not at all for a tree none knows.
+func TestLoggedValuesShownByHandlers(t *testing.T) {
+	core, logs := observer.New(zapcore.InfoLevel)
+	r := open(t, NewMemoryBackend(), Options{Poll: time.Hour, Logger: zap.New(core)})
+	r.ShowValues(func(tree, tier, value string) (string, bool) { return value, tree == "api" || tree == "open" })
+	cancel := r.ShowValues(func(tree, tier, value string) (string, bool) {
+		return "fp:0123456789ab", tree == "api"
+	})
+	ctx := context.Background()
+	limits := []*hierarchy.Limit{{Count: 5, Per: "h"}}
+	for _, tree := range []string{"api", "open", "other"} {
+		if _, err := r.SetOverride(ctx, &Override{Tree: tree, Tier: "key", Value: "Bearer sk-secret", Limits: limits}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cancel()
+	if _, err := r.SetOverride(ctx, &Override{Tree: "api", Tier: "key", Value: "Bearer sk-secret", Limits: limits, Note: "again"}); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, e := range logs.AllUntimed() {
+		got = append(got, fmt.Sprint(e.ContextMap()["tree"], " ", e.ContextMap()["value"]))
+	}
+	want := []string{"api fp:0123456789ab", "open Bearer sk-secret", "other (not shown: no handler has tree other)", "api Bearer sk-secret"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("values logged: %q, want %q", got, want)
 	}
 }

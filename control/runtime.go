@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -67,9 +68,17 @@ type Runtime struct {
 	fields  map[string][]byte
 	live    map[string][]byte // the fields in the current snapshot
 	expired []string          // fields of expired overrides not yet pruned
+	// rejected are the fields found not valid at the last install, as
+	// they were: each is logged when it appears or changes, not at every
+	// install.
+	rejected map[string][]byte
+	// badVersion is the version key's value last found not valid and
+	// not repaired: logged once, not at every poll.
+	badVersion string
 
-	subsMu sync.Mutex // guards subs; never held while calling one
+	subsMu sync.Mutex // guards subs and shows; never held while calling one
 	subs   map[uint64]func(*Snapshot)
+	shows  map[uint64]ValueShower
 	nextID uint64
 
 	// failing and warned belong to the poll goroutine (and to New
@@ -98,6 +107,7 @@ func New(backend Backend, opts Options) (*Runtime, error) {
 		version: -1,
 		live:    map[string][]byte{},
 		subs:    map[uint64]func(*Snapshot){},
+		shows:   map[uint64]ValueShower{},
 		stop:    make(chan struct{}),
 		done:    make(chan struct{}),
 	}
@@ -161,6 +171,51 @@ func (r *Runtime) Subscribe(fn func(*Snapshot)) (cancel func()) {
 	}
 }
 
+// ValueShower is how a handler shows a value of one of its trees' tiers
+// in a log (a credential as a fingerprint, see engine.Engine.Show): the
+// value as shown, and whether it knows tree.
+type ValueShower func(tree, tier, value string) (shown string, known bool)
+
+// ShowValues registers show for the Runtime's logs, until cancel is
+// called. Every log line of the Runtime that names a tier's value asks
+// every registered shower: a value that any handler knowing its tree
+// shows otherwise than as it is (a fingerprint) is written that way, so
+// that two handlers naming a tree alike never show one's secret raw; a
+// value of a tree none of them knows is not written at all, since the
+// Runtime cannot tell whether it is a secret.
+func (r *Runtime) ShowValues(show ValueShower) (cancel func()) {
+	r.subsMu.Lock()
+	id := r.nextID
+	r.nextID++
+	r.shows[id] = show
+	r.subsMu.Unlock()
+	return func() {
+		r.subsMu.Lock()
+		delete(r.shows, id)
+		r.subsMu.Unlock()
+	}
+}
+
+// shown is value as a log may show it (see ShowValues), clipped.
+func (r *Runtime) shown(tree, tier, value string) string {
+	r.subsMu.Lock()
+	shows := slices.Collect(maps.Values(r.shows))
+	r.subsMu.Unlock()
+	known := false
+	for _, show := range shows {
+		if s, ok := show(tree, tier, value); ok {
+			if s != value {
+				return clip(s)
+			}
+			known = true
+		}
+	}
+	if known {
+		return clip(value)
+	}
+	return "(not shown: no handler has tree " + clip(tree) + ")"
+}
+
 // Close stops polling. The last snapshot stays readable, and writes still
 // reach the backend (and publish), but changes by other instances and
 // expiries are no longer picked up. Close is idempotent and always
@@ -173,8 +228,25 @@ func (r *Runtime) Close() error {
 
 // loadLocked reads the whole state and publishes it. The caller holds
 // r.mu.
+//
+// A version that is not valid (written by something other than Cascade)
+// must not keep the state from loading, nor every later change from
+// being stored (control.lua's INCR fails on it): the version is reset to
+// a fresh one, which makes every instance reload, and the state is read
+// again. When it cannot be reset (the store refuses the write), the
+// fields read are installed at version -1, and every poll reloads them
+// until it can.
 func (r *Runtime) loadLocked(ctx context.Context) error {
 	version, fields, err := r.backend.Load(ctx)
+	var bad *BadVersionError
+	if errors.As(err, &bad) {
+		if _, rerr := r.repairVersion(ctx, bad); rerr == nil {
+			version, fields, err = r.backend.Load(ctx)
+		}
+		if errors.As(err, &bad) {
+			version, err = -1, nil
+		}
+	}
 	if err != nil {
 		return err
 	}
@@ -182,17 +254,51 @@ func (r *Runtime) loadLocked(ctx context.Context) error {
 	return nil
 }
 
+// repairVersion resets a version found not valid, when the backend can,
+// and logs it: the reset once, a failure once per bad value.
+func (r *Runtime) repairVersion(ctx context.Context, bad *BadVersionError) (int64, error) {
+	rep, ok := r.backend.(versionRepairer)
+	if !ok {
+		return 0, bad
+	}
+	v, err := rep.RepairVersion(ctx)
+	if err != nil {
+		if r.badVersion != bad.Value {
+			r.badVersion = bad.Value
+			r.logger.Warn("rate limit runtime state: the store's version is not valid and could not be reset; the state is reloaded at every poll until it can be (give the store's user SET on the key)",
+				zap.String("key", bad.Key), zap.String("value", bad.Value), zap.Error(err))
+		}
+		return 0, err
+	}
+	r.badVersion = ""
+	r.logger.Warn("rate limit runtime state: the store's version was not valid (not written by Cascade); reset it, every instance reloads the state",
+		zap.String("key", bad.Key), zap.String("value", bad.Value), zap.Int64("version", v))
+	return v, nil
+}
+
 // installLocked publishes the state of fields at version, as of now, and
 // calls the subscribers if it differs from the current one. The caller
 // holds r.mu.
 func (r *Runtime) installLocked(version int64, fields map[string][]byte) (changed bool) {
 	b := build(version, fields, r.now())
-	for f, err := range b.unreadable {
-		r.logger.Warn("rate limit runtime state: an entry is unreadable and ignored; delete it, or set it again",
-			zap.String("field", clip(f)), zap.Error(err))
+	rejected := make(map[string][]byte, len(b.rejected))
+	for f, rej := range b.rejected {
+		rejected[f] = fields[f]
+		if seen, ok := r.rejected[f]; ok && bytes.Equal(seen, fields[f]) {
+			continue
+		}
+		msg := "rate limit runtime state: an entry in the store is not valid and is ignored (the configured limits apply); delete it, or set it again through the admin API"
+		if rej.enforced {
+			msg = "rate limit runtime state: a mode in the store is not valid; the tree is enforced; delete it, or set it again through the admin API"
+		}
+		if tree, tier, value, ok := parseOverrideField(f); ok {
+			r.logger.Warn(msg, zap.String("tree", tree), zap.String("tier", tier), zap.String("value", r.shown(tree, tier, value)), zap.Error(rej.err))
+		} else {
+			r.logger.Warn(msg, zap.Int("field_bytes", len(f)), zap.Error(rej.err))
+		}
 	}
 	changed = !maps.EqualFunc(r.live, b.live, bytes.Equal)
-	r.version, r.fields, r.live, r.expired = version, fields, b.live, b.expired
+	r.version, r.fields, r.live, r.expired, r.rejected = version, fields, b.live, b.expired, rejected
 	r.current.Store(b.snap)
 	if changed {
 		r.subsMu.Lock()
@@ -243,6 +349,14 @@ func (r *Runtime) tick() {
 	var prune []string
 	var fields map[string][]byte
 	r.mu.Lock()
+	var bad *BadVersionError
+	if errors.As(err, &bad) {
+		// Repaired: a fresh version, which differs from r.version. Not
+		// repaired: reload regardless (-2 is never r.version).
+		if v, err = r.repairVersion(ctx, bad); err != nil {
+			v, err = -2, nil
+		}
+	}
 	if err == nil && v != r.version {
 		if err = r.loadLocked(ctx); err == nil {
 			s := r.Snapshot()
@@ -268,7 +382,7 @@ func (r *Runtime) tick() {
 			o := decode[Override](fields[f])
 			if tree, tier, value, ok := parseOverrideField(f); ok && o != nil {
 				r.logger.Info("rate limit override expired and removed from the store",
-					zap.String("tree", tree), zap.String("tier", tier), zap.String("value", clip(value)),
+					zap.String("tree", tree), zap.String("tier", tier), zap.String("value", r.shown(tree, tier, value)),
 					zap.Object("old", overrideLog{o}), zap.String("note", o.Note))
 			}
 		}
@@ -297,6 +411,12 @@ func (r *Runtime) health(err error) {
 // applies it at once. change returns the field's old value.
 func (r *Runtime) write(ctx context.Context, doing string, field string, value []byte, change func(ctx context.Context) ([]byte, error)) ([]byte, error) {
 	old, err := change(ctx)
+	if err != nil && r.repairedVersion(ctx) {
+		// The change's version increment failed on a version that is not
+		// valid (the field may be written already): once repaired, the
+		// change is made again, as it would have been.
+		old, err = change(ctx)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("control: %s: the store failed: %w", doing, err)
 	}
@@ -323,6 +443,20 @@ func (r *Runtime) write(ctx context.Context, doing string, field string, value [
 			zap.Error(err))
 	}
 	return old, nil
+}
+
+// repairedVersion tells whether the backend's version was not valid and
+// is now repaired: after a failed write, whose version increment fails on
+// such a version.
+func (r *Runtime) repairedVersion(ctx context.Context) bool {
+	var bad *BadVersionError
+	if _, err := r.backend.Version(ctx); !errors.As(err, &bad) {
+		return false
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	_, err := r.repairVersion(ctx, bad)
+	return err == nil
 }
 
 // SetOverride sets the override of o.Value for o.Tier of o.Tree, replacing
@@ -355,7 +489,7 @@ func (r *Runtime) SetOverride(ctx context.Context, o *Override) (old *Override, 
 	}
 	old = oldOverride(prev, c.Tree, c.Tier, c.Value)
 	r.logger.Info("rate limit override set",
-		zap.String("tree", c.Tree), zap.String("tier", c.Tier), zap.String("value", clip(c.Value)),
+		zap.String("tree", c.Tree), zap.String("tier", c.Tier), zap.String("value", r.shown(c.Tree, c.Tier, c.Value)),
 		objectOrNil("old", old), zap.Object("new", overrideLog{&c}), zap.String("note", c.Note))
 	return old, nil
 }
@@ -385,7 +519,7 @@ func (r *Runtime) DeleteOverride(ctx context.Context, tree, tier, value string) 
 		note = old.Note
 	}
 	r.logger.Info("rate limit override deleted",
-		zap.String("tree", tree), zap.String("tier", tier), zap.String("value", clip(value)),
+		zap.String("tree", tree), zap.String("tier", tier), zap.String("value", r.shown(tree, tier, value)),
 		objectOrNil("old", old), zap.String("note", note))
 	return old, nil
 }

@@ -79,54 +79,70 @@ type built struct {
 	live map[string][]byte
 	// expired are the fields of expired overrides, to prune.
 	expired []string
-	// unreadable are fields that did not decode, with their error.
-	unreadable map[string]error
+	// rejected are the fields that are not valid, each with what was done
+	// instead and why.
+	rejected map[string]rejection
+}
+
+// rejection is what build did with a field that is not valid.
+type rejection struct {
+	// enforced: a mode that is not valid, which counts as enforce;
+	// otherwise the entry is left out.
+	enforced bool
+	err      error
 }
 
 // build makes the snapshot of a backend's fields at version, as of now:
-// expired overrides are left out, and so are fields that do not decode or
-// whose name is of another format (written by a newer Cascade).
+// expired overrides are left out, and so are fields whose name is of
+// another format (written by a newer Cascade).
+//
+// The fields come from a store that others may write to, so each is
+// validated as the admin call that writes it would be: an override that
+// does not decode or is not valid is left out (the configured limits
+// apply to its value), and a mode that is not valid counts as enforce, so
+// that a stray or hostile write never turns enforcement off.
 func build(version int64, fields map[string][]byte, now time.Time) built {
 	s := &Snapshot{version: version, byKey: map[overrideKey]*Override{}, byTree: map[string]*Mode{}}
 	b := built{snap: s, live: make(map[string][]byte, len(fields))}
-	bad := func(f string, err error) {
-		if b.unreadable == nil {
-			b.unreadable = map[string]error{}
+	reject := func(f string, enforced bool, err error) {
+		if b.rejected == nil {
+			b.rejected = map[string]rejection{}
 		}
-		b.unreadable[f] = err
+		b.rejected[f] = rejection{enforced, err}
 	}
 	for f, raw := range fields {
 		switch {
 		case strings.HasPrefix(f, overridePrefix):
-			tree, tier, value, ok := parseOverrideField(f)
-			if !ok {
+			o, err := readOverride(f, raw)
+			if err != nil {
+				reject(f, false, err)
 				continue
 			}
-			o := new(Override)
-			if err := json.Unmarshal(raw, o); err != nil {
-				bad(f, err)
+			if !o.Expires.IsZero() && !o.Expires.After(now) {
+				b.expired = append(b.expired, f)
 				continue
 			}
-			o.Tree, o.Tier, o.Value = tree, tier, value
-			if !o.Expires.IsZero() {
-				if !o.Expires.After(now) {
-					b.expired = append(b.expired, f)
-					continue
-				}
-				if s.expiry.IsZero() || o.Expires.Before(s.expiry) {
-					s.expiry = o.Expires
-				}
+			if err := o.check(now); err != nil {
+				reject(f, false, err)
+				continue
+			}
+			if !o.Expires.IsZero() && (s.expiry.IsZero() || o.Expires.Before(s.expiry)) {
+				s.expiry = o.Expires
 			}
 			s.overrides = append(s.overrides, o)
-			s.byKey[overrideKey{tree, tier, value}] = o
+			s.byKey[overrideKey{o.Tree, o.Tier, o.Value}] = o
 			b.live[f] = raw
 		case strings.HasPrefix(f, modePrefix):
-			m := new(Mode)
-			if err := json.Unmarshal(raw, m); err != nil {
-				bad(f, err)
+			tree := f[len(modePrefix):]
+			if err := checkName("tree", tree); err != nil {
+				reject(f, false, err) // names no tree: nothing to enforce
 				continue
 			}
-			m.Tree = f[len(modePrefix):]
+			m, err := readMode(tree, raw)
+			if err != nil {
+				reject(f, true, err)
+				m = &Mode{Tree: tree, Mode: ModeEnforce, Updated: m.Updated}
+			}
 			s.modes = append(s.modes, m)
 			s.byTree[m.Tree] = m
 			b.live[f] = raw
@@ -149,8 +165,9 @@ func build(version int64, fields map[string][]byte, now time.Time) built {
 // NewSnapshot returns the snapshot a Runtime would publish at now for the
 // given overrides and modes (expired overrides left out; of several
 // entries for one override or mode, the last), at version 0. It is for
-// tests and tools that install a state without a backend; it does not
-// validate.
+// tests and tools that install a state without a backend. It validates
+// as a Runtime does: an override that is not valid is left out, a mode
+// that is not valid counts as enforce.
 func NewSnapshot(overrides []*Override, modes []*Mode, now time.Time) *Snapshot {
 	fields := map[string][]byte{}
 	for _, o := range overrides {
@@ -162,4 +179,36 @@ func NewSnapshot(overrides []*Override, modes []*Mode, now time.Time) *Snapshot 
 		fields[modeField(m.Tree)] = raw
 	}
 	return build(0, fields, now).snap
+}
+
+// readOverride decodes an override's field and document; the field says
+// its tree, tier and value.
+func readOverride(f string, raw []byte) (*Override, error) {
+	tree, tier, value, ok := parseOverrideField(f)
+	if !ok {
+		return nil, invalid("the field is not tree, tier and value separated by NUL bytes")
+	}
+	if len(raw) > maxEntry {
+		return nil, invalid("the entry is %d bytes long: at most %d", len(raw), maxEntry)
+	}
+	o := new(Override)
+	if err := json.Unmarshal(raw, o); err != nil {
+		return nil, invalid("the entry is not an override's JSON: %v", err)
+	}
+	o.Tree, o.Tier, o.Value = tree, tier, value
+	return o, nil
+}
+
+// readMode decodes and validates a mode's document. On error it still
+// returns a Mode, with what could be read of it.
+func readMode(tree string, raw []byte) (*Mode, error) {
+	m := &Mode{Tree: tree}
+	if len(raw) > maxEntry {
+		return m, invalid("the entry is %d bytes long: at most %d", len(raw), maxEntry)
+	}
+	if err := json.Unmarshal(raw, m); err != nil {
+		return &Mode{Tree: tree}, invalid("the entry is not a mode's JSON: %v", err)
+	}
+	m.Tree = tree
+	return m, checkMode(m)
 }

@@ -536,7 +536,7 @@ func (e *Engine) replaySlots(ctx context.Context, d *Decision, res store.Decisio
 		r := d.record
 		r.Cost, r.Charged = rate.UncountRetry, 0
 		if err := e.storeFor(d.Local, d.route).Adjust(ctx, []store.Bucket{r}); err != nil {
-			e.cfg.Logger.Warn("rate limit: a retry refused for want of a concurrency slot could not be uncounted; it counts as one of its record's retries", zap.Error(err))
+			e.cfg.Logger.Warn("rate limit: a retry refused for want of a concurrency slot could not be uncounted; it counts as one of its record's retries", zap.Error(e.ShowError(err, d.Buckets)))
 		}
 		d.Replayed, d.Reason = false, "" // refused for want of a slot, as any request
 		out := store.Combine(res.Results)
@@ -671,7 +671,7 @@ func (e *Engine) decideLocally(ctx context.Context, d *Decision, cause error) (s
 	if now := time.Now().UnixNano(); now-e.localLogged.Load() >= int64(time.Second) {
 		if last := e.localLogged.Load(); e.localLogged.CompareAndSwap(last, now) {
 			e.cfg.Logger.Warn("the store cannot decide: deciding on the local store, each limit at its local share (logged at most once a second)",
-				zap.Float64("share", share), zap.Error(cause))
+				zap.Float64("share", share), zap.Error(e.ShowError(cause, d.Buckets)))
 		}
 	}
 	d.Limits, d.Local, d.Scaled, d.localShare = local, true, true, share
@@ -784,7 +784,7 @@ func (e *Engine) strike(ctx context.Context, d *Decision) {
 			d.Closest, d.Reason, d.Retry = box, ReasonPenalty, p.Duration()
 			d.Blocked = b.Tree.Name + "/" + b.Tier.Name
 			e.cfg.Logger.Info("rate limit penalty: a value is refused outright for a while",
-				zap.String("blocked_by", d.Blocked), zap.String("value", b.Value), zap.Duration("for", p.Duration()))
+				zap.String("blocked_by", d.Blocked), zap.String("value", e.Show(b.Tier, b.Value)), zap.Duration("for", p.Duration()))
 		}
 	}
 }
@@ -808,7 +808,7 @@ func (e *Engine) countStrike(ctx context.Context, d *Decision, box int) bool {
 		err = st.Adjust(ctx, []store.Bucket{{Key: d.Buckets[box].Key, Limit: d.Limits[box].Limit, Cost: debt}})
 	}
 	if err != nil {
-		e.cfg.Logger.Warn("rate limit penalty: counting a refusal failed", zap.String("key", key), zap.Error(err))
+		e.cfg.Logger.Warn("rate limit penalty: counting a refusal failed", zap.String("key", e.ShowKey(key)), zap.Error(e.ShowError(err, d.Buckets)))
 		return false
 	}
 	return boxed

@@ -102,7 +102,11 @@ type Config struct {
 	// refusing bucket's key to the line.
 	DenialLog string
 	LogKey    bool
-	Logger    *zap.Logger
+	// Fingerprints show the values of sensitive tiers wherever values are
+	// written out (logs, the admin API); nil: under a random secret of
+	// this process (NewFingerprints).
+	Fingerprints *Fingerprints
+	Logger       *zap.Logger
 	// Reconciled, when set, is told of each reconciliation's outcome.
 	Reconciled func(error)
 }
@@ -195,6 +199,9 @@ func New(cfg Config) *Engine {
 	if cfg.Logger == nil {
 		cfg.Logger = zap.NewNop()
 	}
+	if cfg.Fingerprints == nil {
+		cfg.Fingerprints = NewFingerprints(nil, nil, cfg.Logger)
+	}
 	e := &Engine{cfg: cfg}
 	// Holders count up from a random start below 2^52, so that engines
 	// (handlers, instances) sharing a store give out distinct ones: a
@@ -209,7 +216,9 @@ func New(cfg Config) *Engine {
 	}
 	if cfg.Runtime != nil {
 		// Subscribe applies the current state first, then every change.
-		e.unsubscribe = cfg.Runtime.Subscribe(e.applyRuntime)
+		unsubscribe := cfg.Runtime.Subscribe(e.applyRuntime)
+		unshow := cfg.Runtime.ShowValues(e.showValue)
+		e.unsubscribe = func() { unsubscribe(); unshow() }
 	}
 	return e
 }

@@ -184,7 +184,7 @@ func (e *Engine) Reset(ctx context.Context, t *Tree, values []string, below bool
 	if e.cfg.DenialLog != "no_values" {
 		var path []string
 		for i, v := range values {
-			path = append(path, t.Tiers[i].Name+"="+truncate(v, 256))
+			path = append(path, t.Tiers[i].Name+"="+truncate(e.Show(t.Tiers[i], v), 256))
 		}
 		fields = append(fields, zap.Strings("path", path))
 	}
@@ -230,7 +230,7 @@ func (e *Engine) NoteDenial(d *Decision, what string) {
 		var path []string
 		for _, pb := range d.Buckets {
 			if pb.Tree == b.Tree {
-				seg := pb.Tier.Name + "=" + truncate(pb.Value, 256)
+				seg := pb.Tier.Name + "=" + truncate(e.Show(pb.Tier, pb.Value), 256)
 				if !slices.Contains(path, seg) {
 					path = append(path, seg)
 				}
@@ -239,7 +239,7 @@ func (e *Engine) NoteDenial(d *Decision, what string) {
 		fields = append(fields, zap.Strings("values", path))
 	}
 	if e.cfg.LogKey {
-		fields = append(fields, zap.String("key", b.Key))
+		fields = append(fields, zap.String("key", e.ShowKey(b.Key)))
 	}
 	e.cfg.Logger.Info("rate limited", fields...)
 }

@@ -98,13 +98,19 @@ type Held struct {
 	route     int            // else by this route's store
 }
 
-// Hold keeps what reconciling d needs, or returns nil when d charged
-// nothing that could be reconciled.
+// Hold keeps what reconciling d needs, or returns nil when d has nothing
+// that could be reconciled. A retry admitted without a charge
+// (Decision.Replayed) still reaches the upstream: its actual usage is all
+// debt, as if its estimate had been 0, so that retrying with one key buys
+// no usage for free.
 func (e *Engine) Hold(d *Decision) *Held {
-	if !d.Allowed || d.Replayed || len(d.Estimates) != len(e.cfg.Dimensions) || len(e.cfg.Dimensions) == 0 {
+	if !d.Allowed || len(d.Estimates) != len(e.cfg.Dimensions) || len(e.cfg.Dimensions) == 0 {
 		return nil // nothing was estimated, so nothing was charged
 	}
 	h := &Held{estimates: slices.Clone(d.Estimates), local: d.Local, route: d.route}
+	if d.Replayed {
+		clear(h.estimates)
+	}
 	for i, b := range d.Buckets {
 		if slices.Contains(e.cfg.Dimensions, b.Limit.Dimension) && !holdsSlot(d.Limits[i]) {
 			h.buckets = append(h.buckets, store.Bucket{Key: b.Key, Limit: d.Limits[i].Limit, Charged: d.ChargedAt(i)})
@@ -171,7 +177,7 @@ func (e *Engine) adjustIn(st store.Store, adjust []store.Bucket) {
 		defer cancel()
 		err := st.Adjust(ctx, adjust)
 		if err != nil {
-			e.cfg.Logger.Error("reconciling cost with the upstream's usage failed", zap.Error(err))
+			e.cfg.Logger.Error("reconciling cost with the upstream's usage failed", zap.Error(e.ShowError(err, nil)))
 		}
 		if e.cfg.Reconciled != nil {
 			e.cfg.Reconciled(err)
@@ -244,7 +250,7 @@ func (e *Engine) Done(ctx context.Context, d *Decision) error {
 	d.slots, d.recorded = false, false
 	err := e.storeFor(d.Local, d.route).Adjust(ctx, end)
 	if err != nil {
-		e.cfg.Logger.Warn("rate limit: ending a request in the store failed; its concurrency slots stay taken until the store drops them, its idempotency record in flight until its time is up", zap.Error(err))
+		e.cfg.Logger.Warn("rate limit: ending a request in the store failed; its concurrency slots stay taken until the store drops them, its idempotency record in flight until its time is up", zap.Error(e.ShowError(err, d.Buckets)))
 	}
 	return err
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/caddy-cascade/cascade/control"
 	"github.com/caddy-cascade/cascade/hierarchy"
+	"github.com/caddy-cascade/cascade/rate"
 )
 
 // What the engine does with the runtime state an operator sets: overrides
@@ -35,6 +36,14 @@ func (e *Engine) applyRuntime(snap *control.Snapshot) {
 	for _, t := range e.cfg.Trees {
 		if m := snap.Mode(t.Name); m != nil {
 			mode := m.Mode
+			switch mode {
+			case Enforce, Warn, Shadow:
+			default:
+				// package control validates modes read from the store;
+				// this keeps any other source of snapshots from turning
+				// enforcement off with a mode the engine does not know.
+				mode = Enforce
+			}
 			t.mode.Store(&mode)
 		} else {
 			t.mode.Store(nil)
@@ -48,17 +57,23 @@ func (e *Engine) applyRuntime(snap *control.Snapshot) {
 				spec, _ := json.Marshal(struct {
 					L []*hierarchy.Limit
 					U bool
-				}{o.Limits, o.Unlimited})
+					R bool
+				}{o.Limits, o.Unlimited, o.Replace})
 				key := shared{tier, string(spec)}
 				c := compiledOnce[key]
 				if c == nil {
 					var err error
 					if c, err = e.compileOverride(t, tier, o); err != nil {
 						e.cfg.Logger.Warn("rate limit override not applied: it does not fit this handler's tree",
-							zap.String("tree", o.Tree), zap.String("tier", o.Tier), zap.String("value", truncate(o.Value, 256)), zap.Error(err))
+							zap.String("tree", o.Tree), zap.String("tier", o.Tier), zap.String("value", truncate(e.Show(tier, o.Value), 256)), zap.Error(err))
 						continue
 					}
 					compiledOnce[key] = c
+				}
+				if err := keepsDimensions(tier, o, c); err != nil {
+					e.cfg.Logger.Warn("rate limit override not applied: it would lift a limit it does not name",
+						zap.String("tree", o.Tree), zap.String("tier", o.Tier), zap.String("value", truncate(e.Show(tier, o.Value), 256)), zap.Error(err))
+					continue
 				}
 				if compiled == nil {
 					compiled = map[string]*hierarchy.Override{}
@@ -102,8 +117,56 @@ func (e *Engine) CheckOverride(o *control.Override) error {
 	if tier == nil {
 		return fmt.Errorf("tree %s has no tier %q: its tiers are %s", t.Name, o.Tier, strings.Join(t.TierNames(), ", "))
 	}
-	if _, err := e.compileOverride(t, tier, o); err != nil {
+	c, err := e.compileOverride(t, tier, o)
+	if err == nil {
+		err = keepsDimensions(tier, o, c)
+	}
+	if err != nil {
 		return fmt.Errorf("override of %s/%s: %w", t.Name, tier.Name, err)
 	}
 	return nil
+}
+
+// keepsDimensions refuses an override whose limits (c, compiled) leave
+// out a dimension that the tier, or the configured value block of o's
+// value, counts, unless o says Replace: an override that raises the
+// requests limit of a value must not silently lift its tokens limit. A
+// concurrency limit counts as a dimension of its own ("concurrent"). An
+// unlimited override lifts every limit by saying so.
+func keepsDimensions(tier *hierarchy.Tier, o *control.Override, c *hierarchy.Override) error {
+	if o.Replace || c.Unlimited {
+		return nil
+	}
+	has := map[string]bool{}
+	for _, l := range c.Limits {
+		has[dimensionOf(l)] = true
+	}
+	limits := tier.Limits
+	if v := tier.Values[o.Value]; v != nil {
+		limits = append(slices.Clip(limits), v.Limits...)
+	}
+	var missing []string
+	for _, l := range limits {
+		if d := dimensionOf(l); !has[d] && !slices.Contains(missing, d) {
+			missing = append(missing, d)
+		}
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	return fmt.Errorf("the override has no %s limit, and tier %s limits %s: it would lift that limit for this value. "+
+		"Add a %s limit to the override, or say \"replace\": true to replace all of the tier's limits for this value",
+		strings.Join(missing, " or "), tier.Name, strings.Join(missing, " and "), strings.Join(missing, " and a "))
+}
+
+// dimensionOf is what a limit counts, for keepsDimensions: its dimension,
+// or "concurrent" for a concurrency limit (requests in flight).
+func dimensionOf(l *hierarchy.Limit) string {
+	if l.Algorithm == string(rate.Concurrent) {
+		return "concurrent"
+	}
+	if l.Dimension == "" {
+		return hierarchy.Requests
+	}
+	return l.Dimension
 }

@@ -119,8 +119,14 @@ type Tier struct {
 	// Penalty, when set, refuses a value outright for a while once the
 	// tier's limits have refused it often (see Penalty).
 	Penalty *Penalty `json:"penalty,omitempty"`
+	// Sensitive says whether the tier's values are secrets (API keys,
+	// tokens), shown only as fingerprints in logs and the admin API: nil
+	// detects it from the key (see CredentialKey), true forces it, false
+	// lifts it (the operator's explicit choice).
+	Sensitive *bool `json:"sensitive,omitempty"`
 
-	dynamic bool // the key has a placeholder
+	dynamic   bool // the key has a placeholder
+	sensitive bool // compiled from Sensitive and Key
 	// runtime holds the overrides set while the tree is in use (an
 	// operator's, through the admin API), compiled by CompileOverride:
 	// they win over Values. A map replaced whole, never changed, so
@@ -322,6 +328,10 @@ func (tier *Tier) compile() error {
 		return fmt.Errorf("no key: say which placeholder identifies the %s, e.g. key {http.request.header.X-%s}", tier.Name, tier.Name)
 	}
 	tier.dynamic = isDynamic(tier.Key)
+	tier.sensitive = CredentialKey(tier.Key)
+	if tier.Sensitive != nil {
+		tier.sensitive = *tier.Sensitive
+	}
 	switch tier.Missing {
 	case "":
 		tier.Missing = MissingDeny

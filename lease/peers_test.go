@@ -3,9 +3,13 @@ package lease_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"os"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -89,27 +93,32 @@ func TestLeaseResetToldToPeers(t *testing.T) {
 		}
 
 		// A reset by pattern revokes the other instance's leases on the
-		// buckets it selects, and only those.
+		// buckets it selects, and only those (keys and globs of the shape
+		// hierarchy makes: only those are told).
 		c.Advance(24 * time.Hour)
+		sub := []store.Bucket{
+			{Key: "{t|acme}org=acme#requests", Limit: daily, Cost: 1},
+			{Key: "{t|acme}org=acme/user=ann#requests", Limit: daily, Cost: 1},
+		}
 		for range 20 {
-			decide(t, b, bs)
+			decide(t, b, sub)
 			c.Advance(time.Millisecond)
 		}
-		nothing := store.KeyMatch{Glob: "{t|nothing}*", Match: func(string) bool { return false }}
+		nothing := store.KeyMatch{Glob: "{t|*}org=nobody[#/]*", Match: func(string) bool { return false }}
 		if _, err := a.ResetMatching(context.Background(), nothing); err != nil {
 			t.Fatal(err)
 		}
 		before = b.Stats().Local
-		decide(t, b, bs)
+		decide(t, b, sub)
 		if b.Stats().Local != before+1 {
 			t.Fatalf("b's lease was not spent after a reset by a pattern that selects none of its buckets: %+v", b.Stats())
 		}
-		anns := store.KeyMatch{Glob: "{t|acme}|user|ann", Match: func(k string) bool { return k == bs[1].Key }}
+		anns := store.KeyMatch{Glob: "{t|*}org=acme/user=ann[#/]*", Match: func(k string) bool { return k == sub[1].Key }}
 		if _, err := a.ResetMatching(context.Background(), anns); err != nil {
 			t.Fatal(err)
 		}
 		before = b.Stats().Local
-		decide(t, b, bs)
+		decide(t, b, sub)
 		if b.Stats().Local != before {
 			t.Fatalf("b's lease was spent after a reset by a pattern that selects its bucket: %+v", b.Stats())
 		}
@@ -276,4 +285,229 @@ func alternate(t *testing.T, c *storetest.Clock, bs []store.Bucket, instances ..
 		c.Advance(time.Millisecond)
 	}
 	return admitted
+}
+
+// TestLeaseResetGlobAttack is the attack of a process that may PUBLISH on
+// the Redis of the lease stores: a reset message whose glob,
+// *a*a*…*a*b, took the backtracking matcher exponential time against
+// keys full of a's — minutes per key, under the lock of the leases'
+// shard, so that every decision on those paths waited. Here an instance
+// holds a lease on a path of 110-byte keys; the raw PUBLISH is handled
+// (refused, counted) and a decision on the path made meanwhile completes,
+// both well within a bound the unfixed matcher could not meet.
+func TestLeaseResetGlobAttack(t *testing.T) {
+	addr := redistest.Shared(t).Addr()
+	c := storetest.NewClock(start)
+	prefix := fmt.Sprintf("leaseattack:%x:", rand.Uint32())
+	r, err := store.NewRedis(context.Background(), store.RedisOptions{
+		Addrs: []string{addr}, KeyPrefix: prefix, Clock: c.Now, Timeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	s := newLease(t, r, c.Now, lease.Options{TTL: time.Minute, MaxShare: 0.5})
+	var mu sync.Mutex
+	var handled []string // the messages Receive returned from
+	bus := r.OpenBus("leases", func(msg []byte) {
+		s.Receive(msg)
+		mu.Lock()
+		handled = append(handled, string(msg))
+		mu.Unlock()
+	})
+	t.Cleanup(func() { bus.Close() })
+	s.Connect(bus)
+	wasHandled := func(msg string) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Contains(handled, msg)
+	}
+
+	daily := gcra(100, 24*time.Hour)
+	as := strings.Repeat("a", 100)
+	bs := []store.Bucket{
+		{Key: "{t|" + as + "}#r", Limit: daily, Cost: 1},
+		{Key: "{t|" + as + "}/a#r", Limit: daily, Cost: 1},
+	}
+	for range 20 {
+		decide(t, s, bs)
+		c.Advance(time.Millisecond)
+	}
+	if st := s.Stats(); st.Local == 0 {
+		t.Fatalf("stats %+v, want leases spent", st)
+	}
+	// The Bus subscribes in the background: until it hears, a message
+	// published is lost.
+	hello := `{"f":"peer","keys":["{t|other}#r"]}`
+	waitUntil(t, 20*time.Second, "the Bus to subscribe", func() bool {
+		if wasHandled(hello) {
+			return true
+		}
+		if _, err := redistest.Do(addr, "PUBLISH", prefix+"leases", hello); err != nil {
+			t.Fatal(err)
+		}
+		return false
+	})
+
+	attack := `{"f":"attacker","glob":"` + strings.Repeat("*a", 40) + `*b"}`
+	if _, err := redistest.Do(addr, "PUBLISH", prefix+"leases", attack); err != nil {
+		t.Fatal(err)
+	}
+	decided := make(chan error, 1)
+	go func() {
+		for !wasHandled(attack) { // the decision runs while the attack is handled
+			if _, err := s.Decide(context.Background(), bs); err != nil {
+				decided <- err
+				return
+			}
+			c.Advance(time.Millisecond)
+		}
+		_, err := s.Decide(context.Background(), bs)
+		decided <- err
+	}()
+	select {
+	case err := <-decided:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second): // a bound on a hang, not a timing
+		// The stalled store holds the test's cleanup (its Close waits for
+		// the decision in flight) as long as the matching, and t's log
+		// with it: say why now.
+		msg := "the attack's reset message is not handled, or a decision beside it does not complete, after 10 s"
+		fmt.Fprintln(os.Stderr, t.Name()+": "+msg)
+		t.Fatal(msg)
+	}
+	if n := s.PeerRejected(); n != 1 {
+		t.Errorf("%d messages refused, want the attack's", n)
+	}
+	if st := s.Stats(); st.PeerResets != 1 {
+		t.Errorf("stats %+v: want one peer reset (the first message), none from the attack", st)
+	}
+}
+
+// waitUntil polls cond until it holds, and fails after within.
+func waitUntil(t *testing.T, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("waited %v for %s", within, what)
+		}
+		time.Sleep(5 * time.Millisecond) // polling a condition, not timing behaviour
+	}
+}
+
+// TestLeaseResetMalformedRefused: a reset message that is not of the
+// shape Cascade sends — no sender, neither keys nor glob, both, too many
+// keys, an empty or too long key, a glob of another shape, not JSON — is
+// counted and not taken as a reset; the same reset well formed is.
+func TestLeaseResetMalformedRefused(t *testing.T) {
+	c, _, _, b := linkedPair(t, "memory")
+	daily := gcra(100, 24*time.Hour)
+	bs := path("ann", 1, daily, daily)
+	for range 20 {
+		decide(t, b, bs)
+		c.Advance(time.Millisecond)
+	}
+	many := make([]string, 1025)
+	for i := range many {
+		many[i] = fmt.Sprintf("{t|acme}|user|%d", i)
+	}
+	manyJSON, _ := json.Marshal(many)
+	for _, msg := range []string{
+		`not json`,
+		`{"keys":["{t|acme}|org"]}`,
+		`{"f":"peer"}`,
+		`{"f":"` + strings.Repeat("p", 65) + `","keys":["{t|acme}|org"]}`,
+		`{"f":"peer","keys":["{t|acme}|org"],"glob":"{t|*}x[#/]*"}`,
+		`{"f":"peer","keys":` + string(manyJSON) + `}`,
+		`{"f":"peer","keys":[""]}`,
+		`{"f":"peer","keys":["` + strings.Repeat("k", 4097) + `"]}`,
+		`{"f":"peer","glob":"*"}`,
+		`{"f":"peer","glob":"{t|acme}*"}`,
+		`{"f":"peer","glob":"{t|*}a*b[#/]*"}`,
+		`{"f":"peer","glob":"{t|*}[a][#/]*"}`,
+		`{"f":"peer","glob":"{|*}x[#/]*"}`,
+		`{"f":"peer","keys":"{t|acme}|org"}`,
+	} {
+		before := b.PeerRejected()
+		b.Receive([]byte(msg))
+		if b.PeerRejected() != before+1 {
+			t.Errorf("%.60q was not refused", msg)
+		}
+		if st := b.Stats(); st.PeerResets != 0 {
+			t.Fatalf("after %.60q b's stats are %+v: taken as a reset", msg, st)
+		}
+	}
+	// The same reset, well formed, is taken.
+	b.Receive([]byte(`{"f":"peer","keys":["` + bs[1].Key + `"]}`))
+	if st := b.Stats(); st.PeerResets != 1 {
+		t.Fatalf("after a reset of ann b's stats are %+v: not taken", st)
+	}
+}
+
+// TestLeaseResetSplit: a reset of more keys than one message may carry is
+// told in several, each of which a peer takes; a glob of another shape
+// than Cascade's, which peers would refuse, is not told.
+func TestLeaseResetSplit(t *testing.T) {
+	keys := make([]string, 3000)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("{t|acme}org=acme/user=%d#requests.gcra.60000000", i)
+	}
+	msgs := lease.EncodeReset("me", keys, "")
+	var got []string
+	for _, m := range msgs {
+		if len(m) > store.MaxBusMessage {
+			t.Errorf("a message of %d bytes", len(m))
+		}
+		k, _, err := lease.DecodeReset(m)
+		if err != nil {
+			t.Fatalf("a peer refuses a message the store sends: %v", err)
+		}
+		got = append(got, k...)
+	}
+	if !slices.Equal(got, keys) || len(msgs) < 3 {
+		t.Fatalf("%d messages carry %d keys, want all 3000 in order, in 3 or more", len(msgs), len(got))
+	}
+	if msgs := lease.EncodeReset("me", nil, "*a*b"); msgs != nil {
+		t.Errorf("a glob of another shape is told: %q", msgs)
+	}
+	if msgs := lease.EncodeReset("me", nil, "{t|*}org=acme[#/]*"); len(msgs) != 1 {
+		t.Errorf("a glob of Cascade's shape is told in %d messages", len(msgs))
+	}
+}
+
+// FuzzDecodeReset: any message heard decodes without panicking, and one
+// taken is within the bounds the matcher relies on; what the store sends
+// is taken as sent.
+func FuzzDecodeReset(f *testing.F) {
+	for _, m := range lease.EncodeReset("from", []string{"{t|acme}|org", "{t|acme}|user|ann"}, "") {
+		f.Add(m)
+	}
+	for _, m := range lease.EncodeReset("from", nil, "{api|*}org=acme/user=ann[#/]*") {
+		f.Add(m)
+	}
+	f.Add([]byte(`{"f":"x","glob":"*a*a*a*a*b"}`))
+	f.Add([]byte(`{"f":"x","keys":[""],"glob":""}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		keys, glob, err := lease.DecodeReset(b)
+		if err != nil {
+			return
+		}
+		if len(keys) > 1024 || len(glob) > 4096 || glob == "" && len(keys) == 0 {
+			t.Fatalf("%q taken: %d keys, a glob of %d bytes", b, len(keys), len(glob))
+		}
+		if glob != "" {
+			if strings.Count(glob, "*") != 2 || strings.Count(glob, "[") != 1 {
+				t.Fatalf("glob %q taken", glob)
+			}
+			_ = store.GlobMatch(glob, strings.Repeat("a", 200))
+		}
+		for _, m := range lease.EncodeReset("from", keys, glob) {
+			k, g, err := lease.DecodeReset(m)
+			if err != nil || g != glob || !slices.Equal(k, keys) && glob == "" && len(k) != 0 && !slices.Equal(k, keys[:len(k)]) {
+				t.Fatalf("%q, re-encoded, decodes as %q, %q, %v", b, k, g, err)
+			}
+		}
+	})
 }

@@ -19,12 +19,20 @@
 //
 // All descriptors of a call are decided together, all or nothing, in one
 // store call: a call refused by any bucket charges none. hits_addend (the
-// descriptor's own, else the call's; 0 or absent at call level means 1) is
-// what the call costs in the domain's dimension (requests unless
-// configured: with tokens, each call also costs 1 request, and other
-// dimensions nothing); a bucket several descriptors share costs the
-// largest of their addends. A descriptor with is_negative_hits gives its
-// addend back to its path (a refund, never refused), in the same call.
+// descriptor's own, else the call's; 0 or absent at either level means 1,
+// as Envoy's call-level field says) is what the call costs in the domain's
+// dimension (requests unless configured: with tokens, each call also costs
+// 1 request, and other dimensions nothing); a bucket several descriptors
+// share costs the largest of their addends. An addend above the route's
+// MaxAddend is refused as invalid.
+//
+// A descriptor with is_negative_hits gives its addend back to its path (a
+// refund, in the same call) only on a route that allows refunds; elsewhere
+// the call is refused as invalid and nothing is charged or given back: a
+// caller that may refund may reset any bucket it can name.
+//
+// A tier whose key is a constant (a global ceiling) is one bucket: an entry
+// naming it cannot choose another value, whatever value it gives.
 package rls
 
 import (
@@ -58,9 +66,14 @@ import (
 // rate_limits action set, a handful.
 const MaxDescriptors = 64
 
-// maxAddend bounds a hits_addend: far above any limit, far below
+// DefaultMaxAddend is the largest hits_addend a route takes unless it says
+// otherwise: the most Envoy's call-level field (a uint32) can carry. A
+// descriptor's own field is 64 bits wide; nothing real needs more.
+const DefaultMaxAddend = math.MaxUint32
+
+// MaxMaxAddend bounds Route.MaxAddend: far above any limit, far below
 // overflowing a cost.
-const maxAddend = 1 << 53
+const MaxMaxAddend = 1 << 53
 
 // Route is where the calls of one domain are decided.
 type Route struct {
@@ -69,6 +82,21 @@ type Route struct {
 	// Dimension is what hits_addend counts: hierarchy.Requests (or empty)
 	// or one of the tree's cost dimensions, such as tokens.
 	Dimension string
+	// AllowRefunds lets descriptors with is_negative_hits give hits back.
+	// Off, such a call is refused as invalid: whoever may refund can reset
+	// any bucket it names.
+	AllowRefunds bool
+	// MaxAddend is the largest hits_addend taken (at either level); a
+	// larger one is refused as invalid. 0 is DefaultMaxAddend.
+	MaxAddend int64
+}
+
+// ValidAddend says whether n can be a Route's MaxAddend.
+func ValidAddend(n int64) error {
+	if n < 0 || n > MaxMaxAddend {
+		return fmt.Errorf("max_hits_addend %d: give 1 to %d", n, int64(MaxMaxAddend))
+	}
+	return nil
 }
 
 // Observer is told of each call: its domain (as configured, or "unknown"),
@@ -166,115 +194,38 @@ func (s *Server) decide(ctx context.Context, routes map[string]Route, req *rlsv3
 		sort.Strings(names)
 		return nil, invalid("no domain %q: the domains served are %s", truncate(req.GetDomain(), 128), strings.Join(names, ", "))
 	}
-	descs := req.GetDescriptors()
-	if len(descs) == 0 {
-		return nil, invalid("a call needs at least one descriptor")
-	}
-	if len(descs) > MaxDescriptors {
-		return nil, invalid("%d descriptors in one call, at most %d", len(descs), MaxDescriptors)
-	}
-	e, t := rt.Engine, rt.Tree
-	dim := rt.Dimension
-	if dim == "" {
-		dim = hierarchy.Requests
-	}
-
+	e := rt.Engine
 	var d, refund engine.Decision
 	e.Begin(&d)
 	defer d.Release()
 	e.Begin(&refund)
 	defer refund.Release()
-	// Each descriptor's buckets, as positions in its decision's Buckets
-	// before they are merged.
-	type span struct {
-		from, to int
-		addend   int64
-		negative bool
-	}
 	var spanBuf [8]span
-	spans := spanBuf[:0]
-	var refunds []int64
-	for i, desc := range descs {
-		addend, err := addendOf(req, desc)
-		if err != nil {
-			return nil, invalid("descriptor %d: %v", i, err)
-		}
-		if desc.GetLimit() != nil {
-			return nil, invalid("descriptor %d carries a limit: Cascade's limits are its configuration's (a runtime override through the admin API changes one)", i)
-		}
-		into := &d
-		if desc.GetIsNegativeHits() {
-			into = &refund
-		}
-		values, err := pathOf(t, desc.GetEntries(), into.Values())
-		if err != nil {
-			return nil, invalid("descriptor %d: %v", i, err)
-		}
-		from := len(into.Buckets)
-		if err := e.Add(into, t, values); err != nil {
-			return nil, invalid("descriptor %d: %v", i, err)
-		}
-		to := len(into.Buckets)
-		spans = append(spans, span{from: from, to: to, addend: addend, negative: desc.GetIsNegativeHits()})
-		if desc.GetIsNegativeHits() {
-			for _, b := range into.Buckets[from:to] {
-				refunds = append(refunds, -costOf(b.Limit.Dimension, dim, addend, true))
-			}
-		}
+	var idxBuf [32]int
+	var costBuf [32]int64
+	spans, idx, refunds, err := translate(rt, req, &d, &refund, spanBuf[:0], idxBuf[:0], costBuf[:0])
+	if err != nil {
+		return nil, err
 	}
 	if len(refund.Buckets) > 0 {
 		if err := e.AdjustPath(ctx, &refund, refunds); err != nil {
+			err = e.ShowError(err, refund.Buckets) // a store error may quote a key
 			s.logStoreError("rls: giving back hits failed", req.GetDomain(), err)
 			return nil, status.Errorf(codes.Unavailable, "cascade: the rate limit store could not give the hits back: %v", err)
 		}
 	}
 
-	// Merge the buckets several descriptors share: each is charged once,
-	// the largest addend any of them asks.
-	n := len(d.Buckets)
-	var idxBuf [32]int
-	idx := idxBuf[:0]
-	if n > len(idxBuf) {
-		idx = make([]int, 0, n)
-	}
-	idx = idx[:n]
-	var costBuf [32]int64
-	costs := costBuf[:0]
-	if n > len(costBuf) {
-		costs = make([]int64, 0, n)
-	}
-	merged := 0
-	for _, sp := range spans {
-		if sp.negative {
-			continue
-		}
-		for k := sp.from; k < sp.to; k++ {
-			b := d.Buckets[k]
-			c := costOf(b.Limit.Dimension, dim, sp.addend, false)
-			j := slices.IndexFunc(d.Buckets[:merged], func(m hierarchy.Bucket) bool { return m.Key == b.Key })
-			if j >= 0 {
-				costs[j] = max(costs[j], c)
-				idx[k] = j
-				continue
-			}
-			d.Buckets[merged] = b
-			costs = append(costs, c)
-			idx[k] = merged
-			merged++
-		}
-	}
-	d.Buckets = d.Buckets[:merged]
-	d.Costs = costs
-
+	descs := req.GetDescriptors()
 	res := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK, Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(descs))}
 	for i := range res.Statuses {
 		res.Statuses[i] = &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
 	}
-	if merged == 0 {
+	if len(d.Buckets) == 0 {
 		return res, nil // refunds only, or paths with no limit (unlimited values)
 	}
 	d.Untracked = true // Envoy never says when a request ends
 	if err := e.DecideCosts(ctx, &d); err != nil {
+		err = e.ShowError(err, d.Buckets) // a store error may quote a key
 		s.logStoreError("rls: the rate limit store failed", req.GetDomain(), err)
 		return nil, status.Errorf(codes.Unavailable, "cascade: the rate limit store could not decide: %v", err)
 	}
@@ -302,18 +253,112 @@ func (s *Server) decide(ctx context.Context, routes map[string]Route, req *rlsv3
 	return res, nil
 }
 
-// addendOf is a descriptor's hits_addend: its own when set, else the
-// call's, where 0 means 1.
-func addendOf(req *rlsv3.RateLimitRequest, desc *ratelimitv3.RateLimitDescriptor) (int64, error) {
-	var a uint64 = 1
-	if h := req.GetHitsAddend(); h != 0 {
-		a = uint64(h)
+// span is one descriptor's buckets, as positions in its decision's
+// Buckets before they are merged.
+type span struct {
+	from, to int
+	addend   int64
+	negative bool
+}
+
+// translate turns a call on route rt into what the store is asked, and
+// touches no store: d's Buckets and Costs (each bucket once, charged the
+// largest addend any descriptor asks of it), refund's Buckets and what
+// each gets back (refunds, negative), each descriptor's span, and idx, the
+// position in d.Buckets of each bucket of a charging span. spans, idx and
+// costs are buffers to append to. Any bad descriptor is an InvalidArgument
+// error, before anything is asked.
+func translate(rt Route, req *rlsv3.RateLimitRequest, d, refund *engine.Decision, spans []span, idx []int, costs []int64) ([]span, []int, []int64, error) {
+	descs := req.GetDescriptors()
+	if len(descs) == 0 {
+		return nil, nil, nil, invalid("a call needs at least one descriptor")
 	}
+	if len(descs) > MaxDescriptors {
+		return nil, nil, nil, invalid("%d descriptors in one call, at most %d", len(descs), MaxDescriptors)
+	}
+	e, t := rt.Engine, rt.Tree
+	dim := rt.Dimension
+	if dim == "" {
+		dim = hierarchy.Requests
+	}
+	limit := rt.MaxAddend
+	if limit <= 0 {
+		limit = DefaultMaxAddend
+	}
+	var refunds []int64
+	for i, desc := range descs {
+		if desc.GetIsNegativeHits() && !rt.AllowRefunds {
+			return nil, nil, nil, invalid("descriptor %d has is_negative_hits, but domain %s does not take refunds: a caller that may refund can reset any bucket it names (allow them with allow_refunds on the domain: rls { domain %s allow_refunds })",
+				i, truncate(req.GetDomain(), 128), truncate(req.GetDomain(), 128))
+		}
+		addend, err := addendOf(req, desc, limit)
+		if err != nil {
+			return nil, nil, nil, invalid("descriptor %d: %v", i, err)
+		}
+		if desc.GetLimit() != nil {
+			return nil, nil, nil, invalid("descriptor %d carries a limit: Cascade's limits are its configuration's (a runtime override through the admin API changes one)", i)
+		}
+		into := d
+		if desc.GetIsNegativeHits() {
+			into = refund
+		}
+		values, err := pathOf(t, desc.GetEntries(), into.Values())
+		if err != nil {
+			return nil, nil, nil, invalid("descriptor %d: %v", i, err)
+		}
+		from := len(into.Buckets)
+		if err := e.Add(into, t, values); err != nil {
+			return nil, nil, nil, invalid("descriptor %d: %v", i, err)
+		}
+		to := len(into.Buckets)
+		spans = append(spans, span{from: from, to: to, addend: addend, negative: desc.GetIsNegativeHits()})
+		if desc.GetIsNegativeHits() {
+			for _, b := range into.Buckets[from:to] {
+				refunds = append(refunds, -costOf(b.Limit.Dimension, dim, addend, true))
+			}
+		}
+	}
+
+	// Merge the buckets several descriptors share: each is charged once,
+	// the largest addend any of them asks.
+	n := len(d.Buckets)
+	idx = slices.Grow(idx[:0], n)[:n]
+	merged := 0
+	for _, sp := range spans {
+		if sp.negative {
+			continue
+		}
+		for k := sp.from; k < sp.to; k++ {
+			b := d.Buckets[k]
+			c := costOf(b.Limit.Dimension, dim, sp.addend, false)
+			j := slices.IndexFunc(d.Buckets[:merged], func(m hierarchy.Bucket) bool { return m.Key == b.Key })
+			if j >= 0 {
+				costs[j] = max(costs[j], c)
+				idx[k] = j
+				continue
+			}
+			d.Buckets[merged] = b
+			costs = append(costs, c)
+			idx[k] = merged
+			merged++
+		}
+	}
+	d.Buckets = d.Buckets[:merged]
+	d.Costs = costs
+	return spans, idx, refunds, nil
+}
+
+// addendOf is a descriptor's hits_addend: its own when set, else the
+// call's; 0 at either level means 1 (a call that counts nothing would be
+// admitted for free). More than limit is an error.
+func addendOf(req *rlsv3.RateLimitRequest, desc *ratelimitv3.RateLimitDescriptor, limit int64) (int64, error) {
+	a := uint64(req.GetHitsAddend())
 	if w := desc.GetHitsAddend(); w != nil {
 		a = w.GetValue()
 	}
-	if a > maxAddend {
-		return 0, fmt.Errorf("hits_addend %d is more than any limit can count (at most %d)", a, uint64(maxAddend))
+	a = max(a, 1)
+	if a > uint64(limit) {
+		return 0, fmt.Errorf("hits_addend %d is more than this domain takes (at most %d: max_hits_addend)", a, limit)
 	}
 	return int64(a), nil
 }
@@ -356,8 +401,11 @@ func pathOf(t *engine.Tree, entries []*ratelimitv3.RateLimitDescriptor_Entry, va
 				v, given = en.GetValue(), true
 			}
 		}
-		if !given && !tier.Dynamic() {
-			v = tier.Key // a constant tier (a global ceiling) needs no entry
+		if !tier.Dynamic() {
+			// A constant tier (a global ceiling) is one bucket, whatever
+			// value an entry gives: a caller must not get a ceiling of its
+			// own by naming one.
+			v = tier.Key
 		}
 		values = append(values, v)
 	}

@@ -45,8 +45,10 @@ func eachStore(t *testing.T, test func(t *testing.T, kind string)) {
 // newServer serves the tree api: org (100/min, 1000 tokens/min) > team
 // (missing: skip; 50/min) > user (10 per 90 s; bob 2/min), on a store of
 // kind (memory, or a real Redis) with a clock the test moves, under the
-// domains api (requests) and llm (tokens).
-func newServer(t *testing.T, kind, mode string) (*Server, *clock) {
+// domains api (requests) and llm (tokens, refunds allowed); and the tree
+// edge: all (a constant key: one bucket, 5/min) > org (100/min), under the
+// domain edge.
+func newServer(t testing.TB, kind, mode string) (*Server, *clock) {
 	t.Helper()
 	tree := &hierarchy.Tree{Name: "api", Tiers: []*hierarchy.Tier{
 		{Name: "org", Key: "{org}", Limits: []*hierarchy.Limit{{Count: 100, Per: "min"}, {Count: 1000, Per: "min", Dimension: "tokens"}}},
@@ -57,7 +59,14 @@ func newServer(t *testing.T, kind, mode string) (*Server, *clock) {
 	if err := tree.Compile(); err != nil {
 		t.Fatal(err)
 	}
-	hierarchy.QualifyPolicies([]*hierarchy.Tree{tree})
+	edge := &hierarchy.Tree{Name: "edge", Tiers: []*hierarchy.Tier{
+		{Name: "all", Key: "all", Limits: []*hierarchy.Limit{{Count: 5, Per: "min"}}},
+		{Name: "org", Key: "{org}", Limits: []*hierarchy.Limit{{Count: 100, Per: "min"}}},
+	}}
+	if err := edge.Compile(); err != nil {
+		t.Fatal(err)
+	}
+	hierarchy.QualifyPolicies([]*hierarchy.Tree{tree, edge})
 	c := &clock{}
 	c.now.Store(time.Date(2026, 11, 25, 0, 0, 0, 0, time.UTC).UnixMicro())
 	var st store.Store
@@ -77,14 +86,18 @@ func newServer(t *testing.T, kind, mode string) (*Server, *clock) {
 		t.Cleanup(func() { r.Close() })
 		st = r
 	}
-	et := &engine.Tree{Tree: tree}
+	et, eedge := &engine.Tree{Tree: tree}, &engine.Tree{Tree: edge}
 	e := engine.New(engine.Config{
-		Trees: []*engine.Tree{et}, Dimensions: []string{"tokens"}, Store: st, StoreName: kind,
+		Trees: []*engine.Tree{et, eedge}, Dimensions: []string{"tokens"}, Store: st, StoreName: kind,
 		Mode: mode, Headers: engine.Headers{IETF: true, RetryAfter: true}, DenialLog: "off",
 	})
 	t.Cleanup(e.Close)
 	s := New(nil)
-	s.SetRoutes(map[string]Route{"api": {Engine: e, Tree: et}, "llm": {Engine: e, Tree: et, Dimension: "tokens"}}, nil)
+	s.SetRoutes(map[string]Route{
+		"api":  {Engine: e, Tree: et},
+		"llm":  {Engine: e, Tree: et, Dimension: "tokens", AllowRefunds: true},
+		"edge": {Engine: e, Tree: eedge},
+	}, nil)
 	return s, c
 }
 
@@ -212,8 +225,8 @@ func TestHitsAddend(t *testing.T) {
 	})
 }
 
-// TestNegativeHits: is_negative_hits gives the addend back, never refused,
-// in the call's dimension only.
+// TestNegativeHits: on a domain that allows refunds, is_negative_hits
+// gives the addend back, never refused, in the call's dimension only.
 func TestNegativeHits(t *testing.T) {
 	eachStore(t, func(t *testing.T, kind string) {
 		s, _ := newServer(t, kind, "")
@@ -252,7 +265,7 @@ func TestBadCalls(t *testing.T) {
 			descs  []*ratelimitv3.RateLimitDescriptor
 			says   string
 		}{
-			{"unknown domain", "nope", []*ratelimitv3.RateLimitDescriptor{desc("org", "x")}, `no domain "nope": the domains served are api, llm`},
+			{"unknown domain", "nope", []*ratelimitv3.RateLimitDescriptor{desc("org", "x")}, `no domain "nope": the domains served are api, edge, llm`},
 			{"no descriptors", "api", nil, "at least one descriptor"},
 			{"too many", "api", many, "at most 64"},
 			{"unknown key", "api", []*ratelimitv3.RateLimitDescriptor{desc("org", "x"), desc("org", "x", "region", "eu")}, `descriptor 1: the key "region" is not a tier of tree api: its tiers are org, team, user`},
@@ -260,7 +273,7 @@ func TestBadCalls(t *testing.T) {
 			{"twice", "api", []*ratelimitv3.RateLimitDescriptor{desc("org", "x", "org", "y")}, "named twice"},
 			{"missing org", "api", []*ratelimitv3.RateLimitDescriptor{desc("user", "x")}, "no org"},
 			{"a limit", "api", []*ratelimitv3.RateLimitDescriptor{limited}, "carries a limit"},
-			{"huge addend", "api", []*ratelimitv3.RateLimitDescriptor{huge}, "more than any limit"},
+			{"huge addend", "api", []*ratelimitv3.RateLimitDescriptor{huge}, "more than this domain takes (at most 4294967295: max_hits_addend)"},
 		} {
 			_, err := s.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: tc.domain, Descriptors: tc.descs})
 			if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), tc.says) {
@@ -403,7 +416,7 @@ func TestStoreDown(t *testing.T) {
 	e := engine.New(engine.Config{Trees: []*engine.Tree{et}, Store: r, StoreName: "redis", DenialLog: "off"})
 	defer e.Close()
 	s := New(nil)
-	s.SetRoutes(map[string]Route{"api": {Engine: e, Tree: et}}, nil)
+	s.SetRoutes(map[string]Route{"api": {Engine: e, Tree: et, AllowRefunds: true}}, nil)
 	for _, d := range []*ratelimitv3.RateLimitDescriptor{desc("org", "x"), func() *ratelimitv3.RateLimitDescriptor {
 		back := desc("org", "x")
 		back.IsNegativeHits = true
@@ -413,5 +426,104 @@ func TestStoreDown(t *testing.T) {
 		if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "rate limit store could not") {
 			t.Fatalf("negative %v: %v, want UNAVAILABLE naming the store", d.IsNegativeHits, err)
 		}
+	}
+}
+
+// TestRefundsRefused: a domain that does not allow refunds refuses a call
+// with is_negative_hits as invalid, naming the option, and neither gives
+// back nor charges anything, even for the call's other descriptors.
+func TestRefundsRefused(t *testing.T) {
+	eachStore(t, func(t *testing.T, kind string) {
+		s, _ := newServer(t, kind, "")
+		org := desc("org", "acme")
+		for range 3 {
+			call(t, s, "api", 0, org)
+		}
+		back := desc("org", "acme")
+		back.IsNegativeHits = true
+		back.HitsAddend = wrapperspb.UInt64(50)
+		_, err := s.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "api",
+			Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("org", "other"), back}})
+		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "descriptor 1 has is_negative_hits") ||
+			!strings.Contains(err.Error(), "allow_refunds") {
+			t.Fatalf("a refund on api: %v, want InvalidArgument naming allow_refunds", err)
+		}
+		if st := call(t, s, "api", 0, org).Statuses[0]; st.LimitRemaining != 100-4 {
+			t.Fatalf("org acme: %d left after 3 calls, a refused refund and this call, want 96", st.LimitRemaining)
+		}
+		if st := call(t, s, "api", 0, desc("org", "other")).Statuses[0]; st.LimitRemaining != 100-1 {
+			t.Fatalf("org other: %d left, want 99 (the refused call charged nothing)", st.LimitRemaining)
+		}
+	})
+}
+
+// TestZeroAddend: a descriptor's hits_addend of 0 means 1, as the call's
+// does: a call that counts nothing would be admitted for free.
+func TestZeroAddend(t *testing.T) {
+	eachStore(t, func(t *testing.T, kind string) {
+		s, _ := newServer(t, kind, "")
+		d := desc("org", "zero", "user", "u")
+		d.HitsAddend = wrapperspb.UInt64(0)
+		for i := range 10 {
+			if res := call(t, s, "api", 0, d); res.OverallCode != rlsv3.RateLimitResponse_OK || res.Statuses[0].LimitRemaining != uint32(9-i) {
+				t.Fatalf("call %d: %s, %d left", i, codesOf(res), res.Statuses[0].LimitRemaining)
+			}
+		}
+		if res := call(t, s, "api", 0, d); res.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
+			t.Fatalf("an 11th call of addend 0 against 10/90s: %s", codesOf(res))
+		}
+	})
+}
+
+// TestConstantTier: an entry naming a tier whose key is a constant cannot
+// choose its value: every descriptor shares the one bucket (the ceiling of
+// 5/min), whether it names the tier or not, and with whatever value.
+func TestConstantTier(t *testing.T) {
+	eachStore(t, func(t *testing.T, kind string) {
+		s, _ := newServer(t, kind, "")
+		for i := range 5 {
+			d := desc("org", fmt.Sprint("o", i), "all", fmt.Sprint("mine-", i))
+			if i%2 == 0 {
+				d = desc("org", fmt.Sprint("o", i))
+			}
+			if res := call(t, s, "edge", 0, d); res.OverallCode != rlsv3.RateLimitResponse_OK {
+				t.Fatalf("call %d: %s", i, codesOf(res))
+			}
+		}
+		res := call(t, s, "edge", 0, desc("all", "a-ceiling-of-my-own", "org", "fresh"))
+		if res.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT || res.Statuses[0].CurrentLimit.Name != "all" {
+			t.Fatalf("a sixth call naming its own ceiling: %s %v, want refused by the one ceiling", codesOf(res), res.Statuses[0].CurrentLimit)
+		}
+	})
+}
+
+// TestMaxAddend: a route's MaxAddend refuses larger addends at either
+// level, as invalid, charging nothing; up to it is taken.
+func TestMaxAddend(t *testing.T) {
+	s, _ := newServer(t, "memory", "")
+	cfg := s.config.Load()
+	routes := map[string]Route{}
+	for k, v := range cfg.routes {
+		v.MaxAddend = 8
+		routes[k] = v
+	}
+	s.SetRoutes(routes, nil)
+	d := desc("org", "m", "user", "u")
+	if st := call(t, s, "api", 8, d).Statuses[0]; st.LimitRemaining != 2 {
+		t.Fatalf("8 hits: %d left of 10", st.LimitRemaining)
+	}
+	big := desc("org", "m", "user", "u")
+	big.HitsAddend = wrapperspb.UInt64(9)
+	for _, req := range []*rlsv3.RateLimitRequest{
+		{Domain: "api", HitsAddend: 9, Descriptors: []*ratelimitv3.RateLimitDescriptor{d}},
+		{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{big}},
+	} {
+		_, err := s.ShouldRateLimit(context.Background(), req)
+		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "hits_addend 9 is more than this domain takes (at most 8: max_hits_addend)") {
+			t.Fatalf("9 hits: %v", err)
+		}
+	}
+	if st := call(t, s, "api", 1, d).Statuses[0]; st.LimitRemaining != 1 {
+		t.Fatalf("after refused calls and 1 hit: %d left, want 1", st.LimitRemaining)
 	}
 }

@@ -150,6 +150,8 @@ type Redis struct {
 	// glob of a reset by pattern.
 	onReset func(keys []string, glob string)
 
+	busState *busState // how its Pub/Sub messages are signed and checked
+
 	refunding sync.WaitGroup // refunds after a partial denial on a Cluster
 	closing   sync.Mutex     // orders starting a refund before Close's wait
 	closed    bool
@@ -292,6 +294,7 @@ func NewRedis(ctx context.Context, opts RedisOptions) (*Redis, error) {
 		logger:  opts.Logger,
 		adjusts: make(chan struct{}, max(1, pool-batchWorkers-1)),
 	}
+	r.busState = newBusState()
 	r.cluster, _ = client.(*redis.ClusterClient)
 	r.slots = newSlots(r, opts.SlotTTL)
 	r.batch = newBatchers(client, lua.Decide, opts.Timeout, opts.TenantInFlight)

@@ -9,6 +9,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
+
+	"github.com/caddy-cascade/cascade/logsample"
 )
 
 // Bus carries short messages between the processes sharing a Redis store,
@@ -27,12 +29,20 @@ import (
 // (resharding, a failover) the node ends the subscription on a connection
 // it keeps open, which go-redis does not redo by itself: the Bus
 // subscribes again, at the slot's new master.
+//
+// What a Bus hears is checked before it is delivered (see busauth.go): a
+// message too long, or one that does not verify under the store's bus
+// key, is dropped and counted (Stats).
 type Bus struct {
 	r       *Redis
 	channel string
 	out     chan []byte
-	dropped atomic.Int64
+	state   *busState    // the store's: its key, and its counters in all
+	counts  busCounters  // this Bus's
 	logged  atomic.Int64 // unix ns of the last drop logged
+	// rejects samples the logging of messages heard and dropped: one line
+	// per reason a minute.
+	rejects *logsample.Sampler
 	// unheard is when (unix ns) the oldest message published since the
 	// Bus last heard one was published (0: none): every message published
 	// is heard by its sender too.
@@ -68,21 +78,29 @@ const (
 // not wait for Redis: the subscription is made (and made again when lost)
 // in the background.
 func (r *Redis) OpenBus(name string, deliver func([]byte)) *Bus {
-	b := &Bus{r: r, channel: r.prefix + name, out: make(chan []byte, busQueue), stop: make(chan struct{})}
+	b := &Bus{r: r, channel: r.prefix + name, out: make(chan []byte, busQueue), stop: make(chan struct{}),
+		state: r.bus(), rejects: logsample.New(time.Minute, 8)}
 	b.quiet.Store(int64(quietAfter))
 	b.done.Add(2)
-	go b.receive(deliver)
+	go b.receive(newOpener(b.state, b.channel), deliver)
 	go b.send()
 	return b
 }
 
 // PublishOnce publishes msg on the channel name (after the key prefix), as
-// a Bus does, without subscribing: for an instance that only tells.
+// a Bus does (signed with the store's bus key, if any), without
+// subscribing: for an instance that only tells.
 func (r *Redis) PublishOnce(ctx context.Context, name string, msg []byte) error {
+	st := r.bus()
+	if len(msg) > MaxBusMessage {
+		st.counts.dropped.Add(1)
+		return fmt.Errorf("redis store: publishing on %s%s: %d bytes, more than %d", r.prefix, name, len(msg), MaxBusMessage)
+	}
 	publish := r.publisher()
 	ctx, cancel := context.WithTimeout(ctx, r.timeout)
 	defer cancel()
-	if err := publish(ctx, r.prefix+name, msg).Err(); err != nil {
+	if err := publish(ctx, r.prefix+name, st.seal(r.prefix+name, msg)).Err(); err != nil {
+		st.counts.dropped.Add(1)
 		return fmt.Errorf("redis store: publishing on %s%s: %w", r.prefix, name, err)
 	}
 	return nil
@@ -104,7 +122,7 @@ func (r *Redis) SetOnReset(fn func(keys []string, glob string)) { r.onReset = fn
 
 // receive delivers what the subscription hears, subscribing again when
 // it is lost (see Bus), until Close.
-func (b *Bus) receive(deliver func([]byte)) {
+func (b *Bus) receive(o *opener, deliver func([]byte)) {
 	defer b.done.Done()
 	wait := 50 * time.Millisecond
 	failing := false
@@ -116,7 +134,7 @@ func (b *Bus) receive(deliver func([]byte)) {
 		if err == nil {
 			wait, failing = 50*time.Millisecond, false
 			b.unheard.Store(0)
-			if !b.listen(ps, deliver) {
+			if !b.listen(ps, o, deliver) {
 				return
 			}
 		} else {
@@ -158,9 +176,9 @@ const (
 // busPing is the message a quiet Bus sends itself.
 const busPing = "\x00cascade-bus-ping"
 
-// listen delivers what ps hears until the Bus closes (false) or the
-// subscription is lost (true).
-func (b *Bus) listen(ps *redis.PubSub, deliver func([]byte)) bool {
+// listen delivers what ps hears, once o let it through, until the Bus
+// closes (false) or the subscription is lost (true).
+func (b *Bus) listen(ps *redis.PubSub, o *opener, deliver func([]byte)) bool {
 	ch := ps.ChannelWithSubscriptions(redis.WithChannelSize(busQueue)) // closed by Close
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
@@ -173,10 +191,13 @@ func (b *Bus) listen(ps *redis.PubSub, deliver func([]byte)) bool {
 			}
 			switch m := m.(type) {
 			case *redis.Message:
-				b.unheard.Store(0)
+				b.unheard.Store(0) // any message heard says the subscription works
 				heard = time.Now()
-				if m.Payload != busPing {
-					deliver([]byte(m.Payload))
+				msg, err := o.open([]byte(m.Payload))
+				if err != nil {
+					b.reject(err, len(m.Payload))
+				} else if string(msg) != busPing {
+					deliver(msg)
 				}
 			case *redis.Subscription:
 				if m.Kind == "sunsubscribe" && m.Count == 0 {
@@ -249,7 +270,7 @@ func (b *Bus) send() {
 			return
 		case msg := <-b.out:
 			ctx, cancel := b.callContext()
-			if err := publish(ctx, b.channel, msg).Err(); err != nil {
+			if err := publish(ctx, b.channel, b.state.seal(b.channel, msg)).Err(); err != nil {
 				b.drop(err)
 			} else {
 				b.unheard.CompareAndSwap(0, time.Now().UnixNano())
@@ -261,7 +282,8 @@ func (b *Bus) send() {
 
 // drop counts a message not published, and logs it at most once a minute.
 func (b *Bus) drop(err error) {
-	n := b.dropped.Add(1)
+	n := b.counts.dropped.Add(1)
+	b.state.counts.dropped.Add(1)
 	now, last := time.Now().UnixNano(), b.logged.Load()
 	if now-last >= int64(time.Minute) && b.logged.CompareAndSwap(last, now) && b.r.logger != nil {
 		b.r.logger.Warn("redis: a message to the other instances was dropped (they may briefly not know what this one holds)",
@@ -274,13 +296,37 @@ type errBusFull struct{}
 
 func (errBusFull) Error() string { return "the queue of messages to publish is full" }
 
+// reject counts a message heard and not delivered (err says why), and
+// logs the first of each reason a minute — never the message, which
+// anyone who may publish on the channel writes.
+func (b *Bus) reject(err error, size int) {
+	b.counts.count(err)
+	b.state.counts.count(err)
+	if b.r.logger == nil {
+		return
+	}
+	if ok, _ := b.rejects.Allow(err.Error(), time.Now()); ok {
+		st := b.counts.stats()
+		b.r.logger.Warn("redis: a message heard from the other instances was dropped: "+err.Error()+
+			" (another process publishes on the channel, or the instances do not share one bus_secret)",
+			zap.String("channel", b.channel), zap.Int("bytes", size),
+			zap.Int64("oversized_total", st.Oversized), zap.Int64("unauthenticated_total", st.Unauthenticated),
+			zap.Int64("replayed_total", st.Replayed))
+	}
+}
+
 // Publish queues msg for the other processes, and reports whether it was
-// queued (false: the queue is full, or the Bus closed).
+// queued (false: the queue is full, the Bus closed, or msg is longer
+// than MaxBusMessage).
 func (b *Bus) Publish(msg []byte) bool {
 	select {
 	case <-b.stop:
 		return false
 	default:
+	}
+	if len(msg) > MaxBusMessage {
+		b.drop(errBusTooLong{len(msg)})
+		return false
 	}
 	select {
 	case b.out <- msg:
@@ -291,9 +337,20 @@ func (b *Bus) Publish(msg []byte) bool {
 	}
 }
 
-// Dropped is how many messages were not published: the queue was full or
-// Redis did not take them.
-func (b *Bus) Dropped() int64 { return b.dropped.Load() }
+// errBusTooLong is the reason of a message dropped for its length.
+type errBusTooLong struct{ n int }
+
+func (e errBusTooLong) Error() string {
+	return fmt.Sprintf("a message of %d bytes, more than %d", e.n, MaxBusMessage)
+}
+
+// Dropped is how many messages were not published: the queue was full,
+// Redis did not take them, or they were too long.
+func (b *Bus) Dropped() int64 { return b.counts.dropped.Load() }
+
+// Stats is what this Bus dropped: messages not published, and messages
+// heard and not delivered (see Redis.BusStats for all of a store's).
+func (b *Bus) Stats() BusStats { return b.counts.stats() }
 
 // Close unsubscribes and stops publishing; messages still queued are
 // dropped. It waits for the message being delivered, if any, and for the

@@ -1,10 +1,12 @@
 package store_test
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -292,5 +294,212 @@ func BenchmarkBusRoundTrip(b *testing.B) {
 	for range b.N {
 		from.Publish([]byte(`{"k":"hold","f":"0123456789abcdef","i":42,"b":true,"keys":["{api|acme}|user|ann"],"d":2000000000}`))
 		<-heard
+	}
+}
+
+// msgInbox records what a Bus delivered.
+type msgInbox struct {
+	mu  sync.Mutex
+	got []string
+}
+
+func (in *msgInbox) deliver(msg []byte) {
+	in.mu.Lock()
+	in.got = append(in.got, string(msg))
+	in.mu.Unlock()
+}
+
+func (in *msgInbox) has(msg string) bool {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return slices.Contains(in.got, msg)
+}
+
+func (in *msgInbox) all() []string {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return slices.Clone(in.got)
+}
+
+// TestBusDropsForgedMessages is the attack on a Bus with a bus key: a
+// process that may PUBLISH on the Redis but does not hold the key sends,
+// on the channel, an unsigned message, one signed under another key, one
+// with a forged HMAC, a signed message recorded from the channel and
+// played again, one too long, and one moved from another channel. None
+// is delivered; each is counted, on the Bus and on its store; the
+// instances' own messages still are delivered.
+func TestBusDropsForgedMessages(t *testing.T) {
+	addr, p := redistest.Shared(t).Addr(), prefix(t)
+	r := newRedis(t, store.RedisOptions{Addrs: []string{addr}, KeyPrefix: p})
+	r.SetBusKey(store.BusKey("correct horse battery staple", false))
+	in := &msgInbox{}
+	b := r.OpenBus("leases", in.deliver)
+	t.Cleanup(func() { b.Close() })
+
+	// Record what travels on the channel, as an eavesdropper would.
+	spy := redis.NewClient(&redis.Options{Addr: addr})
+	t.Cleanup(func() { spy.Close() })
+	ps := spy.Subscribe(t.Context(), p+"leases")
+	t.Cleanup(func() { ps.Close() })
+	if _, err := ps.Receive(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, busWait, "the Bus to subscribe", func() error {
+		if in.has("hello") {
+			return nil
+		}
+		b.Publish([]byte("hello"))
+		return errors.New("not heard yet")
+	})
+	var recorded string
+	for recorded == "" {
+		m, err := ps.ReceiveMessage(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.HasSuffix(m.Payload, "hello") {
+			recorded = m.Payload
+		}
+	}
+	if recorded == "hello" {
+		t.Fatalf("the message travelled unsigned")
+	}
+
+	other := store.NewBusCodec(store.BusKey("another secret", false), p+"leases")
+	forged := []byte(recorded)
+	forged[len(forged)-1] ^= 1 // "hellp" under the recorded HMAC
+	moved := store.NewBusCodec(store.BusKey("correct horse battery staple", false), p+"waiting").Seal([]byte("moved"))
+	attacks := []struct{ name, msg string }{
+		{"unsigned", `{"f":"x","glob":"*"}`},
+		{"another key", string(other.Seal([]byte("other key")))},
+		{"forged", string(forged)},
+		{"replayed", recorded},
+		{"too long", strings.Repeat("x", store.MaxBusMessage+100)},
+		{"another channel", string(moved)},
+		{"truncated", recorded[:20]},
+	}
+	for _, a := range attacks {
+		if _, err := redistest.Do(addr, "PUBLISH", p+"leases", a.msg); err != nil {
+			t.Fatalf("%s: %v", a.name, err)
+		}
+	}
+	// Messages reach the Bus in order: once the marker is delivered, every
+	// attack was heard before it.
+	waitFor(t, busWait, "the marker after the attacks", func() error {
+		if in.has("marker") {
+			return nil
+		}
+		b.Publish([]byte("marker"))
+		return errors.New("not heard yet")
+	})
+	for _, got := range in.all() {
+		if got != "hello" && got != "marker" {
+			t.Errorf("the Bus delivered %.40q", got)
+		}
+	}
+	want := store.BusStats{Unauthenticated: 5, Replayed: 1, Oversized: 1}
+	if st := b.Stats(); st != want {
+		t.Errorf("Bus stats %+v, want %+v", st, want)
+	}
+	if st := r.BusStats(); st != want {
+		t.Errorf("store's bus stats %+v, want %+v", st, want)
+	}
+}
+
+// TestBusKeysMustAgree: instances sharing a bus key hear each other;
+// an instance with another key, or none, hears neither — each drops and
+// counts the others' messages — nor do they hear it.
+func TestBusKeysMustAgree(t *testing.T) {
+	addr, p := redistest.Shared(t).Addr(), prefix(t)
+	open := func(key []byte) (*store.Bus, *msgInbox) {
+		r := newRedis(t, store.RedisOptions{Addrs: []string{addr}, KeyPrefix: p})
+		r.SetBusKey(key)
+		in := &msgInbox{}
+		b := r.OpenBus("waiting", in.deliver)
+		t.Cleanup(func() { b.Close() })
+		return b, in
+	}
+	key := store.BusKey("pw", true)
+	a, ina := open(key)
+	_, inb := open(key)
+	c, inc := open(store.BusKey("pw", false)) // the same text as a secret: another key
+	d, ind := open(nil)
+	waitFor(t, busWait, "the Buses to subscribe", func() error {
+		if ina.has("a") && inb.has("a") && inc.has("c") && ind.has("d") {
+			return nil
+		}
+		a.Publish([]byte("a"))
+		c.Publish([]byte("c"))
+		d.Publish([]byte("d"))
+		return errors.New("not heard yet")
+	})
+	for name, in := range map[string]*msgInbox{"a": ina, "b": inb, "c": inc, "d": ind} {
+		for _, got := range in.all() {
+			if name == "b" && got != "a" || name != "b" && got != name {
+				t.Errorf("%s heard %q", name, got)
+			}
+		}
+	}
+	if st := c.Stats(); st.Unauthenticated == 0 {
+		t.Errorf("c's stats %+v: it counted none of the others' messages", st)
+	}
+	if st := d.Stats(); st.Unauthenticated == 0 {
+		t.Errorf("d's stats %+v: it counted none of the signed messages", st)
+	}
+}
+
+// FuzzBusOpen: whatever is heard, opening it never panics, and only a
+// message sealed under the key opens (once); with no key, a message opens
+// as itself unless it is signed or too long.
+func FuzzBusOpen(f *testing.F) {
+	key := store.BusKey("fuzz", false)
+	f.Add([]byte("hello"), []byte(nil))
+	f.Add([]byte(`{"f":"x","glob":"*"}`), []byte("\x00cb1"))
+	f.Add([]byte(""), store.NewBusCodec(store.BusKey("other", false), "ch").Seal([]byte("x")))
+	f.Fuzz(func(t *testing.T, payload, heard []byte) {
+		signed, unsigned := store.NewBusCodec(key, "ch"), store.NewBusCodec(nil, "ch")
+		if got, err := signed.Open(heard); err == nil {
+			t.Fatalf("%q opened as %q without being sealed", heard, got)
+		}
+		if got, err := unsigned.Open(heard); err == nil && !bytes.Equal(got, heard) {
+			t.Fatalf("%q opened as %q", heard, got)
+		}
+		if len(payload) > store.MaxBusMessage {
+			return
+		}
+		sealed := signed.Seal(payload)
+		if got, err := signed.Open(sealed); err != nil || !bytes.Equal(got, payload) {
+			t.Fatalf("a sealed %q opened as %q, %v", payload, got, err)
+		}
+		if _, err := signed.Open(sealed); err == nil {
+			t.Fatalf("a sealed %q opened twice", payload)
+		}
+	})
+}
+
+// TestBusDropsStaleRecordings: a receiver that has not heard a sender yet
+// (a process just started) takes a recording of its messages only while
+// the recording is fresh: one sent more than half a minute ago, or dated
+// ahead, is dropped as replayed, however valid its HMAC.
+func TestBusDropsStaleRecordings(t *testing.T) {
+	key := store.BusKey("correct horse battery staple", false)
+	sender := store.NewBusCodec(key, "p:leases")
+	t0 := time.Date(2026, 11, 28, 12, 0, 0, 0, time.UTC)
+	sender.SetClock(func() time.Time { return t0 })
+	recorded := sender.Seal([]byte(`{"reset":1}`))
+	for _, tc := range []struct {
+		name string
+		at   time.Time
+		want error
+	}{
+		{"fresh", t0.Add(2 * time.Second), nil},
+		{"an hour later", t0.Add(time.Hour), store.ErrBusReplayed},
+		{"dated ahead", t0.Add(-time.Minute), store.ErrBusReplayed},
+	} {
+		receiver := store.NewBusCodec(key, "p:leases") // has heard nobody
+		receiver.SetClock(func() time.Time { return tc.at })
+		if _, err := receiver.Open(recorded); !errors.Is(err, tc.want) {
+			t.Errorf("%s: %v, want %v", tc.name, err, tc.want)
+		}
 	}
 }

@@ -15,6 +15,17 @@
 // response, so that Cascade reconciles the charge with the usage the
 // upstream reports (LLM tokens).
 //
+// Cascade believes those forwarded headers only from the peers its server
+// trusts (Caddy's trusted_proxies) and refuses anyone else (403): bind the
+// decision endpoint to loopback, or to an address only Traefik reaches, and
+// list Traefik's address in trusted_proxies. The plugin overwrites every
+// forwarded header a client could send (the URI, method, host and proto
+// Cascade reads, and removes the others: X-Original-URI, Forwarded, ...).
+// The client's address is appended to the X-Forwarded-For Traefik kept,
+// which Traefik empties for a client its entryPoint does not trust
+// (forwardedHeaders.trustedIPs); Caddy takes the client from it as its
+// client_ip_headers and trusted_proxies say.
+//
 // It uses the standard library only: Traefik interprets plugins with Yaegi.
 package traefik
 
@@ -149,7 +160,14 @@ func (c *Cascade) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// decide asks Cascade about r.
+// clientForwarded are the headers describing a forwarded request that the
+// plugin does not set: a client's copies are removed, so that only the
+// plugin's say which request Cascade decides.
+var clientForwarded = []string{"X-Original-Uri", "X-Original-Method", "X-Original-Host", "Forwarded",
+	"X-Forwarded-Port", "X-Forwarded-Prefix", "X-Forwarded-Server"}
+
+// decide asks Cascade about r: its method, URI, host and proto in the
+// X-Forwarded-* headers, set (never added to a client's).
 func (c *Cascade) decide(r *http.Request, body []byte) (*http.Response, error) {
 	method := http.MethodGet
 	var rd io.Reader
@@ -165,16 +183,22 @@ func (c *Cascade) decide(r *http.Request, body []byte) (*http.Response, error) {
 	if r.TLS != nil {
 		proto = "https"
 	}
+	for _, h := range clientForwarded {
+		req.Header.Del(h)
+	}
 	req.Header.Set("X-Forwarded-Method", r.Method)
 	req.Header.Set("X-Forwarded-Uri", r.URL.RequestURI())
 	req.Header.Set("X-Forwarded-Host", r.Host)
 	req.Header.Set("X-Forwarded-Proto", proto)
-	if ip, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
-		if prior := r.Header.Get("X-Forwarded-For"); prior != "" {
-			ip = prior + ", " + ip
-		}
-		req.Header.Set("X-Forwarded-For", ip)
+	// The peer Traefik saw, after the addresses Traefik kept (every line).
+	ip := r.RemoteAddr
+	if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
+		ip = host
 	}
+	if prior := strings.Join(r.Header.Values("X-Forwarded-For"), ", "); prior != "" {
+		ip = prior + ", " + ip
+	}
+	req.Header.Set("X-Forwarded-For", ip)
 	return c.client.Do(req)
 }
 

@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -53,6 +55,54 @@ const remoteAckTimeout = time.Second
 // (message.For): a peer's bug, or a foreign publisher on the channel, can
 // make batch requests here yield for no longer than this.
 const maxRemoteFor = time.Hour
+
+// The bounds of a message from another process (decodeMessage): what a
+// Registry keeps of them is bounded too (maxRemote). A message is
+// anyone's who may publish on the channel (but see store.BusKey).
+const (
+	maxMessage = 64 << 10 // bytes, store.MaxBusMessage
+	maxFrom    = 64       // a process's name (rand.Text() is 26)
+	maxKeys    = 256      // an entry's keys: a path's buckets
+	maxKey     = 4096     // bytes
+	// maxRemote bounds the entries of other processes kept: beyond it a
+	// hold is refused (counted), as if lost.
+	maxRemote = 100_000
+)
+
+// errMalformed is why a message was refused.
+var errMalformed = errors.New("malformed message")
+
+// decodeMessage is the message b, or errMalformed (wrapped with the
+// reason): a known kind from a named process, with keys and a duration
+// within the bounds above (For is then clamped to maxRemoteFor).
+func decodeMessage(b []byte) (message, error) {
+	var m message
+	if len(b) > maxMessage {
+		return m, fmt.Errorf("%w: %d bytes, more than %d", errMalformed, len(b), maxMessage)
+	}
+	if err := json.Unmarshal(b, &m); err != nil {
+		return m, fmt.Errorf("%w: %w", errMalformed, err)
+	}
+	switch {
+	case m.Kind != "hold" && m.Kind != "leave" && m.Kind != "preempt" && m.Kind != "gaveback":
+		return m, fmt.Errorf("%w: unknown kind (%d bytes)", errMalformed, len(m.Kind))
+	case m.From == "" || len(m.From) > maxFrom:
+		return m, fmt.Errorf("%w: a sender of %d bytes (1 to %d)", errMalformed, len(m.From), maxFrom)
+	case m.Kind == "gaveback" && (m.To == "" || len(m.To) > maxFrom):
+		return m, fmt.Errorf("%w: gaveback to a process of %d bytes (1 to %d)", errMalformed, len(m.To), maxFrom)
+	case len(m.Keys) > maxKeys:
+		return m, fmt.Errorf("%w: %d keys, more than %d", errMalformed, len(m.Keys), maxKeys)
+	case m.For < 0:
+		return m, fmt.Errorf("%w: a negative duration", errMalformed)
+	}
+	for _, k := range m.Keys {
+		if k == "" || len(k) > maxKey {
+			return m, fmt.Errorf("%w: a key of %d bytes (1 to %d)", errMalformed, len(k), maxKey)
+		}
+	}
+	m.For = min(m.For, int64(maxRemoteFor))
+	return m, nil
+}
 
 // pruneEvery is how often, at most, a Registry forgets the expired entries
 // of other processes when it finds them in its way.
@@ -120,6 +170,10 @@ type remoteState struct {
 	awaiting   map[remoteID]*Entry
 	received   int
 	ackTimeout time.Duration // remoteAckTimeout, but in tests
+	// rejected counts the messages refused: malformed (decodeMessage), or
+	// a hold beyond maxRemote.
+	rejected  atomic.Int64
+	maxRemote int // maxRemote, but in tests
 }
 
 func (s *remoteState) init() {
@@ -130,6 +184,7 @@ func (s *remoteState) init() {
 	s.preemptions = map[uint64]*preemption{}
 	s.awaiting = map[remoteID]*Entry{}
 	s.ackTimeout = remoteAckTimeout
+	s.maxRemote = maxRemote
 }
 
 // Connect links r to the other processes sharing its store: from now on
@@ -217,11 +272,17 @@ func (r *Registry) endPreemption(id uint64) {
 	}
 }
 
-// Receive takes a message from the Link: one of this process's own, or
-// malformed, is ignored.
+// Rejected is how many messages from the Link Receive refused: malformed
+// (another process publishes on the channel), or holds beyond the number
+// of other processes' entries kept.
+func (r *Registry) Rejected() int64 { return r.rejected.Load() }
+
+// Receive takes a message from the Link: one of this process's own is
+// ignored; a malformed one is counted (Rejected) and ignored.
 func (r *Registry) Receive(b []byte) {
-	var m message
-	if json.Unmarshal(b, &m) != nil || m.From == "" {
+	m, err := decodeMessage(b)
+	if err != nil {
+		r.rejected.Add(1)
 		return
 	}
 	r.mu.Lock()
@@ -231,11 +292,19 @@ func (r *Registry) Receive(b []byte) {
 	}
 	now := r.now()
 	id := remoteID{m.From, m.ID}
-	m.For = min(max(m.For, 0), int64(maxRemoteFor))
 	switch m.Kind {
 	case "hold":
 		r.settleRemote(id)
 		r.dropRemote(id)
+		if len(r.remote) >= r.maxRemote {
+			if now.Sub(r.lastPrune) >= pruneEvery {
+				r.pruneRemote(now)
+			}
+			if len(r.remote) >= r.maxRemote {
+				r.rejected.Add(1)
+				break
+			}
+		}
 		r.putRemote(id, &remoteEntry{batch: m.Batch, keys: m.Keys, until: now.Add(time.Duration(m.For))})
 	case "leave":
 		r.settleRemote(id)

@@ -2,7 +2,10 @@ package waiting
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"reflect"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -384,4 +387,86 @@ func TestRemoteExpired(t *testing.T) {
 	if a.BatchHeld() {
 		t.Fatal("an expired batch entry still counts as held")
 	}
+}
+
+// TestReceiveRefusesMalformed: a message not of the shape registries send
+// — an unknown kind, no sender or one too long, a gaveback to nobody, too
+// many keys, an empty or too long key, a negative duration, too long — is
+// counted and keeps nothing; a well-formed one is kept.
+func TestReceiveRefusesMalformed(t *testing.T) {
+	r := New()
+	many, _ := json.Marshal(make([]string, maxKeys+1))
+	for _, msg := range []string{
+		`{`, `[]`, `{"k":"hold","keys":["u:ann"],"d":1000000000}`,
+		`{"k":"steal","f":"peer","i":1,"b":true,"keys":["u:ann"],"d":1000000000}`,
+		`{"k":"hold","f":"` + strings.Repeat("p", maxFrom+1) + `","i":1,"b":true,"keys":["u:ann"],"d":1000000000}`,
+		`{"k":"gaveback","f":"peer","i":1,"s":1}`,
+		`{"k":"hold","f":"peer","i":1,"b":true,"keys":` + string(many) + `,"d":1000000000}`,
+		`{"k":"hold","f":"peer","i":1,"b":true,"keys":[""],"d":1000000000}`,
+		`{"k":"hold","f":"peer","i":1,"b":true,"keys":["` + strings.Repeat("k", maxKey+1) + `"],"d":1000000000}`,
+		`{"k":"hold","f":"peer","i":1,"b":true,"keys":["u:ann"],"d":-1}`,
+		`{"k":"hold","f":"peer","i":1,"b":true,"keys":["u:ann"],"d":"1s"}`,
+		`{"k":"hold","f":"peer","i":1,"b":true,"keys":["u:ann"],"x":"` + strings.Repeat("x", maxMessage) + `"}`,
+	} {
+		before := r.Rejected()
+		r.Receive([]byte(msg))
+		if r.Rejected() != before+1 {
+			t.Errorf("%.60q not refused", msg)
+		}
+	}
+	if r.BatchHeld() || len(r.remote) != 0 {
+		t.Fatalf("malformed messages kept: %d", len(r.remote))
+	}
+	r.Receive([]byte(`{"k":"hold","f":"peer","i":1,"b":true,"keys":["u:ann"],"d":1000000000}`))
+	if !r.BatchHeld() || r.Rejected() != 12 {
+		t.Fatalf("a peer's batch request not kept, or counted as refused (%d)", r.Rejected())
+	}
+}
+
+// TestRemoteEntriesBounded: holds from other processes beyond maxRemote —
+// a flood of forged senders — are refused and counted; the Registry keeps
+// maxRemote entries at most, and makes room as they expire.
+func TestRemoteEntriesBounded(t *testing.T) {
+	r := New()
+	now := time.Unix(1e9, 0)
+	r.now, r.maxRemote = func() time.Time { return now }, 100
+	for i := range 110 {
+		r.Receive(fmt.Appendf(nil, `{"k":"hold","f":"p%d","i":1,"keys":["u:%d"],"d":1000000000}`, i, i))
+	}
+	if len(r.remote) != 100 || r.Rejected() != 10 {
+		t.Fatalf("%d entries kept, %d refused; want 100 and 10", len(r.remote), r.Rejected())
+	}
+	now = now.Add(2 * time.Second) // every entry expired
+	r.Receive([]byte(`{"k":"hold","f":"late","i":1,"keys":["u:x"],"d":1000000000}`))
+	if len(r.remote) != 1 || r.Rejected() != 10 {
+		t.Fatalf("after the entries expired, %d kept, %d refused; want the new one kept", len(r.remote), r.Rejected())
+	}
+}
+
+// FuzzDecodeMessage: any message heard decodes without panicking, and one
+// taken is within the bounds; what a Registry sends is taken as sent.
+func FuzzDecodeMessage(f *testing.F) {
+	for _, m := range []message{
+		{Kind: "hold", From: "a", ID: 1, Batch: true, Keys: []string{"u:ann", "o:acme"}, For: int64(time.Second)},
+		{Kind: "leave", From: "a", ID: 1},
+		{Kind: "preempt", From: "a", ID: 2, Seq: 3, Pending: true, Keys: []string{"u:ann"}, For: 5},
+		{Kind: "gaveback", From: "b", ID: 2, Seq: 3, To: "a"},
+	} {
+		b, _ := json.Marshal(m)
+		f.Add(b)
+	}
+	f.Add([]byte(`{"k":"hold","f":"p","keys":[""],"d":-5}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		m, err := decodeMessage(b)
+		if err != nil {
+			return
+		}
+		if m.From == "" || len(m.Keys) > maxKeys || m.For < 0 || m.For > int64(maxRemoteFor) {
+			t.Fatalf("%q taken as %+v", b, m)
+		}
+		again, _ := json.Marshal(m)
+		if m2, err := decodeMessage(again); err != nil || !reflect.DeepEqual(m, m2) && (len(m.Keys) != 0 || len(m2.Keys) != 0) {
+			t.Fatalf("%q re-encoded decodes as %+v, %v", b, m2, err)
+		}
+	})
 }
