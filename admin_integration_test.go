@@ -273,6 +273,7 @@ func TestAdminBadInput(t *testing.T) {
 		{"PUT", "/rate_limit/overrides/acme/user/x", `{"limits":[{"count":5,"per":"fortnight"}]}`, 400, "fortnight"},
 		{"PUT", "/rate_limit/overrides/acme/user/x", `{"limits":[{"count":5,"per":"min","dimension":"tokens"}]}`, 400, "no cost for tokens"},
 		{"PUT", "/rate_limit/overrides/acme/user/x", `{}`, 400, "no limits"},
+		{"PUT", "/rate_limit/overrides/acme/user/x", `{"limits":[null]}`, 400, "limit 1 is null"},
 		{"PUT", "/rate_limit/overrides/acme/user/x", `{"unlimited":true,"limits":[{"count":5,"per":"min"}]}`, 400, "exclusive"},
 		{"PUT", "/rate_limit/overrides/acme/user/x", `{"unlimited":true,"expires":"` + past + `"}`, 400, "in the past"},
 		{"PUT", "/rate_limit/overrides/acme/user/x", `{"unlimited":true,"expires":"tomorrow"}`, 400, "RFC 3339"},

@@ -125,8 +125,8 @@ func (c *RedisStoreConfig) busKey() (key []byte, how string, err error) {
 		}
 		secret := repl.ReplaceAll(c.BusSecret, "")
 		name := "bus_secret" // never the secret itself
-		if strings.Contains(c.BusSecret, "{") {
-			name = "bus_secret " + c.BusSecret // a placeholder: which variable to set
+		if t := strings.TrimSpace(c.BusSecret); strings.HasPrefix(t, "{") && strings.HasSuffix(t, "}") && strings.Count(t, "{") == 1 {
+			name = "bus_secret " + t // one placeholder: which variable to set
 		}
 		switch {
 		case secret == "":

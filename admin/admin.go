@@ -306,6 +306,39 @@ func decode(r *http.Request, v any) error {
 	return nil
 }
 
+// overrideOf reads the override of value for tier of tree that r's body
+// (an OverrideRequest) asks for, as of now; what it returns is still to
+// be checked against the tree (engine.CheckOverride).
+//
+// value is the path's; nil when the path names only the tree and tier,
+// and the body names the value.
+func overrideOf(r *http.Request, tree, tier string, value *string, now time.Time) (*control.Override, error) {
+	var req OverrideRequest
+	if err := decode(r, &req); err != nil {
+		return nil, err
+	}
+	switch {
+	case value == nil && req.Value == nil:
+		return nil, apiError(http.StatusBadRequest, `name the value: {"value": "…", "limits": …} (or in the path, /rate_limit/overrides/<tree>/<tier>/<value>, which Caddy's admin log records)`)
+	case value != nil && req.Value != nil && *req.Value != *value:
+		return nil, apiError(http.StatusBadRequest, "the body names another value than the path: name it once, in the body")
+	case value == nil:
+		value = req.Value
+	}
+	o := &control.Override{Tree: tree, Tier: tier, Value: *value, Limits: req.Limits, Unlimited: req.Unlimited, Replace: req.Replace, Note: req.Note}
+	if req.Expires != "" {
+		t, err := time.Parse(time.RFC3339, req.Expires)
+		if err != nil {
+			return nil, apiError(http.StatusBadRequest, "expires %q: write an RFC 3339 time such as %s", req.Expires, now.Add(24*time.Hour).UTC().Format(time.RFC3339))
+		}
+		if !t.After(now) {
+			return nil, apiError(http.StatusBadRequest, "expires %s is in the past: give a future RFC 3339 time, or leave it out", req.Expires)
+		}
+		o.Expires = t
+	}
+	return o, nil
+}
+
 func handleOverrides(w http.ResponseWriter, r *http.Request) error {
 	parts, err := segments(r, "/rate_limit/overrides/")
 	if err != nil {
@@ -326,13 +359,43 @@ func handleOverrides(w http.ResponseWriter, r *http.Request) error {
 		}
 		return writeJSON(w, out)
 	}
-	if len(parts) != 3 {
-		return apiError(http.StatusBadRequest, "use /rate_limit/overrides/<tree>/<tier>/<value>, each part escaped (a '/' in a value as %%2F)")
+	if len(parts) != 2 && len(parts) != 3 {
+		return apiError(http.StatusBadRequest, "use /rate_limit/overrides/<tree>/<tier> with the value in the body, or /rate_limit/overrides/<tree>/<tier>/<value>, each part escaped (a '/' in a value as %%2F)")
+	}
+	if len(parts) == 2 {
+		return handleOverrideByBody(w, r, parts[0], parts[1])
 	}
 	if err := method(r, http.MethodGet, http.MethodPut, http.MethodDelete); err != nil {
 		return err
 	}
-	tree, tier, value := parts[0], parts[1], parts[2]
+	return handleOverride(w, r, parts[0], parts[1], parts[2], true)
+}
+
+// handleOverrideByBody serves /rate_limit/overrides/<tree>/<tier>, the
+// value named in the JSON body: PUT takes an OverrideRequest, DELETE
+// {"value": "…"}.
+func handleOverrideByBody(w http.ResponseWriter, r *http.Request, tree, tier string) error {
+	if err := method(r, http.MethodPut, http.MethodDelete); err != nil {
+		return err
+	}
+	if r.Method == http.MethodPut {
+		return handleOverride(w, r, tree, tier, "", false)
+	}
+	var req struct {
+		Value *string `json:"value"`
+	}
+	if err := decode(r, &req); err != nil {
+		return err
+	}
+	if req.Value == nil {
+		return apiError(http.StatusBadRequest, `name the value: {"value": "…"}`)
+	}
+	return handleOverride(w, r, tree, tier, *req.Value, true)
+}
+
+// handleOverride serves one override: value is the path's or the body's
+// (inPath false: a PUT whose body names it).
+func handleOverride(w http.ResponseWriter, r *http.Request, tree, tier, value string, inPath bool) error {
 	es, err := withTree(tree)
 	if err != nil {
 		return err
@@ -361,21 +424,15 @@ func handleOverrides(w http.ResponseWriter, r *http.Request) error {
 		}
 		return writeJSON(w, change)
 	}
-	var req OverrideRequest
-	if err := decode(r, &req); err != nil {
+	var pathValue *string
+	if inPath {
+		pathValue = &value
+	}
+	o, err := overrideOf(r, tree, tier, pathValue, time.Now())
+	if err != nil {
 		return err
 	}
-	o := &control.Override{Tree: tree, Tier: tier, Value: value, Limits: req.Limits, Unlimited: req.Unlimited, Replace: req.Replace, Note: req.Note}
-	if req.Expires != "" {
-		t, err := time.Parse(time.RFC3339, req.Expires)
-		if err != nil {
-			return apiError(http.StatusBadRequest, "expires %q: write an RFC 3339 time such as %s", req.Expires, time.Now().Add(24*time.Hour).UTC().Format(time.RFC3339))
-		}
-		if !t.After(time.Now()) {
-			return apiError(http.StatusBadRequest, "expires %s is in the past: give a future RFC 3339 time, or leave it out", req.Expires)
-		}
-		o.Expires = t
-	}
+	value = o.Value
 	for _, e := range es {
 		if err := e.CheckOverride(o); err != nil {
 			return apiError(http.StatusBadRequest, "%v", showError(e, tree, tier, value, err))

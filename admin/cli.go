@@ -460,8 +460,10 @@ func renderReset(w io.Writer, r *Reset) {
 
 // --- override
 
-func overridePath(tree, tier, value string) string {
-	return "/rate_limit/overrides/" + url.PathEscape(tree) + "/" + url.PathEscape(tier) + "/" + url.PathEscape(value)
+// overridePath is the path of a tier's overrides; the value goes in the
+// body, not the path, which Caddy's admin log records.
+func overridePath(tree, tier string) string {
+	return "/rate_limit/overrides/" + url.PathEscape(tree) + "/" + url.PathEscape(tier)
 }
 
 func overrideCommand() *cobra.Command {
@@ -478,8 +480,9 @@ func overrideCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			req.Value = &args[2]
 			var ch Change[control.Override]
-			if printed, err := c.do("PUT", overridePath(args[0], args[1], args[2]), req, &ch); err != nil || printed {
+			if printed, err := c.do("PUT", overridePath(args[0], args[1]), req, &ch); err != nil || printed {
 				return err
 			}
 			fmt.Fprintf(c.out, "%s/%s/%s: %s → %s\n", args[0], args[1], show(answeredValue(ch)), overrideText(ch.Old), overrideText(ch.New)+expiresText(ch.New))
@@ -503,7 +506,7 @@ func overrideCommand() *cobra.Command {
 				return err
 			}
 			var ch Change[control.Override]
-			if printed, err := c.do("DELETE", overridePath(args[0], args[1], args[2]), nil, &ch); err != nil || printed {
+			if printed, err := c.do("DELETE", overridePath(args[0], args[1]), map[string]string{"value": args[2]}, &ch); err != nil || printed {
 				return err
 			}
 			if ch.Old == nil {

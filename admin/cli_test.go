@@ -217,25 +217,28 @@ func TestCLIRequests(t *testing.T) {
 			args: []string{"reset", "acme", "org=acme", "--below"},
 			want: exchange{Method: "POST", Path: "/rate_limit/reset", Query: url.Values{}, Body: url.Values{"tree": {"acme"}, "tier.org": {"acme"}, "below": {"1"}}.Encode()},
 		},
+		// An override's value goes in the body, out of the URI that Caddy's
+		// admin endpoint logs.
 		{
 			args: []string{"override", "set", "acme", "org", "acme-corp", "--limit", "50000/h", "--limit", "5000000 tokens/h burst 100", "--for", "2h", "--note", "deal #4411, J. Doe"},
-			want: exchange{Method: "PUT", Path: "/rate_limit/overrides/acme/org/acme-corp", Query: url.Values{},
-				Body: `{"limits":[{"count":50000,"per":"h"},{"count":5000000,"per":"h","dimension":"tokens","burst":100}],"expires":"2026-11-24T14:00:00Z","note":"deal #4411, J. Doe"}`},
+			want: exchange{Method: "PUT", Path: "/rate_limit/overrides/acme/org", Query: url.Values{},
+				Body: `{"value":"acme-corp","limits":[{"count":50000,"per":"h"},{"count":5000000,"per":"h","dimension":"tokens","burst":100}],"expires":"2026-11-24T14:00:00Z","note":"deal #4411, J. Doe"}`},
 		},
 		{
 			args: []string{"override", "set", "acme", "org", "acme-corp", "--limit", "10/month tz Europe/Paris", "--for", "30d"},
-			want: exchange{Method: "PUT", Path: "/rate_limit/overrides/acme/org/acme-corp", Query: url.Values{},
-				Body: `{"limits":[{"count":10,"per":"month","timezone":"Europe/Paris"}],"expires":"2026-12-24T12:00:00Z"}`},
+			want: exchange{Method: "PUT", Path: "/rate_limit/overrides/acme/org", Query: url.Values{},
+				Body: `{"value":"acme-corp","limits":[{"count":10,"per":"month","timezone":"Europe/Paris"}],"expires":"2026-12-24T12:00:00Z"}`},
 		},
 		{
 			args: []string{"override", "set", "acme", "user", "a/b:c é%2F", "--unlimited", "--expires", "2026-12-01T16:00:00+01:00"},
-			want: exchange{Method: "PUT", Path: "/rate_limit/overrides/acme/user/" + url.PathEscape("a/b:c é%2F"),
-				Segments: []string{"rate_limit", "overrides", "acme", "user", "a/b:c é%2F"}, Query: url.Values{},
-				Body: `{"unlimited":true,"expires":"2026-12-01T16:00:00+01:00"}`},
+			want: exchange{Method: "PUT", Path: "/rate_limit/overrides/acme/user",
+				Segments: []string{"rate_limit", "overrides", "acme", "user"}, Query: url.Values{},
+				Body: `{"value":"a/b:c é%2F","unlimited":true,"expires":"2026-12-01T16:00:00+01:00"}`},
 		},
 		{
 			args: []string{"override", "delete", "acme", "user", long},
-			want: exchange{Method: "DELETE", Segments: []string{"rate_limit", "overrides", "acme", "user", long}, Query: url.Values{}},
+			want: exchange{Method: "DELETE", Segments: []string{"rate_limit", "overrides", "acme", "user"}, Query: url.Values{},
+				Body: `{"value":"` + long + `"}`},
 		},
 		{args: []string{"override", "list"}, want: exchange{Method: "GET", Path: "/rate_limit/overrides", Query: url.Values{}}},
 		{

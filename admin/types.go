@@ -126,6 +126,10 @@ type Reset struct {
 
 // OverrideRequest is the body of PUT /rate_limit/overrides/<tree>/<tier>/<value>.
 type OverrideRequest struct {
+	// Value is the value the override is for, when the path names only
+	// the tree and tier (/rate_limit/overrides/<tree>/<tier>): a value in a
+	// path is written to Caddy's admin log, a credential among them.
+	Value     *string            `json:"value,omitempty"`
 	Limits    []*hierarchy.Limit `json:"limits,omitempty"`
 	Unlimited bool               `json:"unlimited,omitempty"`
 	// Replace replaces every limit of the tier for the value, even of

@@ -89,7 +89,10 @@ func (e *Engine) applyRuntime(snap *control.Snapshot) {
 // its limits (the snapshot is shared, and compiling names them).
 func (e *Engine) compileOverride(t *Tree, tier *hierarchy.Tier, o *control.Override) (*hierarchy.Override, error) {
 	c := &hierarchy.Override{Unlimited: o.Unlimited}
-	for _, l := range o.Limits {
+	for i, l := range o.Limits {
+		if l == nil {
+			return nil, fmt.Errorf("limit %d is null: give each limit as {\"count\": …, \"per\": …}", i+1)
+		}
 		lc := *l
 		c.Limits = append(c.Limits, &hierarchy.Limit{Count: lc.Count, Per: lc.Per, Dimension: lc.Dimension, Burst: lc.Burst, Algorithm: lc.Algorithm, Timezone: lc.Timezone})
 	}
