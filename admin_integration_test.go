@@ -303,22 +303,26 @@ func TestAdminBadInput(t *testing.T) {
 	}
 }
 
+// cli runs `caddy rate-limit args…` against the admin API at api and
+// returns what it printed, failing t if it fails.
+func cli(t *testing.T, api string, args ...string) string {
+	t.Helper()
+	cmd := admin.NewCommand()
+	var out bytes.Buffer
+	cmd.SetOut(&out)
+	cmd.SetErr(&out)
+	cmd.SetArgs(append(args, "--address", strings.TrimPrefix(api, "http://")))
+	if err := cmd.Execute(); err != nil {
+		t.Fatalf("%v: %v\n%s", args, err, out.String())
+	}
+	return out.String()
+}
+
 // TestCLI runs `caddy rate-limit` against a running Caddy's admin API.
 func TestCLI(t *testing.T) {
 	site, api := adminSite(t, opsTree+memoryStore().block(t))
 	admitN(t, 2, site, "X-Org: acme", "X-User: alice")
-	run := func(args ...string) string {
-		t.Helper()
-		cmd := admin.NewCommand()
-		var out bytes.Buffer
-		cmd.SetOut(&out)
-		cmd.SetErr(&out)
-		cmd.SetArgs(append(args, "--address", strings.TrimPrefix(api, "http://")))
-		if err := cmd.Execute(); err != nil {
-			t.Fatalf("%v: %v\n%s", args, err, out.String())
-		}
-		return out.String()
-	}
+	run := func(args ...string) string { t.Helper(); return cli(t, api, args...) }
 	if out := run("inspect", "acme", "org=acme", "user=alice"); !strings.Contains(out, "3/5") || !strings.Contains(out, "98/100") || !strings.Contains(out, "would be admitted now") {
 		t.Fatalf("inspect:\n%s", out)
 	}

@@ -2,7 +2,6 @@ package cascade
 
 import (
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -69,21 +68,7 @@ func startEndpoints(t *testing.T, forwarded string, strict bool) (untrusted, tru
 // header named twice sent on two lines.
 func send(t *testing.T, method, url string, headers ...string) resp {
 	t.Helper()
-	req, err := http.NewRequest(method, url, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, h := range headers {
-		k, v, _ := strings.Cut(h, ":")
-		req.Header.Add(strings.TrimSpace(k), strings.TrimSpace(v))
-	}
-	res, err := httpClient(t).Do(req)
-	if err != nil {
-		t.Fatalf("%s %s: %v", method, url, err)
-	}
-	defer res.Body.Close()
-	b, _ := io.ReadAll(res.Body)
-	return resp{res.StatusCode, res.Header, string(b)}
+	return request(t, http.Header.Add, method, url, headers...)
 }
 
 // statuses sends the same request n times and returns the statuses.

@@ -110,8 +110,16 @@ func (r resp) problem(t testing.TB) map[string]any {
 	return p
 }
 
-// do sends a request with headers given as "Name: value" strings.
+// do sends a request with headers given as "Name: value" strings, a
+// header named twice sent with its last value.
 func do(t testing.TB, method, url string, headers ...string) resp {
+	t.Helper()
+	return request(t, http.Header.Set, method, url, headers...)
+}
+
+// request is do with each header put in the request by put (Set, or Add
+// to send a header named twice on two lines).
+func request(t testing.TB, put func(http.Header, string, string), method, url string, headers ...string) resp {
 	t.Helper()
 	req, err := http.NewRequest(method, url, nil)
 	if err != nil {
@@ -119,7 +127,7 @@ func do(t testing.TB, method, url string, headers ...string) resp {
 	}
 	for _, h := range headers {
 		k, v, _ := strings.Cut(h, ":")
-		req.Header.Set(strings.TrimSpace(k), strings.TrimSpace(v))
+		put(req.Header, strings.TrimSpace(k), strings.TrimSpace(v))
 	}
 	res, err := httpClient(t).Do(req)
 	if err != nil && method == http.MethodGet && time.Since(time.Unix(0, lastReload.Load())) < 2*time.Second &&
@@ -205,6 +213,17 @@ func reloaded() {
 		c.(*http.Client).CloseIdleConnections()
 		return true
 	})
+}
+
+// metricTotal is the sum of the running Caddy's metrics of the family
+// name, counters' and gauges' values alike (0 when there is none).
+func metricTotal(t *testing.T, name string) float64 {
+	t.Helper()
+	n := 0.0
+	for _, m := range runningMetrics(t, name) {
+		n += m.GetCounter().GetValue() + m.GetGauge().GetValue()
+	}
+	return n
 }
 
 // runningMetrics is the metrics of the family name in the running Caddy's

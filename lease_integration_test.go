@@ -486,11 +486,7 @@ func decisionTimes(t *testing.T) (d struct{ total, within5ms, within50ms uint64 
 // memory on a local share because the store could not decide.
 func localDecisions(t *testing.T) float64 {
 	t.Helper()
-	var n float64
-	for _, m := range runningMetrics(t, "cascade_local_decisions_total") {
-		n += m.GetCounter().GetValue()
-	}
-	return n
+	return metricTotal(t, "cascade_local_decisions_total")
 }
 
 // leftAfterLeases takes, through urls, the capacity left after the leases

@@ -151,18 +151,7 @@ http://127.0.0.1:%d {
 	}
 
 	// The CLI.
-	run := func(args ...string) string {
-		t.Helper()
-		cmd := admin.NewCommand()
-		var out bytes.Buffer
-		cmd.SetOut(&out)
-		cmd.SetErr(&out)
-		cmd.SetArgs(append(args, "--address", strings.TrimPrefix(api, "http://")))
-		if err := cmd.Execute(); err != nil {
-			t.Fatalf("%v: %v\n%s", args, err, out.String())
-		}
-		return out.String()
-	}
+	run := func(args ...string) string { t.Helper(); return cli(t, api, args...) }
 	for _, args := range [][]string{{"inspect", "llm", "key=" + bearer}, {"top"}, {"inspect", "llm", "key=" + bearer, "--json"}} {
 		out := run(args...)
 		shown = append(shown, out)

@@ -121,11 +121,7 @@ func TestMaxWait(t *testing.T) {
 // for its turn is counted once decided, before it is held.
 func decisionsSoFar(t *testing.T) float64 {
 	t.Helper()
-	n := 0.0
-	for _, m := range runningMetrics(t, "cascade_decisions_total") {
-		n += m.GetCounter().GetValue()
-	}
-	return n
+	return metricTotal(t, "cascade_decisions_total")
 }
 
 // heldTotal is the running Caddy's cascade_held_requests_total{outcome}.
@@ -145,11 +141,7 @@ func heldTotal(t *testing.T, outcome string) float64 {
 // with their place in line.
 func heldNow(t *testing.T) float64 {
 	t.Helper()
-	n := 0.0
-	for _, m := range runningMetrics(t, "cascade_held_requests") {
-		n += m.GetGauge().GetValue()
-	}
-	return n
+	return metricTotal(t, "cascade_held_requests")
 }
 
 // awaitMetric polls read until it reaches want: the condition a scenario's
