@@ -29,10 +29,10 @@ func newStateCollector() *stateCollector {
 			[]string{"store"}, nil),
 		mode: prometheus.NewDesc("cascade_tree_mode", "The mode each tree is in: 1 for its mode, 0 for the others.",
 			[]string{"tree", "mode"}, nil),
-		breakerOpen: prometheus.NewDesc("cascade_store_breaker_open", "1 while a Redis store's circuit breaker is open (calls fail at once), else 0.",
-			[]string{"store"}, nil),
-		breakerTrips: prometheus.NewDesc("cascade_store_breaker_trips_total", "Times a Redis store's circuit breaker has opened.",
-			[]string{"store"}, nil),
+		breakerOpen: prometheus.NewDesc("cascade_store_breaker_open", "1 while the circuit breaker of a Redis store's master (node: its address on a Cluster, else the store's address or Sentinel master name) is open (its calls fail at once), else 0.",
+			[]string{"store", "node"}, nil),
+		breakerTrips: prometheus.NewDesc("cascade_store_breaker_trips_total", "Times the circuit breaker of a Redis store's master has opened.",
+			[]string{"store", "node"}, nil),
 		leaseDecisions: prometheus.NewDesc("cascade_lease_decisions_total", "Decisions of a Redis store with leases, by where they were made: local (in memory, on a lease), grant (in Redis, taking a lease), strict (in Redis, without one).",
 			[]string{"store", "where"}, nil),
 		leaseGrants: prometheus.NewDesc("cascade_lease_grants_total", "Leases a Redis store granted (grant decisions that leased capacity).",
@@ -82,12 +82,14 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(c.evictions, prometheus.CounterValue, float64(m.Evictions()), p.name)
 		}
 		if r := p.redis; r != nil {
-			open := 0.0
-			if r.BreakerOpen() {
-				open = 1
+			for _, b := range r.Breakers() {
+				open := 0.0
+				if b.Open {
+					open = 1
+				}
+				ch <- prometheus.MustNewConstMetric(c.breakerOpen, prometheus.GaugeValue, open, p.name, b.Node)
+				ch <- prometheus.MustNewConstMetric(c.breakerTrips, prometheus.CounterValue, float64(b.Trips), p.name, b.Node)
 			}
-			ch <- prometheus.MustNewConstMetric(c.breakerOpen, prometheus.GaugeValue, open, p.name)
-			ch <- prometheus.MustNewConstMetric(c.breakerTrips, prometheus.CounterValue, float64(r.BreakerTrips()), p.name)
 			bs := r.BusStats()
 			for reason, n := range map[string]int64{"unpublished": bs.Dropped, "oversized": bs.Oversized, "unauthenticated": bs.Unauthenticated, "replayed": bs.Replayed} {
 				ch <- prometheus.MustNewConstMetric(c.busDropped, prometheus.CounterValue, float64(n), p.name, reason)

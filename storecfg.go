@@ -397,12 +397,13 @@ func (c *StoreConfig) open(ctx caddy.Context, sweep time.Duration) (opened, erro
 			}
 			if opts.Breaker.Failures > 0 {
 				// Set before any decision: the store is not shared yet.
-				s.SetBreakerChange(func(open bool, err error) {
+				s.SetBreakerChange(func(node string, open bool, err error) {
 					if open {
-						logger.Warn("redis circuit breaker open: calls fail at once (on_store_error applies) while Redis is probed in the background",
-							zap.Int("failures", opts.Breaker.Failures), zap.Error(err))
+						logger.Warn("redis circuit breaker open: calls to this master fail at once (on_store_error applies) while it is probed in the background",
+							zap.String("node", node), zap.Int("failures", opts.Breaker.Failures), zap.Error(err))
 					} else {
-						logger.Info("redis circuit breaker closed: Redis answers again")
+						logger.Info("redis circuit breaker closed: the master answers again, or its slots have a new one",
+							zap.String("node", node))
 					}
 				})
 			}

@@ -9,13 +9,15 @@ import (
 	"time"
 )
 
-// BreakerOptions configure the Redis store's circuit breaker. A Redis that
-// stalls makes every call wait out the store's Timeout before it fails;
-// once calls have failed Failures times in a row, the breaker opens: calls
-// fail at once (ErrBreakerOpen) while the store pings Redis in the
-// background, every Cooldown, and the first ping that succeeds closes the
-// breaker again. The requests' failure policy (on_store_error) applies to
-// them in microseconds instead of after the timeout.
+// BreakerOptions configure the Redis store's circuit breakers: one for a
+// single server or a Sentinel's master, one per master on a Cluster. A
+// master that stalls makes every call to it wait out the store's Timeout
+// before it fails; once calls to it have failed Failures times in a row,
+// its breaker opens: its calls fail at once (ErrBreakerOpen) while the
+// store pings it in the background, every Cooldown, and the first ping
+// that succeeds closes the breaker again. The requests' failure policy
+// (on_store_error) applies to them in microseconds instead of after the
+// timeout, and on a Cluster to them only: the other masters' calls go on.
 type BreakerOptions struct {
 	// Failures is how many calls in a row must fail for the breaker to
 	// open; 0 disables the breaker.
@@ -23,9 +25,11 @@ type BreakerOptions struct {
 	// Cooldown is the wait between the background pings while the breaker
 	// is open. Zero means one second.
 	Cooldown time.Duration
-	// OnChange, when set, is told of each transition: open with the
-	// failure that opened it, then closed (err nil). It must not block.
-	OnChange func(open bool, err error)
+	// OnChange, when set, is told of each transition of the breaker of
+	// node (a Cluster master's address; the store's address, or its
+	// Sentinel master's name, elsewhere): open with the failure that
+	// opened it, then closed (err nil). It must not block.
+	OnChange func(node string, open bool, err error)
 }
 
 // ErrBreakerOpen is the error of every call while the breaker is open. It
@@ -35,30 +39,36 @@ var ErrBreakerOpen = fmt.Errorf("%w: circuit breaker open after repeated failure
 // breaker counts consecutive failures and, open, fails calls at once. A
 // nil *breaker is disabled: its methods do nothing.
 type breaker struct {
-	opts     BreakerOptions
+	node string // what OnChange and metrics name it
+	opts *BreakerOptions
+	// ping tells whether the node answers again. On a Cluster it answers
+	// nil too when the node no longer serves any slot: its slots' calls
+	// go to their new master, which has a breaker of its own.
 	ping     func(context.Context) error
 	open     atomic.Bool
 	failures atomic.Int64
-	trips    atomic.Int64 // times opened
+	trips    atomic.Int64  // times opened
+	wake     chan struct{} // probe at once (a new master was announced)
 	stop     chan struct{}
 	probing  sync.WaitGroup
 	stopOnce sync.Once
 }
 
-func newBreaker(opts BreakerOptions, ping func(context.Context) error) *breaker {
+func newBreaker(node string, opts *BreakerOptions, ping func(context.Context) error) *breaker {
 	if opts.Failures <= 0 {
 		return nil
 	}
 	if opts.Cooldown <= 0 {
 		opts.Cooldown = time.Second
 	}
-	return &breaker{opts: opts, ping: ping, stop: make(chan struct{})}
+	return &breaker{node: node, opts: opts, ping: ping, wake: make(chan struct{}, 1), stop: make(chan struct{})}
 }
 
-// allow returns ErrBreakerOpen while the breaker is open.
+// allow returns an error wrapping ErrBreakerOpen, naming the node, while
+// the breaker is open.
 func (b *breaker) allow() error {
 	if b != nil && b.open.Load() {
-		return ErrBreakerOpen
+		return fmt.Errorf("redis store: %s: %w", b.node, ErrBreakerOpen)
 	}
 	return nil
 }
@@ -83,14 +93,29 @@ func (b *breaker) record(err error) {
 	}
 	b.trips.Add(1)
 	if b.opts.OnChange != nil {
-		b.opts.OnChange(true, err)
+		b.opts.OnChange(b.node, true, err)
+	}
+	select {
+	case <-b.wake: // a wake-up from before it opened says nothing now
+	default:
 	}
 	b.probing.Add(1)
 	go b.probe()
 }
 
-// probe pings the store every Cooldown until it answers, then closes the
-// breaker.
+// probeNow has an open breaker ping at once rather than at its next tick.
+func (b *breaker) probeNow() {
+	if b == nil {
+		return
+	}
+	select {
+	case b.wake <- struct{}{}:
+	default:
+	}
+}
+
+// probe pings the node every Cooldown (or when woken) until it answers,
+// then closes the breaker.
 func (b *breaker) probe() {
 	defer b.probing.Done()
 	t := time.NewTicker(b.opts.Cooldown)
@@ -100,12 +125,13 @@ func (b *breaker) probe() {
 		case <-b.stop:
 			return
 		case <-t.C:
+		case <-b.wake:
 		}
 		if b.ping(context.Background()) == nil {
 			b.failures.Store(0)
 			b.open.Store(false)
 			if b.opts.OnChange != nil {
-				b.opts.OnChange(false, nil)
+				b.opts.OnChange(b.node, false, nil)
 			}
 			return
 		}
@@ -121,22 +147,47 @@ func (b *breaker) close() {
 	b.probing.Wait()
 }
 
-// SetBreakerChange sets the breaker's OnChange (for a caller that names
+// SetBreakerChange sets the breakers' OnChange (for a caller that names
 // the store only once it exists). Call it before the store is used.
-func (r *Redis) SetBreakerChange(fn func(open bool, err error)) {
-	if r.breaker != nil {
-		r.breaker.opts.OnChange = fn
-	}
+func (r *Redis) SetBreakerChange(fn func(node string, open bool, err error)) {
+	r.breakerOpts.OnChange = fn
 }
 
-// BreakerOpen tells whether the store's circuit breaker is open (false
-// when it has none).
-func (r *Redis) BreakerOpen() bool { return r.breaker != nil && r.breaker.open.Load() }
+// BreakerState is the state of one master's circuit breaker.
+type BreakerState struct {
+	// Node is the master's address on a Cluster; elsewhere the store's
+	// address, or its Sentinel master's name.
+	Node  string
+	Open  bool
+	Trips int64 // times opened
+}
 
-// BreakerTrips is how many times the store's circuit breaker has opened.
-func (r *Redis) BreakerTrips() int64 {
-	if r.breaker == nil {
-		return 0
+// Breakers are the states of the store's circuit breakers (none when it
+// has no breaker): one, or one per master a Cluster decision has gone to.
+func (r *Redis) Breakers() []BreakerState {
+	var out []BreakerState
+	for _, b := range r.batch.allBreakers() {
+		out = append(out, BreakerState{Node: b.node, Open: b.open.Load(), Trips: b.trips.Load()})
 	}
-	return r.breaker.trips.Load()
+	return out
+}
+
+// BreakerOpen tells whether one of the store's circuit breakers is open
+// (false when it has none).
+func (r *Redis) BreakerOpen() bool {
+	for _, b := range r.batch.allBreakers() {
+		if b.open.Load() {
+			return true
+		}
+	}
+	return false
+}
+
+// BreakerTrips is how many times the store's circuit breakers have opened.
+func (r *Redis) BreakerTrips() int64 {
+	var n int64
+	for _, b := range r.batch.allBreakers() {
+		n += b.trips.Load()
+	}
+	return n
 }

@@ -24,7 +24,7 @@ func TestBreaker(t *testing.T) {
 	srv := redistest.Start(t)
 	changes := make(chan bool, 4)
 	s := newRedis(t, store.RedisOptions{Addrs: []string{srv.Addr()}, KeyPrefix: prefix(t), Timeout: timeout,
-		Breaker: store.BreakerOptions{Failures: 2, Cooldown: 50 * time.Millisecond, OnChange: func(open bool, err error) {
+		Breaker: store.BreakerOptions{Failures: 2, Cooldown: 50 * time.Millisecond, OnChange: func(_ string, open bool, err error) {
 			if open != (err != nil) {
 				t.Errorf("OnChange(%v, %v): an opening names its failure, a closing none", open, err)
 			}

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"net"
 	"runtime"
@@ -137,9 +138,14 @@ type Redis struct {
 	timeout time.Duration
 	clock   Clock // nil: Redis TIME
 	logger  *zap.Logger
-	batch   *batchers // send decisions, batched under load
-	breaker *breaker  // nil: none
+	batch   *batchers // send decisions, batched under load, each master's with its breaker
 	slots   *slots    // the concurrency slots this instance holds
+	// breakerOpts are the breakers' options, shared by every breaker.
+	breakerOpts BreakerOptions
+	// loaded are the Cluster masters whose script caches NewRedis filled.
+	loaded sync.Map
+	// sentinels watch for a new Sentinel master (see watchSentinels).
+	sentinels []io.Closer
 	// adjusts bounds the corrections (refunds, debts, give-backs) on the
 	// wire at once below the connection pool's size: a flood of one
 	// tenant's refunds never takes the connections decisions need.
@@ -256,6 +262,7 @@ func NewRedis(ctx context.Context, opts RedisOptions) (*Redis, error) {
 		MaxRetries: -1,
 	}
 	var client redis.UniversalClient
+	var route *masterRoute // Sentinel only
 	if isCluster {
 		co := uo.Cluster()
 		// A command whose reply is lost after Redis ran it (a reset
@@ -276,6 +283,12 @@ func NewRedis(ctx context.Context, opts RedisOptions) (*Redis, error) {
 	} else if opts.MasterName != "" {
 		fo := uo.Failover()
 		fo.DialerRetries = dialAttempts
+		dialTimeout := opts.DialTimeout
+		if dialTimeout == 0 {
+			dialTimeout = 5 * time.Second // go-redis's default
+		}
+		route = newMasterRoute(&redis.Options{DialTimeout: dialTimeout, TLSConfig: opts.TLS})
+		fo.Dialer = route.dialer
 		client = redis.NewFailoverClient(fo)
 	} else {
 		so := uo.Simple()
@@ -297,15 +310,78 @@ func NewRedis(ctx context.Context, opts RedisOptions) (*Redis, error) {
 	r.busState = newBusState()
 	r.cluster, _ = client.(*redis.ClusterClient)
 	r.slots = newSlots(r, opts.SlotTTL)
-	r.batch = newBatchers(client, lua.Decide, opts.Timeout, opts.TenantInFlight)
-	r.breaker = newBreaker(opts.Breaker, r.Ping)
+	r.breakerOpts = opts.Breaker
+	if r.breakerOpts.Cooldown <= 0 {
+		r.breakerOpts.Cooldown = time.Second
+	}
+	var single *breaker
+	if r.cluster == nil {
+		node := addrs[0]
+		if opts.MasterName != "" {
+			node = opts.MasterName
+		}
+		single = newBreaker(node, &r.breakerOpts, r.Ping)
+	}
+	r.batch = newBatchers(client, lua.Decide, opts.Timeout, opts.TenantInFlight, single, r.newMaster)
 	if !opts.LazyLoad {
 		if err := r.load(ctx); err != nil {
 			r.Close()
 			return nil, err
 		}
 	}
+	if route != nil {
+		r.watchSentinels(opts, addrs, route, single)
+	}
 	return r, nil
+}
+
+// newMaster is told of each Cluster master a decision first goes to (a
+// promoted replica among them): it loads the scripts there in the
+// background unless NewRedis did, so that its first decisions find them,
+// and returns the master's breaker.
+func (r *Redis) newMaster(addr string, c *redis.Client) *breaker {
+	if _, done := r.loaded.Load(addr); !done {
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), max(r.timeout, redisStartTimeout))
+			defer cancel()
+			if err := loadScripts(ctx, c); err != nil && r.logger != nil {
+				// Not fatal: a decision that meets NOSCRIPT sends the script.
+				r.logger.Debug("loading the scripts on a new Cluster master failed", zap.String("node", addr), zap.Error(err))
+			}
+		}()
+	}
+	return newBreaker(addr, &r.breakerOpts, r.pingMaster(addr))
+}
+
+// pingMaster is the probe of the breaker of the Cluster master at addr:
+// it reloads the slot map and pings that master; it succeeds too once the
+// node serves no slot (a replica took its place), since its slots'
+// decisions then go to their new master, whose breaker is its own.
+func (r *Redis) pingMaster(addr string) func(context.Context) error {
+	return func(ctx context.Context) error {
+		ctx, cancel := context.WithTimeout(ctx, r.timeout)
+		defer cancel()
+		err := r.cluster.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+			if c.Options().Addr != addr {
+				return nil
+			}
+			return c.Ping(ctx).Err()
+		})
+		if err != nil {
+			return fmt.Errorf("redis store: ping %s: %w: %w", addr, ErrUnavailable, err)
+		}
+		return nil
+	}
+}
+
+// loadScripts puts every script in c's script cache.
+func loadScripts(ctx context.Context, c redis.Scripter) error {
+	for _, s := range []*redis.Script{lua.Decide, lua.Adjust, lua.Lease, lua.Renew} {
+		if err := s.Load(ctx, c).Err(); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // load puts both scripts in the script cache of every master, so that
@@ -313,24 +389,17 @@ func NewRedis(ctx context.Context, opts RedisOptions) (*Redis, error) {
 func (r *Redis) load(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, max(r.timeout, redisStartTimeout))
 	defer cancel()
-	loadInto := func(ctx context.Context, c redis.Scripter) error {
-		for _, s := range []*redis.Script{lua.Decide, lua.Adjust, lua.Lease, lua.Renew} {
-			if err := s.Load(ctx, c).Err(); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
 	var err error
 	if r.cluster != nil {
 		err = r.cluster.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
-			if err := loadInto(ctx, c); err != nil {
+			if err := loadScripts(ctx, c); err != nil {
 				return fmt.Errorf("%s: %w", c.Options().Addr, err)
 			}
+			r.loaded.Store(c.Options().Addr, true)
 			return nil
 		})
 	} else {
-		err = loadInto(ctx, r.client)
+		err = loadScripts(ctx, r.client)
 	}
 	if err != nil {
 		return fmt.Errorf("redis store: loading scripts: %w: %w", ErrUnavailable, err)
@@ -364,7 +433,9 @@ func (r *Redis) Ping(ctx context.Context) error {
 // Close closes the client and its connections.
 func (r *Redis) Close() error {
 	r.slots.close()
-	r.breaker.close()
+	for _, s := range r.sentinels {
+		s.Close()
+	}
 	r.batch.close()
 	r.closing.Lock()
 	r.closed = true
@@ -378,16 +449,12 @@ func (r *Redis) Decide(ctx context.Context, buckets []Bucket) (Decision, error) 
 	if len(buckets) == 0 {
 		return Combine([]rate.Result{}), nil
 	}
-	if err := r.breaker.allow(); err != nil {
-		return Decision{}, err
-	}
 	now, wall := r.now()
 	if r.cluster != nil {
 		if groups := slotGroups(r.prefix, buckets); groups != nil {
 			ctx, cancel := context.WithTimeout(ctx, r.timeout)
 			defer cancel()
 			d, err := r.decideSlots(ctx, buckets, groups, now, wall)
-			r.breaker.record(err)
 			if d.Allowed {
 				r.slots.took(buckets)
 			}
@@ -399,8 +466,10 @@ func (r *Redis) Decide(ctx context.Context, buckets []Bucket) (Decision, error) 
 	// rest of its Redis client work.
 	results := make([]rate.Result, len(buckets))
 	at, err := r.decide(ctx, time.Now().Add(r.timeout), "", buckets, now, wall, results)
-	r.breaker.record(err)
 	if err != nil {
+		if errors.Is(err, ErrBreakerOpen) {
+			return Decision{}, err
+		}
 		return Decision{}, fmt.Errorf("redis store: decide: %w: %w", ErrUnavailable, err)
 	}
 	d := Combine(results)
@@ -420,9 +489,6 @@ func (r *Redis) Adjust(ctx context.Context, buckets []Bucket) error {
 	// Slots given back are no longer renewed, whether or not the give-back
 	// reaches Redis (if it does not, they expire).
 	r.slots.gone(buckets)
-	if err := r.breaker.allow(); err != nil {
-		return err
-	}
 	ctx, cancel := context.WithTimeout(ctx, r.timeout)
 	defer cancel()
 	select {
@@ -444,11 +510,46 @@ func (r *Redis) Adjust(ctx context.Context, buckets []Bucket) error {
 	} else {
 		err = r.adjust(ctx, buckets, now, wall)
 	}
-	r.breaker.record(err)
 	if err != nil {
+		if errors.Is(err, ErrBreakerOpen) {
+			return err
+		}
 		return fmt.Errorf("redis store: adjust: %w: %w", ErrUnavailable, err)
 	}
 	return nil
+}
+
+// guarded runs call, which sends a script whose keys are served by the
+// master of key, unless that master's breaker is open, and counts its
+// outcome there. On a Cluster, a failure may mean the master is gone: the
+// slot map is reloaded.
+func (r *Redis) guarded(key string, call func() error) error {
+	br := r.breakerFor(key)
+	if err := br.allow(); err != nil {
+		r.batch.reload()
+		return err
+	}
+	err := call()
+	br.record(err)
+	if r.cluster != nil && staleSlots(err) {
+		r.batch.reload()
+	}
+	return err
+}
+
+// breakerFor is the breaker of the master serving key (with the store's
+// prefix): the store's own but on a Cluster; there the breaker of the
+// master the slot map names (nil when none can be found: the call then
+// fails on its own).
+func (r *Redis) breakerFor(key string) *breaker {
+	if r.batch.single != nil {
+		return r.batch.single.breaker
+	}
+	b, err := r.batch.forKey(context.Background(), time.Now().Add(r.timeout), key)
+	if err != nil {
+		return nil
+	}
+	return b.breaker
 }
 
 // now returns the time to send to the scripts (the injected test clock, or
@@ -471,7 +572,14 @@ func (r *Redis) decide(ctx context.Context, deadline time.Time, tenant string, b
 	if err != nil {
 		return 0, err
 	}
+	if err := b.breaker.allow(); err != nil {
+		// Its slots may have a new master by now: while decisions keep
+		// coming, the map is reloaded every 200 ms at most.
+		r.batch.reload()
+		return 0, err
+	}
 	reply, err := b.do(ctx, deadline, tenant, keys, logs, spec)
+	b.breaker.record(err)
 	if err != nil {
 		return 0, err
 	}
@@ -509,7 +617,9 @@ func replySize(n int) int { return 48*n + 8 }
 // Cluster.
 func (r *Redis) adjust(ctx context.Context, buckets []Bucket, now, wall int64) error {
 	keys, logs, spec := r.encode(buckets, now, wall, true)
-	return lua.Adjust.Run(ctx, r.client, interleave(keys, logs), spec).Err()
+	return r.guarded(keys[0], func() error {
+		return lua.Adjust.Run(ctx, r.client, interleave(keys, logs), spec).Err()
+	})
 }
 
 // Algorithm codes of the packed script arguments (see package lua).
@@ -776,8 +886,7 @@ func (r *Redis) adjustSlots(ctx context.Context, buckets []Bucket, groups [][]in
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			keys, logs, spec := r.encode(pick(buckets, idx), now, wall, true)
-			errs[g] = lua.Adjust.Run(ctx, r.client, interleave(keys, logs), spec).Err()
+			errs[g] = r.adjust(ctx, pick(buckets, idx), now, wall)
 		}()
 	}
 	wg.Wait()

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -35,39 +36,80 @@ type batcher struct {
 	timeout time.Duration
 	cluster bool // a Cluster master's: group batches by hash slot
 	// slots is the Cluster client whose slot map is reloaded when the
-	// master answers MOVED or ASK (a slot moved away: the script did not
-	// run, and the next decision must go to the new owner).
-	slots *redis.ClusterClient
-	queue *fairQueue
-	stop  chan struct{}
-	done  sync.WaitGroup
-	once  sync.Once
+	// master fails or answers that a slot moved (see refresh).
+	slots   *redis.ClusterClient
+	breaker *breaker // this master's (nil: none)
+	queue   *fairQueue
+	stop    chan struct{}
+	done    sync.WaitGroup
+	once    sync.Once
 }
 
 // batchers are the batchers of a store: one for a single server (or a
 // Sentinel's master), and one per master of a Cluster, so that a slow or
 // stalled master holds up only the decisions whose slots it serves: its own
-// workers wait for it, never another master's.
+// workers wait for it, never another master's; and its own circuit
+// breaker fails them at once when it is down, never another master's.
 type batchers struct {
 	single    *batcher             // nil on a Cluster
 	cluster   *redis.ClusterClient // nil unless a Cluster
 	script    *redis.Script
 	timeout   time.Duration
 	perTenant int // RedisOptions.TenantInFlight, per batcher
+	// newNode is told of each Cluster master first met, under mu (it must
+	// not block), and returns its breaker (nil: none).
+	newNode func(addr string, client *redis.Client) *breaker
 
-	mu     sync.Mutex
-	byNode map[string]*batcher // by master address
-	closed bool
+	mu       sync.Mutex
+	byNode   map[string]*batcher // by master address
+	breakers map[string]*breaker // by master address: a node keeps its breaker when its batcher is replaced
+	closed   bool
 }
 
-func newBatchers(client redis.UniversalClient, script *redis.Script, timeout time.Duration, perTenant int) *batchers {
-	bs := &batchers{script: script, timeout: timeout, perTenant: perTenant, byNode: map[string]*batcher{}}
+// newBatchers makes the batchers of client; single is the breaker of a
+// single server or Sentinel master (nil: none); newNode, that of each
+// master of a Cluster.
+func newBatchers(client redis.UniversalClient, script *redis.Script, timeout time.Duration, perTenant int,
+	single *breaker, newNode func(addr string, client *redis.Client) *breaker) *batchers {
+	bs := &batchers{script: script, timeout: timeout, perTenant: perTenant, newNode: newNode,
+		byNode: map[string]*batcher{}, breakers: map[string]*breaker{}}
 	if cc, ok := client.(*redis.ClusterClient); ok {
 		bs.cluster = cc
 	} else {
 		bs.single = newBatcher(client, script, timeout, false, perTenant)
+		bs.single.breaker = single
 	}
 	return bs
+}
+
+// allBreakers are the store's breakers: the single one, or each Cluster
+// master's met so far, by address.
+func (bs *batchers) allBreakers() []*breaker {
+	if bs.single != nil {
+		if bs.single.breaker == nil {
+			return nil
+		}
+		return []*breaker{bs.single.breaker}
+	}
+	bs.mu.Lock()
+	defer bs.mu.Unlock()
+	out := make([]*breaker, 0, len(bs.breakers))
+	for _, b := range bs.breakers {
+		if b != nil {
+			out = append(out, b)
+		}
+	}
+	slices.SortFunc(out, func(a, b *breaker) int { return strings.Compare(a.node, b.node) })
+	return out
+}
+
+// reload has the Cluster client reload its slot map in the background
+// (go-redis runs one reload at a time, at most one every 200 ms, however
+// often it is asked): a master that fails may have been replaced.
+func (bs *batchers) reload() {
+	if bs.cluster != nil {
+		bs.cluster.ReloadState(context.Background())
+	}
 }
 
 // forKey returns the batcher of the master serving key's slot, from the
@@ -100,13 +142,22 @@ func (bs *batchers) forKey(ctx context.Context, deadline time.Time, key string) 
 		// script call per slot, pipelined to the node.
 		b = newBatcher(node, bs.script, bs.timeout, true, bs.perTenant)
 		b.slots = bs.cluster
+		br, ok := bs.breakers[addr]
+		if !ok && bs.newNode != nil {
+			br = bs.newNode(addr, node)
+			bs.breakers[addr] = br
+		}
+		b.breaker = br
 		bs.byNode[addr] = b
 	}
 	return b, nil
 }
 
-// close stops every batcher; calls still queued fail.
+// close stops every batcher and breaker; calls still queued fail.
 func (bs *batchers) close() {
+	for _, br := range bs.allBreakers() {
+		br.close()
+	}
 	if bs.single != nil {
 		bs.single.close()
 		return
@@ -270,7 +321,7 @@ func (b *batcher) send(batch []*call, m *merger) {
 	}
 	replies, errs := runCalls(ctx, b.client, b.script, keys, args)
 	for i, g := range groups {
-		b.moved(errs[i])
+		b.refresh(errs[i])
 		b.deliver(g, replies[i], errs[i])
 	}
 }
@@ -288,16 +339,36 @@ func bySlot(calls []*call) [][]*call {
 	return groups
 }
 
-// moved has the Cluster client reload its slot map when a master answers
-// that a slot has moved: the store does not follow redirects (a script is
-// never sent twice), so the map must catch up for the next decisions.
-func (b *batcher) moved(err error) {
-	if err == nil || b.slots == nil {
-		return
-	}
-	if msg := err.Error(); strings.HasPrefix(msg, "MOVED ") || strings.HasPrefix(msg, "ASK ") {
+// refresh has the Cluster client reload its slot map (in the background,
+// at most one every 200 ms) when a master's answer says the map may be
+// out of date: the store does not follow redirects (a script is never
+// sent twice), so the map must catch up for the next decisions.
+func (b *batcher) refresh(err error) {
+	if b.slots != nil && staleSlots(err) {
 		b.slots.ReloadState(context.Background())
 	}
+}
+
+// staleSlots tells whether a Cluster master's err may mean that its slots
+// are now served elsewhere: a slot moved (MOVED, ASK), the cluster is
+// reconfiguring (CLUSTERDOWN, TRYAGAIN), the node has become a replica
+// (READONLY), or it cannot be reached (refused, reset, timed out) — a dead
+// master answers nothing, never MOVED, and its replica takes over meanwhile.
+// This instance's own overload says nothing of Redis.
+func staleSlots(err error) bool {
+	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, redis.ErrClosed) || overloaded(err) {
+		return false
+	}
+	for _, prefix := range []string{"MOVED ", "ASK ", "CLUSTERDOWN", "TRYAGAIN", "READONLY"} {
+		if redis.HasErrorPrefix(err, prefix) {
+			return true
+		}
+	}
+	var redisErr redis.Error
+	if errors.As(err, &redisErr) {
+		return false // any other answer: the node is there, and serves the slot
+	}
+	return true // refused, reset, EOF, timed out
 }
 
 // deliver cuts a batch's reply into each call's part (replySize: six

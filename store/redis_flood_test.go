@@ -42,7 +42,7 @@ func TestFloodDoesNotOpenTheBreaker(t *testing.T) {
 	// about 6,400 decisions/s.
 	s.Client().AddHook(latency(20 * time.Millisecond))
 	var opened atomic.Value
-	s.SetBreakerChange(func(open bool, err error) {
+	s.SetBreakerChange(func(_ string, open bool, err error) {
 		if open {
 			opened.Store(fmt.Sprintf("%T %v", err, err))
 		}

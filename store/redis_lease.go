@@ -22,9 +22,6 @@ func (r *Redis) Lease(ctx context.Context, g Grant) (Leased, error) {
 	if err := checkGrant(g); err != nil {
 		return Leased{}, err
 	}
-	if err := r.breaker.allow(); err != nil {
-		return Leased{}, err
-	}
 	ctx, cancel := context.WithTimeout(ctx, r.timeout)
 	defer cancel()
 	now, wall := r.now()
@@ -39,8 +36,10 @@ func (r *Redis) Lease(ctx context.Context, g Grant) (Leased, error) {
 	} else {
 		l, err = r.lease(ctx, g.Buckets, g, g.Release, now, wall)
 	}
-	r.breaker.record(err)
 	if err != nil {
+		if errors.Is(err, ErrBreakerOpen) {
+			return Leased{}, err
+		}
 		return Leased{}, fmt.Errorf("redis store: lease: %w: %w", ErrUnavailable, err)
 	}
 	return l, nil
@@ -61,14 +60,6 @@ func (r *Redis) LeaseAll(ctx context.Context, gs []Grant) ([]Leased, []error) {
 	}
 	for i, g := range gs {
 		errs[i] = checkGrant(g)
-	}
-	if err := r.breaker.allow(); err != nil {
-		for i := range gs {
-			if errs[i] == nil {
-				errs[i] = err
-			}
-		}
-		return out, errs
 	}
 	ctx, cancel := context.WithTimeout(ctx, r.timeout)
 	defer cancel()
@@ -99,19 +90,46 @@ func (r *Redis) LeaseAll(ctx context.Context, gs []Grant) ([]Leased, []error) {
 			}
 		}
 	}
-	keys, args := make([][]string, len(slots)), make([][]any, len(slots))
+	// The slots whose master's breaker is open are not sent.
+	breakers := make([]*breaker, 0, len(slots))
+	open := make([]error, len(slots))
+	var keys [][]string
+	var args [][]any
+	var sent []int // the slots sent, in the order of keys and args
 	for c, slot := range slots {
+		br := r.breakerFor(r.prefix + gs[slot[0]].Buckets[0].Key)
+		if open[c] = br.allow(); open[c] != nil {
+			r.batch.reload()
+			continue
+		}
+		var k []string
+		var a []any
 		for _, i := range slot {
-			k, grant, rel := r.leaseArgs(gs[i].Buckets, gs[i], gs[i].Release, now, wall)
-			keys[c] = append(keys[c], k...)
-			args[c] = append(args[c], grant, rel)
+			ks, grant, rel := r.leaseArgs(gs[i].Buckets, gs[i], gs[i].Release, now, wall)
+			k = append(k, ks...)
+			a = append(a, grant, rel)
+		}
+		keys, args, sent = append(keys, k), append(args, a), append(sent, c)
+		breakers = append(breakers, br)
+	}
+	replies, rerrs := make([]string, len(slots)), make([]error, len(slots))
+	if len(sent) > 0 {
+		rs, es := runCalls(ctx, r.client, lua.Lease, keys, args)
+		for k, c := range sent {
+			replies[c], rerrs[c] = rs[k], es[k]
+			breakers[k].record(es[k])
+			if r.cluster != nil && staleSlots(es[k]) {
+				r.batch.reload()
+			}
 		}
 	}
-	replies, rerrs := runCalls(ctx, r.client, lua.Lease, keys, args)
-	r.breaker.record(errors.Join(rerrs...))
 	for c, slot := range slots {
 		reply, err := replies[c], rerrs[c]
 		for _, i := range slot {
+			if open[c] != nil {
+				errs[i] = open[c]
+				continue
+			}
 			if err != nil {
 				fail(i, err)
 				continue
@@ -144,7 +162,11 @@ func (r *Redis) leaseGroups(buckets []Bucket) [][]int {
 // leased as g asks, rels given back first.
 func (r *Redis) lease(ctx context.Context, buckets []Bucket, g Grant, rels []Release, now, wall int64) (Leased, error) {
 	keys, grant, rel := r.leaseArgs(buckets, g, rels, now, wall)
-	reply, err := lua.Lease.Run(ctx, r.client, keys, grant, rel).Text()
+	var reply string
+	err := r.guarded(keys[0], func() (err error) {
+		reply, err = lua.Lease.Run(ctx, r.client, keys, grant, rel).Text()
+		return err
+	})
 	if err != nil {
 		return Leased{}, err
 	}
@@ -375,9 +397,6 @@ func (r *Redis) Release(ctx context.Context, rels []Release) error {
 	if err := checkReleases(rels); err != nil {
 		return err
 	}
-	if err := r.breaker.allow(); err != nil {
-		return err
-	}
 	ctx, cancel := context.WithTimeout(ctx, r.timeout)
 	defer cancel()
 	now, wall := r.now()
@@ -386,7 +405,7 @@ func (r *Redis) Release(ctx context.Context, rels []Release) error {
 		// A grant of no buckets: the clock and five unused numbers.
 		grant := appendFloat(make([]byte, 0, 48), now)
 		grant = append(grant, make([]byte, 40)...)
-		return lua.Lease.Run(ctx, r.client, keys, grant, rel).Err()
+		return r.guarded(keys[0], func() error { return lua.Lease.Run(ctx, r.client, keys, grant, rel).Err() })
 	}
 	var err error
 	if r.cluster == nil {
@@ -403,8 +422,10 @@ func (r *Redis) Release(ctx context.Context, rels []Release) error {
 			}
 		}
 	}
-	r.breaker.record(err)
 	if err != nil {
+		if errors.Is(err, ErrBreakerOpen) {
+			return err
+		}
 		return fmt.Errorf("redis store: releasing leases: %w: %w", ErrUnavailable, err)
 	}
 	return nil

@@ -137,7 +137,7 @@ func TestFairQueueBounds(t *testing.T) {
 // TestOverloadedIsNotAFailure: the breaker counts Redis's failures, not
 // decisions this instance shed.
 func TestOverloadedIsNotAFailure(t *testing.T) {
-	b := newBreaker(BreakerOptions{Failures: 2}, nil)
+	b := newBreaker("test", &BreakerOptions{Failures: 2, Cooldown: time.Second}, nil)
 	for range 5 {
 		b.record(fmt.Errorf("redis store: decide: %w", ErrOverloaded))
 	}

@@ -336,15 +336,102 @@ func StartSentinel(tb testing.TB, masterName string, master *Server) *Server {
 	return s
 }
 
-// Cluster is a local Redis Cluster of masters only (no replicas).
+// StartReplica starts a server for tb that replicates master, and
+// returns once it is in sync.
+func StartReplica(tb testing.TB, master *Server) *Server {
+	tb.Helper()
+	Require(tb)
+	s, err := start(tb.TempDir(), false, func(s *Server, _ int) error {
+		s.extra = []string{"--replicaof", "127.0.0.1", strconv.Itoa(master.Port())}
+		return nil
+	})
+	s = owned(tb, s, err)
+	deadline := time.Now().Add(startTimeout)
+	for {
+		info, err := Do(s.Addr(), "INFO", "replication")
+		if err == nil && strings.Contains(info, "master_link_status:up") {
+			return s
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("redistest: replica of %s not in sync within %v: %v %s", master.Addr(), startTimeout, err, info)
+		}
+		time.Sleep(10 * time.Millisecond) // polling for start-up
+	}
+}
+
+// StartSentinels starts n Sentinels for tb that monitor master under
+// masterName with a quorum of a majority, and declare it down after
+// downAfter without an answer; the majority then promotes a replica
+// (started with StartReplica before). It returns once every Sentinel
+// knows the others and the master's replicas, so that a failover can
+// happen; a client given their addresses and masterName reaches the
+// current master through them.
+func StartSentinels(tb testing.TB, masterName string, master *Server, n int, downAfter time.Duration) []*Server {
+	tb.Helper()
+	Require(tb)
+	replicas, err := Do(master.Addr(), "INFO", "replication")
+	if err != nil {
+		tb.Fatalf("redistest: master %s: %v", master.Addr(), err)
+	}
+	_, after, _ := strings.Cut(replicas, "connected_slaves:")
+	var sentinels []*Server
+	for range n {
+		dir := tb.TempDir()
+		s, err := start(dir, false, func(s *Server, _ int) error {
+			s.sentinelConf = filepath.Join(dir, "sentinel.conf")
+			conf := fmt.Sprintf("sentinel monitor %[1]s 127.0.0.1 %[2]d %[3]d\n"+
+				"sentinel down-after-milliseconds %[1]s %[4]d\n"+
+				"sentinel failover-timeout %[1]s %[5]d\n"+
+				"sentinel parallel-syncs %[1]s 1\n",
+				masterName, master.Port(), n/2+1, downAfter.Milliseconds(), max(2*downAfter, 2*time.Second).Milliseconds())
+			return os.WriteFile(s.sentinelConf, []byte(conf), 0o644)
+		})
+		sentinels = append(sentinels, owned(tb, s, err))
+	}
+	replicaCount, _, _ := strings.Cut(after, "\r")
+	deadline := time.Now().Add(startTimeout)
+	for _, s := range sentinels {
+		for {
+			peers, err1 := Do(s.Addr(), "SENTINEL", "SENTINELS", masterName)
+			master, err2 := Do(s.Addr(), "SENTINEL", "MASTER", masterName)
+			known := func(field string) string {
+				lines := strings.Split(master, "\n")
+				for i := 0; i+1 < len(lines); i += 2 {
+					if lines[i] == field {
+						return lines[i+1]
+					}
+				}
+				return ""
+			}
+			if err1 == nil && err2 == nil && known("num-other-sentinels") == strconv.Itoa(n-1) && known("num-slaves") == strings.TrimSpace(replicaCount) {
+				break
+			}
+			if time.Now().After(deadline) {
+				tb.Fatalf("redistest: sentinel %s does not know its %d peers and %s replicas within %v: %v %v %q", s.Addr(), n-1, replicaCount, startTimeout, err1, err2, peers)
+			}
+			time.Sleep(20 * time.Millisecond) // polling for start-up: peers hello every 2 s
+		}
+	}
+	return sentinels
+}
+
+// Cluster is a local Redis Cluster: masters only, or (StartClusterHA)
+// masters each with a replica that takes over when its master dies.
 type Cluster struct {
-	// Masters are the cluster's nodes, in the order given to
-	// redis-cli --cluster create.
+	// Masters are the nodes created as masters, in the order given to
+	// redis-cli --cluster create. After a failover, one of them may no
+	// longer be a master: MasterForSlot tells who serves a slot now.
 	Masters []*Server
+	// Replicas are the nodes created as replicas (none unless
+	// StartClusterHA).
+	Replicas []*Server
 
 	dir     string
 	ownsDir bool
 }
+
+// Nodes are every node of the cluster, masters then replicas.
+func (c *Cluster) Nodes() []*Server { return append(slices.Clone(c.Masters), c.Replicas...) }
 
 // Addrs are the masters' addresses: the seed list for a cluster client.
 func (c *Cluster) Addrs() []string {
@@ -357,7 +444,7 @@ func (c *Cluster) Addrs() []string {
 
 // Close kills every node (and removes their files if the cluster owns them).
 func (c *Cluster) Close() {
-	for _, m := range c.Masters {
+	for _, m := range c.Nodes() {
 		m.Close()
 	}
 	if c.ownsDir {
@@ -371,19 +458,35 @@ func (c *Cluster) Close() {
 func StartCluster(tb testing.TB, masters int) *Cluster {
 	tb.Helper()
 	Require(tb)
-	c, err := startCluster(tb.TempDir(), false, masters)
+	c, err := startCluster(tb.TempDir(), false, masters, 0, 5*time.Second)
 	return owned(tb, c, err)
 }
 
-func startCluster(dir string, ownsDir bool, masters int) (*Cluster, error) {
+// StartClusterHA starts a Redis Cluster of masters nodes, each with one
+// replica, whose nodes declare a silent peer failed after nodeTimeout
+// (cluster-node-timeout): a killed master's replica is promoted about
+// that long after, and up to a second more (the election's random delay).
+// It returns once every node reports cluster_state:ok and every replica
+// is in sync with its master.
+func StartClusterHA(tb testing.TB, masters int, nodeTimeout time.Duration) *Cluster {
+	tb.Helper()
+	Require(tb)
+	c, err := startCluster(tb.TempDir(), false, masters, masters, nodeTimeout)
+	return owned(tb, c, err)
+}
+
+func startCluster(dir string, ownsDir bool, masters, replicas int, nodeTimeout time.Duration) (*Cluster, error) {
 	if masters < 3 {
 		return nil, fmt.Errorf("a Redis Cluster needs at least 3 masters, got %d", masters)
+	}
+	if replicas != 0 && replicas != masters {
+		return nil, fmt.Errorf("a cluster here has no replica or one per master, got %d for %d masters", replicas, masters)
 	}
 	if _, err := exec.LookPath("redis-cli"); err != nil {
 		return nil, fmt.Errorf("redis-cli is not on PATH (%v); it is needed to create a cluster", err)
 	}
 	c := &Cluster{dir: dir, ownsDir: ownsDir}
-	for i := 0; i < masters; i++ {
+	for i := 0; i < masters+replicas; i++ {
 		nodeDir := filepath.Join(dir, fmt.Sprintf("node%d", i))
 		if err := os.MkdirAll(nodeDir, 0o755); err != nil {
 			c.Close()
@@ -393,8 +496,14 @@ func startCluster(dir string, ownsDir bool, masters int) (*Cluster, error) {
 			s.extra = []string{
 				"--cluster-enabled", "yes",
 				"--cluster-config-file", filepath.Join(nodeDir, "nodes.conf"),
-				"--cluster-node-timeout", "5000",
+				"--cluster-node-timeout", strconv.FormatInt(nodeTimeout.Milliseconds(), 10),
 				"--cluster-port", strconv.Itoa(busPort),
+				// A replica may take over however long it last heard
+				// its master: the tests kill masters on purpose.
+				"--cluster-replica-validity-factor", "0",
+				// The healthy masters keep serving their slots while a
+				// dead one's are without a master.
+				"--cluster-require-full-coverage", "no",
 			}
 			return nil
 		})
@@ -402,12 +511,19 @@ func startCluster(dir string, ownsDir bool, masters int) (*Cluster, error) {
 			c.Close()
 			return nil, err
 		}
-		c.Masters = append(c.Masters, s)
+		if i < masters {
+			c.Masters = append(c.Masters, s)
+		} else {
+			c.Replicas = append(c.Replicas, s)
+		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
 	defer cancel()
-	args := append([]string{"--cluster", "create"}, c.Addrs()...)
-	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
+	args := []string{"--cluster", "create"}
+	for _, n := range c.Nodes() {
+		args = append(args, n.Addr())
+	}
+	args = append(args, "--cluster-replicas", strconv.Itoa(replicas/masters), "--cluster-yes")
 	if out, err := exec.CommandContext(ctx, "redis-cli", args...).CombinedOutput(); err != nil {
 		c.Close()
 		return nil, fmt.Errorf("redis-cli --cluster create: %v\n%s", err, out)
@@ -425,22 +541,67 @@ func (c *Cluster) waitOK(ctx context.Context) error {
 	want := []string{
 		"cluster_state:ok",
 		"cluster_slots_assigned:16384",
-		fmt.Sprintf("cluster_known_nodes:%d", len(c.Masters)),
+		fmt.Sprintf("cluster_known_nodes:%d", len(c.Masters)+len(c.Replicas)),
 	}
-	for _, m := range c.Masters {
+	wait := func(n *Server, cmd []string, want []string) error {
 		for {
-			info, err := Do(m.Addr(), "CLUSTER", "INFO")
+			info, err := Do(n.Addr(), cmd...)
 			if err == nil && containsAll(info, want) {
-				break
+				return nil
 			}
 			select {
 			case <-ctx.Done():
-				return fmt.Errorf("cluster node %s not ready (want %v): %v %s", m.Addr(), want, err, info)
+				return fmt.Errorf("cluster node %s not ready (want %v): %v %s", n.Addr(), want, err, info)
 			case <-time.After(20 * time.Millisecond): // polling for start-up
 			}
 		}
 	}
+	for _, n := range c.Nodes() {
+		if err := wait(n, []string{"CLUSTER", "INFO"}, want); err != nil {
+			return err
+		}
+	}
+	for _, r := range c.Replicas {
+		if err := wait(r, []string{"INFO", "replication"}, []string{"role:slave", "master_link_status:up"}); err != nil {
+			return err
+		}
+	}
 	return nil
+}
+
+// MasterForSlot is the node that serves slot as a master now, as node
+// asks sees it (CLUSTER NODES), or nil when none does (its master failed
+// and no replica has taken over yet).
+func (c *Cluster) MasterForSlot(ask *Server, slot int) (*Server, error) {
+	nodes, err := Do(ask.Addr(), "CLUSTER", "NODES")
+	if err != nil {
+		return nil, err
+	}
+	for _, line := range strings.Split(nodes, "\n") {
+		f := strings.Fields(line)
+		if len(f) < 9 || !slices.Contains(strings.Split(f[2], ","), "master") || strings.Contains(f[2], "fail") {
+			continue
+		}
+		for _, r := range f[8:] {
+			lo, hi, _ := strings.Cut(r, "-")
+			if hi == "" {
+				hi = lo
+			}
+			l, err1 := strconv.Atoi(lo)
+			h, err2 := strconv.Atoi(hi)
+			if err1 != nil || err2 != nil || slot < l || slot > h {
+				continue
+			}
+			addr, _, _ := strings.Cut(f[1], "@")
+			for _, n := range c.Nodes() {
+				if n.Addr() == addr {
+					return n, nil
+				}
+			}
+			return nil, fmt.Errorf("slot %d is served by %s, not a node of this cluster", slot, addr)
+		}
+	}
+	return nil, nil
 }
 
 func containsAll(s string, subs []string) bool {
@@ -511,7 +672,7 @@ func SharedCluster(tb testing.TB) *Cluster {
 	Require(tb)
 	shared.mu.Lock()
 	defer shared.mu.Unlock()
-	return shared.cluster.get(tb, "cluster", func(dir string) (*Cluster, error) { return startCluster(dir, true, 3) })
+	return shared.cluster.get(tb, "cluster", func(dir string) (*Cluster, error) { return startCluster(dir, true, 3, 0, 5*time.Second) })
 }
 
 // Deployment is a shared Redis deployment a test runs on: Addrs starts it

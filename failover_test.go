@@ -1,0 +1,151 @@
+package cascade
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/caddy-cascade/cascade/internal/redistest"
+	"github.com/caddy-cascade/cascade/store"
+)
+
+// TestClusterFailoverThroughCaddy: Caddy on a real Redis Cluster of 3
+// masters and 3 replicas (cluster-node-timeout 1 s), a tree keyed by
+// organisation, 60 organisations over the three masters at about 400
+// requests a second; one master is SIGKILLed. The organisations of the
+// healthy masters get nothing but 200s; the dead master's get 503
+// store-unavailable (on_store_error deny) until its replica is promoted,
+// and 200s again within a second of the promotion; with the default
+// breaker and with breaker off.
+func TestClusterFailoverThroughCaddy(t *testing.T) {
+	for _, breaker := range []string{"3 1s", "off"} {
+		t.Run("breaker "+breaker, func(t *testing.T) {
+			c := redistest.StartClusterHA(t, 3, time.Second)
+			url := site(t, fmt.Sprintf(`
+	tree fo {
+		tier org {header.X-Org} {
+			limit 1000000/h
+		}
+	}
+	store redis {
+		cluster
+		address %s
+		timeout 2s
+		breaker %s
+		insecure_bus
+	}
+	on_store_error deny
+`, strings.Join(c.Addrs(), " "), breaker))
+			dead := c.Masters[0]
+			var orgs, onDead []string
+			for i := range 60 {
+				org := fmt.Sprintf("org%d", i)
+				// The tenant's hash tag: the tree and the organisation.
+				m, err := c.MasterForSlot(c.Masters[1], store.RedisKeySlot("{fo|org="+org+"}"))
+				if err != nil || m == nil {
+					t.Fatalf("who serves %s: %v %v", org, m, err)
+				}
+				orgs = append(orgs, org)
+				if m == dead {
+					onDead = append(onDead, org)
+				}
+			}
+			if len(onDead) == 0 || len(onDead) == len(orgs) {
+				t.Fatalf("%d of %d organisations on the master to kill: the test needs both kinds", len(onDead), len(orgs))
+			}
+			type answer struct {
+				at     time.Time
+				status int
+				body   string
+			}
+			var mu sync.Mutex
+			answers := map[string][]answer{}
+			stop := make(chan struct{})
+			var next atomic.Int64
+			var wg sync.WaitGroup
+			for range 8 {
+				wg.Go(func() {
+					for {
+						select {
+						case <-stop:
+							return
+						case <-time.After(20 * time.Millisecond): // pacing the load, not timing behaviour
+						}
+						org := orgs[next.Add(1)%int64(len(orgs))]
+						r := do(t, "GET", url, "X-Org: "+org)
+						mu.Lock()
+						answers[org] = append(answers[org], answer{time.Now(), r.status, r.body})
+						mu.Unlock()
+					}
+				})
+			}
+			time.Sleep(500 * time.Millisecond) // steady load before the kill
+			killed := time.Now()
+			dead.Kill()
+			var promoted time.Time
+			for deadline := time.Now().Add(30 * time.Second); ; {
+				if time.Now().After(deadline) {
+					close(stop)
+					wg.Wait()
+					t.Fatal("no replica took over the killed master's slots within 30 s")
+				}
+				time.Sleep(10 * time.Millisecond) // polling the cluster's own state
+				if m, _ := c.MasterForSlot(c.Masters[1], store.RedisKeySlot("{fo|org="+onDead[0]+"}")); m != nil && m != dead {
+					promoted = time.Now()
+					break
+				}
+			}
+			time.Sleep(3 * time.Second)
+			close(stop)
+			wg.Wait()
+
+			var healthyBad, refused, late, servedAfter int
+			var last time.Time
+			var sample string
+			for _, org := range orgs {
+				onDeadMaster := slices.Contains(onDead, org)
+				for _, a := range answers[org] {
+					switch {
+					case a.status == 200:
+						if onDeadMaster && a.at.After(promoted) {
+							servedAfter++
+						}
+					case !onDeadMaster:
+						healthyBad++
+						sample = fmt.Sprintf("%s: %d %s", org, a.status, a.body)
+					case a.status != 503 || !strings.Contains(a.body, "#store-unavailable"):
+						t.Errorf("%s (dead master) got %d %s; want 200 or 503 store-unavailable", org, a.status, a.body)
+					default:
+						refused++
+						if a.at.After(last) {
+							last = a.at
+						}
+						if a.at.After(promoted.Add(time.Second)) {
+							late++
+							sample = fmt.Sprintf("%s: %d %s", org, a.status, a.body)
+						}
+					}
+				}
+			}
+			t.Logf("promotion seen %v after the kill; the dead master's %d organisations: %d refused (503), the last %v after the kill, %v after the promotion; the healthy masters' %d: %d not 200",
+				promoted.Sub(killed).Round(time.Millisecond), len(onDead), refused, last.Sub(killed).Round(time.Millisecond),
+				last.Sub(promoted).Round(time.Millisecond), len(orgs)-len(onDead), healthyBad)
+			if healthyBad > 0 {
+				t.Errorf("the healthy masters' organisations got %d answers other than 200 (e.g. %s)", healthyBad, sample)
+			}
+			if refused == 0 {
+				t.Error("the dead master's organisations were never refused: was it killed?")
+			}
+			if late > 0 {
+				t.Errorf("%d refusals more than 1s after the promotion (e.g. %s)", late, sample)
+			}
+			if servedAfter == 0 {
+				t.Error("the dead master's organisations were not served after the promotion")
+			}
+		})
+	}
+}
