@@ -102,6 +102,8 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	        cluster
 //	        username      <user>
 //	        password      <password>
+//	        sentinel_username <user>                # to the Sentinels (master_name)
+//	        sentinel_password <password>
 //	        db            <n>
 //	        tls           [insecure] { server_name <name>  ca <pem file> }
 //	        dial_timeout  <duration>
@@ -131,7 +133,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	        header    <field>                       # default Idempotency-Key
 //	        ttl       <duration>                    # how long a key is remembered (24h)
 //	        in_flight <duration>                    # the longest a first request counts as in flight (5m)
-//	        retries   <n>                           # retries let through without a charge, per key (3)
+//	        retries   <n>                           # retries let through without a charge, per key (1)
 //	        methods   <method...>                   # whose keys count (POST PATCH)
 //	    }]
 //	    on_store_error deny|allow|local [<instances>]  # local: default instances counted from heartbeats
@@ -967,6 +969,10 @@ func parseRedis(d *caddyfile.Dispenser, r *RedisStoreConfig) error {
 			err = strArg(d, &r.Username)
 		case "password":
 			err = strArg(d, &r.Password)
+		case "sentinel_username":
+			err = strArg(d, &r.SentinelUsername)
+		case "sentinel_password":
+			err = strArg(d, &r.SentinelPassword)
 		case "db":
 			r.DB, err = intArg(d)
 		case "pool_size":

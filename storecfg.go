@@ -59,7 +59,11 @@ type RedisStoreConfig struct {
 	Cluster  bool   `json:"cluster,omitempty"`
 	Username string `json:"username,omitempty"`
 	Password string `json:"password,omitempty"`
-	DB       int    `json:"db,omitempty"`
+	// SentinelUsername and SentinelPassword authenticate to the
+	// Sentinels (master_name only).
+	SentinelUsername string `json:"sentinel_username,omitempty"`
+	SentinelPassword string `json:"sentinel_password,omitempty"`
+	DB               int    `json:"db,omitempty"`
 	// TLS, when set, connects with TLS.
 	TLS *RedisTLS `json:"tls,omitempty"`
 
@@ -483,20 +487,23 @@ func (c *StoreConfig) open(ctx caddy.Context, sweep time.Duration) (opened, erro
 func (c *RedisStoreConfig) options(logger *zap.Logger) (store.RedisOptions, error) {
 	repl := caddy.NewReplacer()
 	opts := store.RedisOptions{
-		Logger:       logger,
-		MasterName:   repl.ReplaceAll(c.MasterName, ""),
-		Cluster:      c.Cluster,
-		Username:     repl.ReplaceAll(c.Username, ""),
-		Password:     repl.ReplaceAll(c.Password, ""),
-		DB:           c.DB,
-		DialTimeout:  time.Duration(c.DialTimeout),
-		ReadTimeout:  time.Duration(c.ReadTimeout),
-		WriteTimeout: time.Duration(c.WriteTimeout),
-		PoolSize:     c.PoolSize,
-		KeyPrefix:    c.KeyPrefix,
-		Timeout:      time.Duration(c.Timeout),
-		SlotTTL:      time.Duration(c.SlotTTL),
-		Breaker:      store.BreakerOptions{Failures: 3, Cooldown: time.Second},
+		Logger:     logger,
+		MasterName: repl.ReplaceAll(c.MasterName, ""),
+		Cluster:    c.Cluster,
+		Username:   repl.ReplaceAll(c.Username, ""),
+		Password:   repl.ReplaceAll(c.Password, ""),
+		DB:         c.DB,
+		// Sentinels authenticate on their own (their requirepass).
+		SentinelUsername: repl.ReplaceAll(c.SentinelUsername, ""),
+		SentinelPassword: repl.ReplaceAll(c.SentinelPassword, ""),
+		DialTimeout:      time.Duration(c.DialTimeout),
+		ReadTimeout:      time.Duration(c.ReadTimeout),
+		WriteTimeout:     time.Duration(c.WriteTimeout),
+		PoolSize:         c.PoolSize,
+		KeyPrefix:        c.KeyPrefix,
+		Timeout:          time.Duration(c.Timeout),
+		SlotTTL:          time.Duration(c.SlotTTL),
+		Breaker:          store.BreakerOptions{Failures: 3, Cooldown: time.Second},
 
 		TenantInFlight: c.TenantInFlight,
 	}

@@ -133,3 +133,33 @@ func TestParseRedisBus(t *testing.T) {
 		t.Errorf("bus_secret with insecure_bus: %v", err)
 	}
 }
+
+// TestSentinelCredentials: the Sentinels' own credentials reach the store's
+// options, from the Caddyfile and placeholders, apart from Redis's.
+func TestSentinelCredentials(t *testing.T) {
+	t.Setenv("SENTINEL_PW", "s3cret")
+	h, err := parse(t, `rate_limit {
+		tree t {
+			tier k {header.K} {
+				limit 1/s
+			}
+		}
+		store redis {
+			master_name mymaster
+			address 10.0.0.1:26379 10.0.0.2:26379
+			password redis-pw
+			sentinel_username watcher
+			sentinel_password {env.SENTINEL_PW}
+		}
+	}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts, err := h.Store.Redis.options(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if opts.SentinelUsername != "watcher" || opts.SentinelPassword != "s3cret" || opts.Password != "redis-pw" || opts.MasterName != "mymaster" {
+		t.Fatalf("options: sentinel %q/%q, password %q, master %q", opts.SentinelUsername, opts.SentinelPassword, opts.Password, opts.MasterName)
+	}
+}

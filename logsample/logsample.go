@@ -1,13 +1,15 @@
-// Package logsample keeps a flood of similar events from flooding a log:
-// the first event of each key per interval is logged, the others are
-// counted, and each interval's count is reported once, by the first event
-// after it ends. It needs no timer and no goroutine: the caller's events
-// drive it, with the time they happened.
+// Package logsample keeps a flood of similar events from flooding a log.
+// A Sampler logs the first event of each key per interval, counts the
+// others, and reports each interval's count once, by the first event
+// after it ends; Every lets one event of any kind through per interval.
+// Neither needs a timer or a goroutine: the caller's events drive them,
+// with the time they happened.
 package logsample
 
 import (
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -77,4 +79,33 @@ func (s *Sampler) count(key string) {
 	if _, ok := s.from[key]; !ok && len(s.from) < s.maxKeys {
 		s.from[strings.Clone(key)] = struct{}{}
 	}
+}
+
+// Every lets one event through per interval and holds back the others,
+// counting them: the next event let through learns how many were held
+// back since the one before. It takes no lock, so a hot path may ask it
+// on every request (a dead Redis under load must not turn every request
+// into a log line). The zero value lets one event through a second.
+type Every struct {
+	// Interval is the least time between two events let through; zero
+	// means a second. Set it before first use.
+	Interval time.Duration
+
+	last atomic.Int64 // when the last event was let through (Unix ns)
+	held atomic.Int64 // events held back since
+}
+
+// Allow tells whether the event happening at now is let through and, when
+// it is, how many events were held back since the last one let through.
+func (e *Every) Allow(now time.Time) (ok bool, held int64) {
+	interval := e.Interval
+	if interval <= 0 {
+		interval = time.Second
+	}
+	t, last := now.UnixNano(), e.last.Load()
+	if last != 0 && t-last < int64(interval) || !e.last.CompareAndSwap(last, t) {
+		e.held.Add(1)
+		return false, 0
+	}
+	return true, e.held.Swap(0)
 }

@@ -3,6 +3,7 @@ package logsample
 import (
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -84,5 +85,60 @@ func BenchmarkAllowSeen(b *testing.B) {
 	s.Allow("k", now)
 	for i := 0; i < b.N; i++ {
 		s.Allow("k", now)
+	}
+}
+
+// TestEvery: one event per interval is let through, with the count of
+// those held back since the last one.
+func TestEvery(t *testing.T) {
+	t0 := time.Date(2026, 11, 28, 12, 0, 0, 0, time.UTC)
+	e := &Every{Interval: time.Second}
+	for _, step := range []struct {
+		at   time.Duration
+		ok   bool
+		held int64
+	}{
+		{0, true, 0},
+		{100 * time.Millisecond, false, 0},
+		{999 * time.Millisecond, false, 0},
+		{time.Second, true, 2},
+		{1500 * time.Millisecond, false, 0},
+		{5 * time.Second, true, 1},
+		{5 * time.Second, false, 0},
+	} {
+		ok, held := e.Allow(t0.Add(step.at))
+		if ok != step.ok || held != step.held {
+			t.Errorf("at %v: Allow = %v, %d; want %v, %d", step.at, ok, held, step.ok, step.held)
+		}
+	}
+	var zero Every // a second
+	if ok, _ := zero.Allow(t0); !ok {
+		t.Error("the zero value held back the first event")
+	}
+	if ok, _ := zero.Allow(t0.Add(999 * time.Millisecond)); ok {
+		t.Error("the zero value let two events through within a second")
+	}
+}
+
+// TestEveryConcurrent: of many events at one instant, exactly one is let
+// through, and the next one after the interval counts all the others.
+func TestEveryConcurrent(t *testing.T) {
+	t0 := time.Date(2026, 11, 28, 12, 0, 0, 0, time.UTC)
+	var e Every
+	var wg sync.WaitGroup
+	var through atomic.Int64
+	for range 100 {
+		wg.Go(func() {
+			if ok, _ := e.Allow(t0); ok {
+				through.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	if through.Load() != 1 {
+		t.Fatalf("%d of 100 simultaneous events let through, want 1", through.Load())
+	}
+	if ok, held := e.Allow(t0.Add(time.Second)); !ok || held != 99 {
+		t.Fatalf("a second later: %v, %d held; want true, 99", ok, held)
 	}
 }

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // BreakerOptions configure the Redis store's circuit breakers: one for a
@@ -40,6 +42,7 @@ var ErrBreakerOpen = fmt.Errorf("%w: circuit breaker open after repeated failure
 // nil *breaker is disabled: its methods do nothing.
 type breaker struct {
 	node string // what OnChange and metrics name it
+	err  error  // what a call gets while it is open: ErrBreakerOpen, naming node
 	opts *BreakerOptions
 	// ping tells whether the node answers again. On a Cluster it answers
 	// nil too when the node no longer serves any slot: its slots' calls
@@ -61,20 +64,22 @@ func newBreaker(node string, opts *BreakerOptions, ping func(context.Context) er
 	if opts.Cooldown <= 0 {
 		opts.Cooldown = time.Second
 	}
-	return &breaker{node: node, opts: opts, ping: ping, wake: make(chan struct{}, 1), stop: make(chan struct{})}
+	return &breaker{node: node, opts: opts, ping: ping, wake: make(chan struct{}, 1), stop: make(chan struct{}),
+		err: fmt.Errorf("redis store: %s: %w", node, ErrBreakerOpen)}
 }
 
 // allow returns an error wrapping ErrBreakerOpen, naming the node, while
 // the breaker is open.
 func (b *breaker) allow() error {
 	if b != nil && b.open.Load() {
-		return fmt.Errorf("redis store: %s: %w", b.node, ErrBreakerOpen)
+		return b.err
 	}
 	return nil
 }
 
-// record counts a call's outcome. Only the store's own failures count: a
-// call whose caller gave up (its context canceled) says nothing of Redis.
+// record counts a call's outcome. Only Redis's failures count: a call
+// whose caller gave up (its context canceled), that this instance shed, or
+// that met a closed store says nothing of Redis.
 func (b *breaker) record(err error) {
 	if b == nil {
 		return
@@ -85,7 +90,7 @@ func (b *breaker) record(err error) {
 		}
 		return
 	}
-	if errors.Is(err, context.Canceled) || errors.Is(err, ErrBreakerOpen) || overloaded(err) {
+	if errors.Is(err, context.Canceled) || errors.Is(err, ErrBreakerOpen) || errors.Is(err, redis.ErrClosed) || overloaded(err) {
 		return
 	}
 	if b.failures.Add(1) < int64(b.opts.Failures) || !b.open.CompareAndSwap(false, true) {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/caddy-cascade/cascade/internal/redistest"
 	"github.com/caddy-cascade/cascade/store"
+	"github.com/caddy-cascade/cascade/store/storetest"
 )
 
 // TestBreaker: against a real Redis that hangs (SIGSTOP), the calls wait
@@ -33,7 +34,7 @@ func TestBreaker(t *testing.T) {
 	scripts := &counter{}
 	s.Client().(*redis.Client).AddHook(scripts)
 	ctx := context.Background()
-	bucket := []store.Bucket{{Key: "{b}k", Limit: gcra(3, time.Hour), Cost: 1}}
+	bucket := []store.Bucket{{Key: "{b}k", Limit: storetest.GCRA(3, time.Hour), Cost: 1}}
 	if d, err := s.Decide(ctx, bucket); err != nil || !d.Allowed {
 		t.Fatalf("with Redis up: %+v %v", d, err)
 	}
@@ -79,11 +80,11 @@ func TestBreaker(t *testing.T) {
 		t.Fatalf("open %v, trips %d", s.BreakerOpen(), s.BreakerTrips())
 	}
 	// Open: no call waits on Redis, nor reaches it.
-	other := []store.Bucket{{Key: "{b}other", Limit: gcra(1, time.Hour), Cost: 1}}
+	other := []store.Bucket{{Key: "{b}other", Limit: storetest.GCRA(1, time.Hour), Cost: 1}}
 	sent := scripts.sent.Load()
 	start := time.Now()
 	_, errDecide := s.Decide(ctx, other)
-	errAdjust := s.Adjust(ctx, []store.Bucket{{Key: "{b}other", Limit: gcra(1, time.Hour), Cost: 5}})
+	errAdjust := s.Adjust(ctx, []store.Bucket{{Key: "{b}other", Limit: storetest.GCRA(1, time.Hour), Cost: 5}})
 	t.Logf("with the breaker open, Decide and Adjust failed in %v", time.Since(start))
 	if !errors.Is(errDecide, store.ErrBreakerOpen) || !errors.Is(errAdjust, store.ErrBreakerOpen) {
 		t.Fatalf("with the breaker open: %v, %v; want ErrBreakerOpen", errDecide, errAdjust)

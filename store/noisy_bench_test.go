@@ -11,6 +11,7 @@ import (
 
 	"github.com/caddy-cascade/cascade/internal/redistest"
 	"github.com/caddy-cascade/cascade/store"
+	"github.com/caddy-cascade/cascade/store/storetest"
 )
 
 // BenchmarkNoisyNeighbour measures what one tenant's load does to the
@@ -41,7 +42,7 @@ func BenchmarkNoisyNeighbour(b *testing.B) {
 // quiet decision's latency and how many decisions the noisy tenant made.
 func noisyRun(b *testing.B, s *store.Redis, load string, d time.Duration) ([]time.Duration, int64) {
 	path := func(tenant string, user int) []store.Bucket {
-		lim := gcra(1_000_000_000, time.Hour) // never refuses: latency only
+		lim := storetest.GCRA(1_000_000_000, time.Hour) // never refuses: latency only
 		org := "{api|org=" + tenant + "}"
 		return []store.Bucket{
 			{Key: "{api|global}", Limit: lim, Cost: 1}, // a ceiling all share

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -361,12 +362,17 @@ func (r *Redis) pingMaster(addr string) func(context.Context) error {
 	return func(ctx context.Context) error {
 		ctx, cancel := context.WithTimeout(ctx, r.timeout)
 		defer cancel()
+		var masters atomic.Int64
 		err := r.cluster.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+			masters.Add(1)
 			if c.Options().Addr != addr {
 				return nil
 			}
 			return c.Ping(ctx).Err()
 		})
+		if err == nil && masters.Load() == 0 {
+			err = errors.New("the slot map names no master")
+		}
 		if err != nil {
 			return fmt.Errorf("redis store: ping %s: %w: %w", addr, ErrUnavailable, err)
 		}
@@ -574,7 +580,7 @@ func (r *Redis) decide(ctx context.Context, deadline time.Time, tenant string, b
 	}
 	if err := b.breaker.allow(); err != nil {
 		// Its slots may have a new master by now: while decisions keep
-		// coming, the map is reloaded every 200 ms at most.
+		// coming, the map is reloaded every 100 ms at most.
 		r.batch.reload()
 		return 0, err
 	}
@@ -741,6 +747,14 @@ func appendFloat(dst []byte, n int64) []byte {
 // one script per slot, in parallel; if any slot denies (or fails), the
 // slots that admitted are refunded, so the request is charged nowhere.
 func (r *Redis) decideSlots(ctx context.Context, buckets []Bucket, groups [][]int, now, wall int64) (Decision, error) {
+	// A master whose breaker is open fails the whole path (all or
+	// nothing) before any slot is charged, and refunded.
+	for _, idx := range groups {
+		if err := r.breakerFor(r.prefix + buckets[idx[0]].Key).allow(); err != nil {
+			r.batch.reload()
+			return Decision{}, err
+		}
+	}
 	results := make([]rate.Result, len(buckets))
 	times := make([]int64, len(buckets)) // each bucket's slot's time
 	errs := make([]error, len(groups))

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -35,9 +36,9 @@ type batcher struct {
 	script  *redis.Script
 	timeout time.Duration
 	cluster bool // a Cluster master's: group batches by hash slot
-	// slots is the Cluster client whose slot map is reloaded when the
-	// master fails or answers that a slot moved (see refresh).
-	slots   *redis.ClusterClient
+	// slots is the Cluster's slot map, reloaded when the master fails or
+	// answers that a slot moved (see refresh); nil elsewhere.
+	slots   *slotMap
 	breaker *breaker // this master's (nil: none)
 	queue   *fairQueue
 	stop    chan struct{}
@@ -53,6 +54,7 @@ type batcher struct {
 type batchers struct {
 	single    *batcher             // nil on a Cluster
 	cluster   *redis.ClusterClient // nil unless a Cluster
+	slots     *slotMap             // the Cluster's; nil unless a Cluster
 	script    *redis.Script
 	timeout   time.Duration
 	perTenant int // RedisOptions.TenantInFlight, per batcher
@@ -75,6 +77,7 @@ func newBatchers(client redis.UniversalClient, script *redis.Script, timeout tim
 		byNode: map[string]*batcher{}, breakers: map[string]*breaker{}}
 	if cc, ok := client.(*redis.ClusterClient); ok {
 		bs.cluster = cc
+		bs.slots = &slotMap{cluster: cc, timeout: min(timeout, slotReloadTimeout)}
 	} else {
 		bs.single = newBatcher(client, script, timeout, false, perTenant)
 		bs.single.breaker = single
@@ -103,13 +106,47 @@ func (bs *batchers) allBreakers() []*breaker {
 	return out
 }
 
-// reload has the Cluster client reload its slot map in the background
-// (go-redis runs one reload at a time, at most one every 200 ms, however
-// often it is asked): a master that fails may have been replaced.
-func (bs *batchers) reload() {
-	if bs.cluster != nil {
-		bs.cluster.ReloadState(context.Background())
+// reload has a Cluster's slot map reloaded (see slotMap): a master that
+// fails may have been replaced.
+func (bs *batchers) reload() { bs.slots.reload() }
+
+// slotMap reloads a Cluster client's slot map on demand, in the
+// background: one reload at a time, at most one every 100 ms however often
+// it is asked, each bounded by slotReloadTimeout. (go-redis's own lazy
+// reload has no deadline: when it asks a hung node first, it waits out the
+// read timeout, seconds, before it asks another.)
+type slotMap struct {
+	cluster *redis.ClusterClient
+	timeout time.Duration
+	running atomic.Bool
+	last    atomic.Int64 // when the last reload started (Unix ns)
+}
+
+// slotReloadEvery is the least time between two reloads of a slot map.
+const slotReloadEvery = 100 * time.Millisecond
+
+// slotReloadTimeout bounds one reload of a slot map: a healthy node
+// answers CLUSTER SLOTS in a millisecond, and a reload that asked a hung
+// one first gives way to the next.
+const slotReloadTimeout = 250 * time.Millisecond
+
+func (m *slotMap) reload() {
+	if m == nil {
+		return
 	}
+	now := time.Now().UnixNano()
+	if now-m.last.Load() < int64(slotReloadEvery) || !m.running.CompareAndSwap(false, true) {
+		return
+	}
+	m.last.Store(now)
+	go func() {
+		defer m.running.Store(false)
+		ctx, cancel := context.WithTimeout(context.Background(), m.timeout)
+		defer cancel()
+		// ForEachMaster reloads the map first, within ctx; there is
+		// nothing to do on each master.
+		_ = m.cluster.ForEachMaster(ctx, func(context.Context, *redis.Client) error { return nil })
+	}()
 }
 
 // forKey returns the batcher of the master serving key's slot, from the
@@ -141,7 +178,7 @@ func (bs *batchers) forKey(ctx context.Context, deadline time.Time, key string) 
 		// A node's calls of several slots are grouped by slot: one
 		// script call per slot, pipelined to the node.
 		b = newBatcher(node, bs.script, bs.timeout, true, bs.perTenant)
-		b.slots = bs.cluster
+		b.slots = bs.slots
 		br, ok := bs.breakers[addr]
 		if !ok && bs.newNode != nil {
 			br = bs.newNode(addr, node)
@@ -155,6 +192,13 @@ func (bs *batchers) forKey(ctx context.Context, deadline time.Time, key string) 
 
 // close stops every batcher and breaker; calls still queued fail.
 func (bs *batchers) close() {
+	bs.mu.Lock()
+	bs.closed = true // no batcher or breaker is made from now on
+	all := make([]*batcher, 0, len(bs.byNode))
+	for _, b := range bs.byNode {
+		all = append(all, b)
+	}
+	bs.mu.Unlock()
 	for _, br := range bs.allBreakers() {
 		br.close()
 	}
@@ -162,13 +206,6 @@ func (bs *batchers) close() {
 		bs.single.close()
 		return
 	}
-	bs.mu.Lock()
-	bs.closed = true
-	all := make([]*batcher, 0, len(bs.byNode))
-	for _, b := range bs.byNode {
-		all = append(all, b)
-	}
-	bs.mu.Unlock()
 	for _, b := range all {
 		b.close()
 	}
@@ -339,13 +376,13 @@ func bySlot(calls []*call) [][]*call {
 	return groups
 }
 
-// refresh has the Cluster client reload its slot map (in the background,
-// at most one every 200 ms) when a master's answer says the map may be
+// refresh has a Cluster's slot map reloaded (in the background, at most
+// one every 100 ms) when a master's answer says the map may be
 // out of date: the store does not follow redirects (a script is never
 // sent twice), so the map must catch up for the next decisions.
 func (b *batcher) refresh(err error) {
-	if b.slots != nil && staleSlots(err) {
-		b.slots.ReloadState(context.Background())
+	if staleSlots(err) {
+		b.slots.reload()
 	}
 }
 

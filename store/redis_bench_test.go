@@ -10,6 +10,7 @@ import (
 
 	"github.com/caddy-cascade/cascade/internal/redistest"
 	"github.com/caddy-cascade/cascade/store"
+	"github.com/caddy-cascade/cascade/store/storetest"
 )
 
 // BenchmarkRedisDecide measures one decision of 1, 3, 5 and 7 tiers (one
@@ -77,7 +78,7 @@ func decideParallel(b *testing.B, s *store.Redis, tiers int, addrs []string) {
 		agent := user + fmt.Sprintf("/agent=agent%d", u%3)
 		model := agent + fmt.Sprintf("/model=model%d", u%2)
 		for _, k := range []string{org, team, user, agent, model}[:tiers] {
-			paths[u] = append(paths[u], store.Bucket{Key: k, Limit: gcra(1_000_000_000, time.Hour), Cost: 1})
+			paths[u] = append(paths[u], store.Bucket{Key: k, Limit: storetest.GCRA(1_000_000_000, time.Hour), Cost: 1})
 		}
 	}
 	for _, a := range addrs {
@@ -127,7 +128,7 @@ func BenchmarkRedisLease(b *testing.B) {
 	ctx := context.Background()
 	path := tiers(4)
 	for i := range path {
-		path[i].Limit = gcra(1_000_000_000, time.Hour)
+		path[i].Limit = storetest.GCRA(1_000_000_000, time.Hour)
 	}
 	var last store.Leased
 	resetStats(b, srv.Addr())

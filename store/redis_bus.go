@@ -37,9 +37,9 @@ type Bus struct {
 	r       *Redis
 	channel string
 	out     chan []byte
-	state   *busState    // the store's: its key, and its counters in all
-	counts  busCounters  // this Bus's
-	logged  atomic.Int64 // unix ns of the last drop logged
+	state   *busState        // the store's: its key, and its counters in all
+	counts  busCounters      // this Bus's
+	dropLog *logsample.Every // drops: one logged a minute
 	// rejects samples the logging of messages heard and dropped: one line
 	// per reason a minute.
 	rejects *logsample.Sampler
@@ -78,7 +78,7 @@ const (
 // not wait for Redis: the subscription is made (and made again when lost)
 // in the background.
 func (r *Redis) OpenBus(name string, deliver func([]byte)) *Bus {
-	b := &Bus{r: r, channel: r.prefix + name, out: make(chan []byte, busQueue), stop: make(chan struct{}),
+	b := &Bus{r: r, channel: r.prefix + name, dropLog: &logsample.Every{Interval: time.Minute}, out: make(chan []byte, busQueue), stop: make(chan struct{}),
 		state: r.bus(), rejects: logsample.New(time.Minute, 8)}
 	b.quiet.Store(int64(quietAfter))
 	b.done.Add(2)
@@ -284,8 +284,7 @@ func (b *Bus) send() {
 func (b *Bus) drop(err error) {
 	n := b.counts.dropped.Add(1)
 	b.state.counts.dropped.Add(1)
-	now, last := time.Now().UnixNano(), b.logged.Load()
-	if now-last >= int64(time.Minute) && b.logged.CompareAndSwap(last, now) && b.r.logger != nil {
+	if ok, _ := b.dropLog.Allow(time.Now()); ok && b.r.logger != nil {
 		b.r.logger.Warn("redis: a message to the other instances was dropped (they may briefly not know what this one holds)",
 			zap.String("channel", b.channel), zap.Int64("dropped_total", n), zap.Error(err))
 	}

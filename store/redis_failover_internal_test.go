@@ -9,6 +9,7 @@ import (
 	"os"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -54,13 +55,16 @@ func TestStaleSlots(t *testing.T) {
 }
 
 // TestMasterRoute: dials follow the announced masters, through several
-// failovers and back.
+// failovers and back, for redirectFor after each announcement: a redirect
+// that a missed announcement left stale ends by itself.
 func TestMasterRoute(t *testing.T) {
 	var dialed []string
-	m := &masterRoute{replaced: map[string]string{}, dial: func(_ context.Context, _, addr string) (net.Conn, error) {
-		dialed = append(dialed, addr)
-		return nil, errors.New("not dialing in a test")
-	}}
+	now := time.Date(2026, 11, 28, 12, 0, 0, 0, time.UTC)
+	m := &masterRoute{replaced: map[string]redirect{}, now: func() time.Time { return now },
+		dial: func(_ context.Context, _, addr string) (net.Conn, error) {
+			dialed = append(dialed, addr)
+			return nil, errors.New("not dialing in a test")
+		}}
 	dial := func(addr string) string {
 		m.dialer(context.Background(), "tcp", addr)
 		return dialed[len(dialed)-1]
@@ -84,5 +88,19 @@ func TestMasterRoute(t *testing.T) {
 		if got := dial(from); got != "a:1" {
 			t.Fatalf("after the failback, a dial to %s went to %s, want a:1", from, got)
 		}
+	}
+	// A failback whose announcement was missed: the redirect c:3 → a:1
+	// ends redirectFor after it was made, and a dial to c:3 goes there.
+	now = now.Add(redirectFor - time.Millisecond)
+	if got := dial("c:3"); got != "a:1" {
+		t.Fatalf("within redirectFor: %s, want a:1", got)
+	}
+	now = now.Add(2 * time.Millisecond)
+	if got := dial("c:3"); got != "c:3" {
+		t.Fatalf("after redirectFor: %s, want c:3 (the redirect expired)", got)
+	}
+	m.announce("x:9", "y:9")
+	if len(m.replaced) != 1 {
+		t.Fatalf("%d redirects kept, want only the live one (expired ones dropped)", len(m.replaced))
 	}
 }

@@ -47,9 +47,8 @@ func (r *Redis) Lease(ctx context.Context, g Grant) (Leased, error) {
 
 // LeaseAll implements Leaser: the grants are sent together, one lua.Lease
 // call for all those of a slot (all of them on a single Redis), a call per
-// slot in one pipeline: one round trip, and the script's fixed cost (about
-// 30 µs of Redis's time a call on this project's test machine, against 12
-// a bucket) shared. Each grant is its own step in the call, in order, as
+// slot in one pipeline: one round trip, and the script's fixed cost (more
+// than two buckets' worth, see docs/performance.md) shared. Each grant is its own step in the call, in order, as
 // if sent on its own. A renewal of a path across Cluster slots is refused
 // (ErrNotRenewable); any other grant across slots is leased on its own, as
 // Lease does.
@@ -115,12 +114,17 @@ func (r *Redis) LeaseAll(ctx context.Context, gs []Grant) ([]Leased, []error) {
 	replies, rerrs := make([]string, len(slots)), make([]error, len(slots))
 	if len(sent) > 0 {
 		rs, es := runCalls(ctx, r.client, lua.Lease, keys, args)
+		// One outcome per master: its calls went in one pipeline.
+		outcomes := map[*breaker]error{}
 		for k, c := range sent {
 			replies[c], rerrs[c] = rs[k], es[k]
-			breakers[k].record(es[k])
+			outcomes[breakers[k]] = errors.Join(outcomes[breakers[k]], es[k])
 			if r.cluster != nil && staleSlots(es[k]) {
 				r.batch.reload()
 			}
+		}
+		for br, err := range outcomes {
+			br.record(err)
 		}
 	}
 	for c, slot := range slots {

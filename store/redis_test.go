@@ -97,10 +97,6 @@ func warm(t testing.TB, s *store.Redis, path []store.Bucket) store.Decision {
 	return d
 }
 
-func gcra(count int64, period time.Duration) rate.Limit {
-	return rate.Limit{Algorithm: rate.GCRA, Count: count, Period: period}
-}
-
 func TestRedisConformance(t *testing.T) {
 	addr := redistest.Shared(t).Addr()
 	storetest.Run(t, func(t *testing.T, clock store.Clock) store.Store {
@@ -248,9 +244,9 @@ func TestRedisClusterConcurrentRefunds(t *testing.T) {
 	p := prefix(t)
 	s := newRedis(t, store.RedisOptions{Addrs: redistest.SharedCluster(t).Addrs(), KeyPrefix: p, Clock: clock.Now})
 	path := retag([]store.Bucket{
-		{Key: "{r}|org", Limit: gcra(1000, time.Hour), Cost: 7},
-		{Key: "{r}|team", Limit: gcra(500, time.Hour), Cost: 7},
-		{Key: "{r}|user", Limit: gcra(100, time.Hour), Cost: 7},
+		{Key: "{r}|org", Limit: storetest.GCRA(1000, time.Hour), Cost: 7},
+		{Key: "{r}|team", Limit: storetest.GCRA(500, time.Hour), Cost: 7},
+		{Key: "{r}|user", Limit: storetest.GCRA(100, time.Hour), Cost: 7},
 	})
 	slots := map[int]bool{}
 	for _, b := range path {
@@ -322,8 +318,8 @@ func TestRedisClusterRefund(t *testing.T) {
 	clock := storetest.NewClock(time.Date(2026, 3, 18, 10, 30, 0, 0, time.UTC))
 	p := prefix(t)
 	s := newRedis(t, store.RedisOptions{Addrs: cluster.Addrs(), KeyPrefix: p, Clock: clock.Now})
-	global := store.Bucket{Key: "{global}|all", Limit: gcra(100, time.Hour), Cost: 1}
-	tenant := store.Bucket{Key: "{tenant-a}|user", Limit: gcra(2, time.Hour), Cost: 1}
+	global := store.Bucket{Key: "{global}|all", Limit: storetest.GCRA(100, time.Hour), Cost: 1}
+	tenant := store.Bucket{Key: "{tenant-a}|user", Limit: storetest.GCRA(2, time.Hour), Cost: 1}
 	if store.RedisKeySlot(p+global.Key) == store.RedisKeySlot(p+tenant.Key) {
 		t.Fatal("the test's keys share a slot; pick other hash tags")
 	}
@@ -414,25 +410,25 @@ func TestRedisKeySlot(t *testing.T) {
 func TestRedisExactBurst(t *testing.T) {
 	standalone := func(t *testing.T) []string { return []string{redistest.Shared(t).Addr()} }
 	cluster := func(t *testing.T) []string { return redistest.SharedCluster(t).Addrs() }
-	oneBucket := []store.Bucket{{Key: "{x}|k", Limit: gcra(100, time.Hour), Cost: 3}}
+	oneBucket := []store.Bucket{{Key: "{x}|k", Limit: storetest.GCRA(100, time.Hour), Cost: 3}}
 	threeTiers := []store.Bucket{
-		{Key: "{x}|org", Limit: gcra(1000, time.Hour), Cost: 7},
-		{Key: "{x}|team", Limit: gcra(500, time.Hour), Cost: 7},
-		{Key: "{x}|user", Limit: gcra(100, time.Hour), Cost: 7},
+		{Key: "{x}|org", Limit: storetest.GCRA(1000, time.Hour), Cost: 7},
+		{Key: "{x}|team", Limit: storetest.GCRA(500, time.Hour), Cost: 7},
+		{Key: "{x}|user", Limit: storetest.GCRA(100, time.Hour), Cost: 7},
 	}
 	// Across slots a request is charged slot by slot and refunded on a
 	// denial. Only the user's slot can deny here (the global ceiling holds
 	// all 200 at once), so admissions are still exactly the user's floor(C/k).
 	crossSlot := []store.Bucket{
-		{Key: "{global}|all", Limit: gcra(10000, time.Hour), Cost: 7},
-		{Key: "{x}|user", Limit: gcra(100, time.Hour), Cost: 7},
+		{Key: "{global}|all", Limit: storetest.GCRA(10000, time.Hour), Cost: 7},
+		{Key: "{x}|user", Limit: storetest.GCRA(100, time.Hour), Cost: 7},
 	}
 	// The ceiling (70/7 = 10) binds before the user (100/7 = 14): the
 	// user's slot decides first, so requests it refuses never hold the
 	// ceiling's capacity while they wait for a refund.
 	ceilingBinds := []store.Bucket{
-		{Key: "{global}|all", Limit: gcra(70, time.Hour), Cost: 7},
-		{Key: "{x}|user", Limit: gcra(100, time.Hour), Cost: 7},
+		{Key: "{global}|all", Limit: storetest.GCRA(70, time.Hour), Cost: 7},
+		{Key: "{x}|user", Limit: storetest.GCRA(100, time.Hour), Cost: 7},
 	}
 	tests := []struct {
 		name   string
@@ -471,7 +467,7 @@ func TestRedisEveryKeyHasTTL(t *testing.T) {
 	ctx := context.Background()
 	paris, _ := time.LoadLocation("Europe/Paris")
 	path := []store.Bucket{
-		{Key: "{ttl}|gcra", Limit: gcra(10, time.Minute), Cost: 1},
+		{Key: "{ttl}|gcra", Limit: storetest.GCRA(10, time.Minute), Cost: 1},
 		{Key: "{ttl}|burst", Limit: rate.Limit{Algorithm: rate.GCRA, Count: 30, Period: time.Minute, Burst: 15}, Cost: 1},
 		{Key: "{ttl}|sliding", Limit: rate.Limit{Algorithm: rate.Sliding, Count: 100, Period: 30 * time.Minute}, Cost: 1},
 		{Key: "{ttl}|day", Limit: rate.Limit{Algorithm: rate.Calendar, Count: 1000, Unit: rate.Day}, Cost: 1},
@@ -483,12 +479,12 @@ func TestRedisEveryKeyHasTTL(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	debt := []store.Bucket{{Key: "{ttl}|debt", Limit: gcra(100, time.Hour), Cost: 500}}
+	debt := []store.Bucket{{Key: "{ttl}|debt", Limit: storetest.GCRA(100, time.Hour), Cost: 500}}
 	if err := s.Adjust(ctx, debt); err != nil {
 		t.Fatal(err)
 	}
 	// A refund down to a full bucket leaves no key at all.
-	refunded := []store.Bucket{{Key: "{ttl}|refunded", Limit: gcra(100, time.Hour), Cost: 5}}
+	refunded := []store.Bucket{{Key: "{ttl}|refunded", Limit: storetest.GCRA(100, time.Hour), Cost: 5}}
 	if _, err := s.Decide(ctx, refunded); err != nil {
 		t.Fatal(err)
 	}
@@ -536,7 +532,7 @@ func TestRedisEveryKeyHasTTL(t *testing.T) {
 // seconds past the timeout) and still tell the two apart on a slow machine.
 func TestRedisUnavailable(t *testing.T) {
 	const timeout = 200 * time.Millisecond
-	bucket := []store.Bucket{{Key: "{dead}|k", Limit: gcra(10, time.Minute), Cost: 1}}
+	bucket := []store.Bucket{{Key: "{dead}|k", Limit: storetest.GCRA(10, time.Minute), Cost: 1}}
 	opts := func(addrs []string, timeout time.Duration) store.RedisOptions {
 		return store.RedisOptions{Addrs: addrs, Timeout: timeout, DialTimeout: hung, ReadTimeout: hung, WriteTimeout: hung}
 	}
@@ -650,8 +646,8 @@ func TestRedisUnavailable(t *testing.T) {
 		o.KeyPrefix = prefix(t)
 		s := newRedis(t, o)
 		path := []store.Bucket{
-			{Key: "{global}|all", Limit: gcra(100, time.Hour), Cost: 1},
-			{Key: "{tenant-a}|user", Limit: gcra(100, time.Hour), Cost: 1},
+			{Key: "{global}|all", Limit: storetest.GCRA(100, time.Hour), Cost: 1},
+			{Key: "{tenant-a}|user", Limit: storetest.GCRA(100, time.Hour), Cost: 1},
 		}
 		if _, err := s.Decide(context.Background(), path); err != nil { // connections warm
 			t.Fatal(err)
@@ -731,7 +727,7 @@ func TestRedisOneEvalshaPerDecision(t *testing.T) {
 	ctx := context.Background()
 	path := make([]store.Bucket, 5)
 	for i := range path {
-		path[i] = store.Bucket{Key: fmt.Sprintf("{one}|tier%d", i), Limit: gcra(1000, time.Hour), Cost: 1}
+		path[i] = store.Bucket{Key: fmt.Sprintf("{one}|tier%d", i), Limit: storetest.GCRA(1000, time.Hour), Cost: 1}
 	}
 	decide := func(n int, wantRemaining int64) {
 		t.Helper()
@@ -797,9 +793,9 @@ func TestRedisBatchesConcurrentDecisions(t *testing.T) {
 					org = tenant + "|org"
 				}
 				paths[i] = []store.Bucket{
-					{Key: org, Limit: gcra(90, time.Hour), Cost: 1},
-					{Key: tenant + "|team", Limit: gcra(20, time.Hour), Cost: 1},
-					{Key: tenant + "|user", Limit: gcra(1000, time.Hour), Cost: 1},
+					{Key: org, Limit: storetest.GCRA(90, time.Hour), Cost: 1},
+					{Key: tenant + "|team", Limit: storetest.GCRA(20, time.Hour), Cost: 1},
+					{Key: tenant + "|user", Limit: storetest.GCRA(1000, time.Hour), Cost: 1},
 				}
 			}
 			for _, a := range addrs {
@@ -855,7 +851,7 @@ func TestRedisBatchesConcurrentDecisions(t *testing.T) {
 func tiers(n int) []store.Bucket {
 	path := make([]store.Bucket, n)
 	for i := range path {
-		path[i] = store.Bucket{Key: fmt.Sprintf("{bench%d}|tier%d", n, i), Limit: gcra(1_000_000, time.Hour), Cost: 1}
+		path[i] = store.Bucket{Key: fmt.Sprintf("{bench%d}|tier%d", n, i), Limit: storetest.GCRA(1_000_000, time.Hour), Cost: 1}
 	}
 	return path
 }
@@ -909,7 +905,7 @@ func TestRedisSentinel(t *testing.T) {
 	if _, ok := s.Client().(*redis.Client); !ok {
 		t.Fatalf("client is %T, want a Sentinel-backed *redis.Client", s.Client())
 	}
-	storetest.ExactBurst(t, s, 50, store.Bucket{Key: "{sentinel}|k", Limit: gcra(10, time.Minute), Cost: 1}, 10)
+	storetest.ExactBurst(t, s, 50, store.Bucket{Key: "{sentinel}|k", Limit: storetest.GCRA(10, time.Minute), Cost: 1}, 10)
 }
 
 // cmdStat is one line of INFO commandstats.
@@ -988,7 +984,7 @@ func TestRedisNeverResendsAScript(t *testing.T) {
 				s = newRedis(t, store.RedisOptions{Addrs: []string{redistest.Shared(t).Addr()}, KeyPrefix: p})
 			}
 			ctx := context.Background()
-			b := []store.Bucket{{Key: "{resend}|k", Limit: gcra(100, time.Hour), Cost: 40}}
+			b := []store.Bucket{{Key: "{resend}|k", Limit: storetest.GCRA(100, time.Hour), Cost: 40}}
 			if d, err := s.Decide(ctx, b); err != nil || !d.Allowed {
 				t.Fatal(d, err)
 			}
@@ -1112,7 +1108,7 @@ func TestRedisClusterStalledMasterHoldsUpOnlyItsSlots(t *testing.T) {
 		}
 	}
 	path := func(tag string) []store.Bucket {
-		return []store.Bucket{{Key: tag + "|user", Limit: gcra(1_000_000, time.Hour), Cost: 1}}
+		return []store.Bucket{{Key: tag + "|user", Limit: storetest.GCRA(1_000_000, time.Hour), Cost: 1}}
 	}
 	for _, tag := range []string{stalled, healthy} { // connections warm
 		if _, err := s.Decide(ctx, path(tag)); err != nil {
@@ -1195,7 +1191,7 @@ func TestRedisClusterFollowsAMovedSlot(t *testing.T) {
 			dst = m
 		}
 	}
-	path := []store.Bucket{{Key: tag + "|user", Limit: gcra(1_000_000, time.Hour), Cost: 1}}
+	path := []store.Bucket{{Key: tag + "|user", Limit: storetest.GCRA(1_000_000, time.Hour), Cost: 1}}
 	if _, err := s.Decide(ctx, path); err != nil {
 		t.Fatal(err)
 	}
@@ -1298,8 +1294,8 @@ func TestPresence(t *testing.T) {
 func TestRedisClusterRenewalAcrossSlots(t *testing.T) {
 	s := newRedis(t, store.RedisOptions{Addrs: redistest.SharedCluster(t).Addrs(), KeyPrefix: prefix(t)})
 	path := retag([]store.Bucket{
-		{Key: "{r}|org", Limit: gcra(1000, time.Hour), Cost: 1},
-		{Key: "{r}|user", Limit: gcra(100, time.Hour), Cost: 1},
+		{Key: "{r}|org", Limit: storetest.GCRA(1000, time.Hour), Cost: 1},
+		{Key: "{r}|user", Limit: storetest.GCRA(100, time.Hour), Cost: 1},
 	})
 	g := store.Grant{Buckets: path, Want: 10, MaxShare: 0.1, MinRemaining: 0.05, Renew: true}
 	if _, err := s.Lease(context.Background(), g); !errors.Is(err, store.ErrNotRenewable) {
@@ -1325,7 +1321,7 @@ func TestRedisLeaseAllOneCall(t *testing.T) {
 	srv := redistest.Start(t)
 	s := newRedis(t, store.RedisOptions{Addrs: []string{srv.Addr()}})
 	ctx := context.Background()
-	hourly := gcra(1000, time.Hour)
+	hourly := storetest.GCRA(1000, time.Hour)
 	grants := func() []store.Grant {
 		var gs []store.Grant
 		for u := range 5 {
@@ -1367,7 +1363,7 @@ func TestRedisLeaseAllOneCall(t *testing.T) {
 // one call per slot, pipelined, and each gets its own answer, in order.
 func TestRedisClusterLeaseAllSlots(t *testing.T) {
 	s := newRedis(t, store.RedisOptions{Addrs: redistest.SharedCluster(t).Addrs(), KeyPrefix: prefix(t)})
-	hourly := gcra(1000, time.Hour)
+	hourly := storetest.GCRA(1000, time.Hour)
 	var gs []store.Grant
 	slots := map[int]bool{}
 	for u := range 6 {

@@ -26,7 +26,7 @@ func windowCases() []struct {
 		name  string
 		limit rate.Limit
 	}{
-		{"gcra/N=1000", gcra(1000, time.Minute)},
+		{"gcra/N=1000", storetest.GCRA(1000, time.Minute)},
 		{"sliding/N=10", sliding(10)},
 		{"sliding/N=100", sliding(100)},
 		{"sliding/N=" + strconv.Itoa(rate.MaxExact), sliding(rate.MaxExact)},

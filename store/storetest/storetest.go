@@ -35,6 +35,22 @@ func (c *Clock) Set(t time.Time) { c.now.Store(t.UnixMicro()) }
 // Advance moves the clock forward by d.
 func (c *Clock) Advance(d time.Duration) { c.now.Add(d.Microseconds()) }
 
+// GCRA is a GCRA limit of count per period, its burst the count.
+func GCRA(count int64, period time.Duration) rate.Limit {
+	return rate.Limit{Algorithm: rate.GCRA, Count: count, Period: period}
+}
+
+// Kinds are the stores a test that takes a kind runs on: the memory store
+// and a real Redis.
+var Kinds = []string{"memory", "redis"}
+
+// EachKind runs test once on each of Kinds, as a subtest named after it.
+func EachKind(t *testing.T, test func(t *testing.T, kind string)) {
+	for _, kind := range Kinds {
+		t.Run(kind, func(t *testing.T) { test(t, kind) })
+	}
+}
+
 // Opener returns a fresh, empty store that reads time from clock. Keys used
 // by different scenarios never overlap, but an opener may still want to
 // flush shared state between them.
