@@ -7,26 +7,29 @@
 // X-Forwarded-* headers, its own headers, and optionally its body (for LLM
 // or GraphQL costs). A 2xx answer admits the request: the plugin passes it
 // on and adds the rate-limit headers Cascade returned to the response
-// (which Traefik's ForwardAuth cannot do). Any other answer is the refusal
-// (429 with Retry-After and a problem+json body, or 503): the plugin sends
-// it to the client as it is. When Cascade names the decision
+// (which Traefik's ForwardAuth cannot do). A refusal (429 with Retry-After,
+// or Cascade's 503) reaches the client with Cascade's problem+json body and
+// its rate-limit headers only. When Cascade names the decision
 // (Cascade-Decision) and a report endpoint is configured, the plugin keeps
-// the upstream's response body (bounded) and reports it after the
-// response, so that Cascade reconciles the charge with the usage the
-// upstream reports (LLM tokens).
+// the upstream's response body (bounded) and reports it in the background
+// after the response, so that Cascade reconciles the charge with the usage
+// the upstream reports (LLM tokens).
 //
 // Cascade believes those forwarded headers only from the peers its server
 // trusts (Caddy's trusted_proxies) and refuses anyone else (403): bind the
 // decision endpoint to loopback, or to an address only Traefik reaches, and
 // list Traefik's address in trusted_proxies. The plugin overwrites every
-// forwarded header a client could send (the URI, method, host and proto
-// Cascade reads, and removes the others: X-Original-URI, Forwarded, ...).
-// The client's address is appended to the X-Forwarded-For Traefik kept,
-// which Traefik empties for a client its entryPoint does not trust
-// (forwardedHeaders.trustedIPs); Caddy takes the client from it as its
-// client_ip_headers and trusted_proxies say.
+// forwarded header a client could send (the URI, method, host, proto and
+// client Cascade reads, and removes the others: X-Original-URI, Forwarded,
+// ...). The client is the peer Traefik saw, or, when that peer is one of
+// TrustedIPs, the address X-Forwarded-For names as Traefik's own
+// forwardedHeaders.trustedIPs would believe it.
 //
-// It uses the standard library only: Traefik interprets plugins with Yaegi.
+// It uses the standard library only: Traefik interprets plugins with Yaegi,
+// which hands compiled code an interpreted http.ResponseWriter through a
+// wrapper with only Header, Write and WriteHeader. So Traefik's proxy
+// behind the plugin can neither flush nor hijack the plugin's writer: the
+// plugin flushes streams itself and gives upgrades Traefik's own writer.
 package traefik
 
 import (
@@ -34,9 +37,14 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"mime"
 	"net"
 	"net/http"
+	"net/url"
+	"os"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -52,14 +60,21 @@ type Config struct {
 	// FailOpen passes requests when Cascade cannot be reached; by default
 	// they get 503.
 	FailOpen bool `json:"failOpen,omitempty"`
-	// SendBody sends the request's body (up to MaxBodyBytes) with the
-	// decision, for costs read from it; the upstream still gets all of it.
+	// SendBody sends the request's body with the decision, for costs read
+	// from it; the upstream still gets all of it. A body over MaxBodyBytes
+	// (default 1 MiB) is refused with 413: priced on its start, it would
+	// be charged less than it costs.
 	SendBody     bool  `json:"sendBody,omitempty"`
 	MaxBodyBytes int64 `json:"maxBodyBytes,omitempty"`
 	// MaxReportBytes bounds the response body kept for a report (default
 	// 1 MiB): a JSON body longer than that is not reported; of an event
 	// stream the last MaxReportBytes are, where the final usage is.
 	MaxReportBytes int64 `json:"maxReportBytes,omitempty"`
+	// TrustedIPs are the peers (addresses or CIDRs) whose X-Forwarded-For
+	// is believed, as Traefik's forwardedHeaders.trustedIPs: a load
+	// balancer in front of Traefik. From any other peer the client is the
+	// peer itself.
+	TrustedIPs []string `json:"trustedIPs,omitempty"`
 }
 
 // CreateConfig returns the default configuration.
@@ -69,17 +84,35 @@ func CreateConfig() *Config {
 
 // Cascade is the middleware.
 type Cascade struct {
-	next    http.Handler
-	name    string
-	cfg     Config
-	timeout time.Duration
-	client  *http.Client
+	next     http.Handler
+	name     string
+	cfg      Config
+	trusted  []*net.IPNet
+	client   *http.Client // decisions: bounded by the timeout
+	reporter *http.Client // reports: off the request's path, bounded by reportTimeout or the timeout
+	reports  chan struct{}
+	logged   atomic.Int64 // when logf last wrote, in Unix nanoseconds
 }
+
+const (
+	// maxReports bounds the reports in flight; past it a report is dropped
+	// (the decision keeps its estimate) rather than queued.
+	maxReports = 256
+	// reportTimeout bounds a report, which no response waits for.
+	reportTimeout = 5 * time.Second
+	// maxProblemBytes bounds a refusal's body passed to the client.
+	maxProblemBytes = 64 << 10
+	// problemBase starts the type of every problem, as Cascade's own.
+	problemBase = "https://github.com/caddy-cascade/cascade#"
+)
 
 // New creates the middleware.
 func New(_ context.Context, next http.Handler, cfg *Config, name string) (http.Handler, error) {
-	if cfg.Endpoint == "" {
-		return nil, fmt.Errorf("cascade: endpoint is required: the URL of Cascade's decision endpoint, e.g. http://cascade:8080/decide")
+	if err := checkURL("endpoint", cfg.Endpoint, true); err != nil {
+		return nil, err
+	}
+	if err := checkURL("reportEndpoint", cfg.ReportEndpoint, false); err != nil {
+		return nil, err
 	}
 	timeout := 250 * time.Millisecond
 	if cfg.Timeout != "" {
@@ -95,6 +128,14 @@ func New(_ context.Context, next http.Handler, cfg *Config, name string) (http.H
 	if cfg.MaxReportBytes <= 0 {
 		cfg.MaxReportBytes = 1 << 20
 	}
+	var trusted []*net.IPNet
+	for _, s := range cfg.TrustedIPs {
+		n, err := parseNet(strings.TrimSpace(s))
+		if err != nil {
+			return nil, fmt.Errorf("cascade: trustedIPs %q: give an address or a CIDR such as 10.0.0.0/8: %w", s, err)
+		}
+		trusted = append(trusted, n)
+	}
 	dialer := &net.Dialer{Timeout: timeout, KeepAlive: 30 * time.Second}
 	transport := &http.Transport{
 		MaxIdleConns:        256,
@@ -105,8 +146,46 @@ func New(_ context.Context, next http.Handler, cfg *Config, name string) (http.H
 			return dialer.DialContext(ctx, network, addr)
 		},
 	}
-	return &Cascade{next: next, name: name, cfg: *cfg, timeout: timeout,
-		client: &http.Client{Transport: transport, Timeout: timeout}}, nil
+	reportBound := reportTimeout
+	if timeout > reportBound {
+		reportBound = timeout
+	}
+	// A redirect is not an answer: the endpoint is Cascade's, or not. (Its
+	// parameters named: Yaegi mistypes a func literal's unnamed ones.)
+	noRedirect := func(req *http.Request, via []*http.Request) error { return http.ErrUseLastResponse }
+	return &Cascade{next: next, name: name, cfg: *cfg, trusted: trusted,
+		client:   &http.Client{Transport: transport, Timeout: timeout, CheckRedirect: noRedirect},
+		reporter: &http.Client{Transport: transport, Timeout: reportBound, CheckRedirect: noRedirect},
+		reports:  make(chan struct{}, maxReports)}, nil
+}
+
+// checkURL validates the URL of an endpoint setting.
+func checkURL(setting, s string, required bool) error {
+	if s == "" && !required {
+		return nil
+	}
+	u, err := url.Parse(s)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Errorf("cascade: %s %q: give the http(s) URL of Cascade's decision endpoint, e.g. http://cascade:8080/ (and http://cascade:8080/report for reportEndpoint)", setting, s)
+	}
+	return nil
+}
+
+// parseNet reads a CIDR, or an address as a network of one.
+func parseNet(s string) (*net.IPNet, error) {
+	if strings.Contains(s, "/") {
+		_, n, err := net.ParseCIDR(s)
+		return n, err
+	}
+	ip := net.ParseIP(s)
+	if ip == nil {
+		return nil, fmt.Errorf("not an address")
+	}
+	bits := 128
+	if ip4 := ip.To4(); ip4 != nil {
+		ip, bits = ip4, 32
+	}
+	return &net.IPNet{IP: ip, Mask: net.CIDRMask(bits, bits)}, nil
 }
 
 // hopHeaders are not forwarded in either direction.
@@ -118,39 +197,48 @@ var hopHeaders = map[string]bool{
 // decisionHeader names the decision for a report.
 const decisionHeader = "Cascade-Decision"
 
+// ServeHTTP has Cascade decide r, then passes it on or answers the refusal.
 func (c *Cascade) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	var body []byte
-	if c.cfg.SendBody && r.Body != nil && r.Body != http.NoBody {
-		// Read up to the limit, then give the upstream the whole body:
-		// what was read, followed by the rest.
-		b, err := io.ReadAll(io.LimitReader(r.Body, c.cfg.MaxBodyBytes))
-		if err != nil {
-			http.Error(w, "cascade: reading the request body: "+err.Error(), http.StatusBadRequest)
-			return
-		}
-		body = b
-		r.Body = readCloser{io.MultiReader(bytes.NewReader(b), r.Body), r.Body}
+	body, ok := c.readBody(w, r)
+	if !ok {
+		return
 	}
 	res, err := c.decide(r, body)
+	if err == nil && res.StatusCode/100 != 2 {
+		err = c.refuse(w, res)
+		res.Body.Close()
+		if err == nil {
+			return
+		}
+	}
 	if err != nil {
+		if r.Context().Err() == nil { // else the client left: nothing failed
+			c.logf("no decision for %s %s: %v", r.Method, r.URL.Path, err)
+		}
 		if c.cfg.FailOpen {
 			c.next.ServeHTTP(w, r)
 			return
 		}
 		w.Header().Set("Retry-After", "1")
-		http.Error(w, "rate limit unavailable: "+err.Error(), http.StatusServiceUnavailable)
-		return
-	}
-	defer res.Body.Close()
-	if res.StatusCode/100 != 2 {
-		copyHeaders(w.Header(), res.Header)
-		w.WriteHeader(res.StatusCode)
-		_, _ = io.Copy(w, io.LimitReader(res.Body, 1<<20))
+		writeProblem(w, http.StatusServiceUnavailable, "decision-unavailable",
+			"the rate limit service could not decide this request; retry shortly")
 		return
 	}
 	_, _ = io.Copy(io.Discard, io.LimitReader(res.Body, 1<<20)) // reuse the connection
+	res.Body.Close()
+	add := rateLimitHeaders(res.Header)
+	if upgrading(r.Header) {
+		// Traefik's proxy switches protocols by hijacking the writer it
+		// is given, which the plugin's own cannot offer (see the package
+		// comment): it gets Traefik's, the headers set.
+		for k, vs := range add {
+			w.Header()[k] = vs
+		}
+		c.next.ServeHTTP(w, r)
+		return
+	}
 	id := res.Header.Get(decisionHeader)
-	rw := &responseWriter{ResponseWriter: w, add: rateLimitHeaders(res.Header)}
+	rw := &responseWriter{ResponseWriter: w, add: add}
 	if id != "" && c.cfg.ReportEndpoint != "" {
 		rw.keep = c.cfg.MaxReportBytes
 	}
@@ -160,23 +248,63 @@ func (c *Cascade) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// readBody reads the request's body for the decision when SendBody is on,
+// and gives the upstream a copy of it. A body over MaxBodyBytes is
+// answered 413 (ok is false: answered).
+//
+// The upstream's copy never reads the original body again: Go's server
+// closes that body, once read to its end, when the response starts, and
+// Traefik's transport, checking a body for bytes past its length as the
+// response comes, would then fail and cut the response.
+func (c *Cascade) readBody(w http.ResponseWriter, r *http.Request) (body []byte, ok bool) {
+	// ContentLength 0 is a request without a body, even one Traefik
+	// wrapped (its access log does).
+	if !c.cfg.SendBody || r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 {
+		return nil, true
+	}
+	tooLarge := func() {
+		writeProblem(w, http.StatusRequestEntityTooLarge, "body-too-large", fmt.Sprintf(
+			"the request's body is over %d bytes, the most the rate limit reads to price a request", c.cfg.MaxBodyBytes))
+	}
+	if r.ContentLength > c.cfg.MaxBodyBytes {
+		tooLarge()
+		return nil, false
+	}
+	b, err := io.ReadAll(io.LimitReader(r.Body, c.cfg.MaxBodyBytes+1))
+	if err != nil {
+		writeProblem(w, http.StatusBadRequest, "bad-body", "reading the request's body: "+err.Error())
+		return nil, false
+	}
+	if int64(len(b)) > c.cfg.MaxBodyBytes {
+		tooLarge()
+		return nil, false
+	}
+	r.Body = io.NopCloser(bytes.NewReader(b)) // the server closes the original
+	return b, true
+}
+
 // clientForwarded are the headers describing a forwarded request that the
 // plugin does not set: a client's copies are removed, so that only the
 // plugin's say which request Cascade decides.
 var clientForwarded = []string{"X-Original-Uri", "X-Original-Method", "X-Original-Host", "Forwarded",
 	"X-Forwarded-Port", "X-Forwarded-Prefix", "X-Forwarded-Server"}
 
-// decide asks Cascade about r: its method, URI, host and proto in the
-// X-Forwarded-* headers, set (never added to a client's).
+// decide asks Cascade about r with r's own method (a CONNECT as a GET: the
+// endpoint is a URL), its body when one was read, and its method, URI,
+// host, proto and client in the X-Forwarded-* headers, set (never added to
+// a client's).
 func (c *Cascade) decide(r *http.Request, body []byte) (*http.Response, error) {
-	method := http.MethodGet
+	method := r.Method
+	if method == http.MethodConnect {
+		method = http.MethodGet
+	}
 	var rd io.Reader
-	if body != nil {
-		method, rd = http.MethodPost, bytes.NewReader(body)
+	if len(body) > 0 {
+		rd = bytes.NewReader(body)
 	}
 	req, err := http.NewRequestWithContext(r.Context(), method, c.cfg.Endpoint, rd)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("asking %s: %w", c.cfg.Endpoint, err)
 	}
 	copyHeaders(req.Header, r.Header)
 	proto := "http"
@@ -190,33 +318,147 @@ func (c *Cascade) decide(r *http.Request, body []byte) (*http.Response, error) {
 	req.Header.Set("X-Forwarded-Uri", r.URL.RequestURI())
 	req.Header.Set("X-Forwarded-Host", r.Host)
 	req.Header.Set("X-Forwarded-Proto", proto)
-	// The peer Traefik saw, after the addresses Traefik kept (every line).
-	ip := r.RemoteAddr
-	if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
-		ip = host
-	}
-	if prior := strings.Join(r.Header.Values("X-Forwarded-For"), ", "); prior != "" {
-		ip = prior + ", " + ip
-	}
-	req.Header.Set("X-Forwarded-For", ip)
+	client := c.clientIP(r)
+	req.Header.Set("X-Forwarded-For", client)
+	req.Header.Set("X-Real-Ip", client)
 	return c.client.Do(req)
 }
 
-// report sends the kept response body to the report endpoint, in the
-// background of nothing: the response has been sent already.
+// clientIP is the address of r's client: its peer's, or, when the peer is
+// one of TrustedIPs, the right-most address of X-Forwarded-For that is not
+// (the left-most when all are), so that a client can name itself only to
+// the left of what trusted proxies appended, where it is not read.
+func (c *Cascade) clientIP(r *http.Request) string {
+	ip := r.RemoteAddr
+	if host, _, err := net.SplitHostPort(ip); err == nil {
+		ip = host
+	}
+	if !c.trusts(ip) {
+		return ip
+	}
+	var hops []string
+	for _, v := range r.Header.Values("X-Forwarded-For") {
+		hops = append(hops, strings.Split(v, ",")...)
+	}
+	for i := len(hops) - 1; i >= 0; i-- {
+		hop := strings.TrimSpace(hops[i])
+		if host, _, err := net.SplitHostPort(hop); err == nil {
+			hop = host
+		}
+		if net.ParseIP(hop) == nil {
+			break // not an address: the trusted proxy right of it is the client
+		}
+		ip = hop
+		if !c.trusts(hop) {
+			break
+		}
+	}
+	return ip
+}
+
+// trusts tells whether ip is one of TrustedIPs.
+func (c *Cascade) trusts(ip string) bool {
+	parsed := net.ParseIP(ip)
+	if parsed == nil {
+		return false
+	}
+	for _, n := range c.trusted {
+		if n.Contains(parsed) {
+			return true
+		}
+	}
+	return false
+}
+
+// refuse answers the client with Cascade's refusal res: its status, its
+// problem+json body, and of its headers only Retry-After and the
+// rate-limit families (nothing of the endpoint's own: Server,
+// Cascade-Decision). An answer that is not Cascade's problem is an error:
+// the endpoint is not Cascade's decision endpoint, or a proxy between
+// failed.
+func (c *Cascade) refuse(w http.ResponseWriter, res *http.Response) error {
+	if mt, _, _ := mime.ParseMediaType(res.Header.Get("Content-Type")); mt != "application/problem+json" {
+		return fmt.Errorf("%s answered %s, not a decision", c.cfg.Endpoint, res.Status)
+	}
+	body, err := io.ReadAll(io.LimitReader(res.Body, maxProblemBytes+1))
+	if err != nil {
+		return fmt.Errorf("reading the refusal of %s: %w", c.cfg.Endpoint, err)
+	}
+	if len(body) > maxProblemBytes {
+		return fmt.Errorf("%s answered %s with a body over %d bytes, not a decision", c.cfg.Endpoint, res.Status, maxProblemBytes)
+	}
+	h := w.Header()
+	for k, vs := range rateLimitHeaders(res.Header) {
+		h[k] = vs
+	}
+	if v := res.Header.Get("Retry-After"); v != "" {
+		h.Set("Retry-After", v)
+	}
+	h.Set("Content-Type", "application/problem+json")
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(res.StatusCode)
+	_, _ = w.Write(body)
+	return nil
+}
+
+// writeProblem answers a problem+json of the plugin's own, of type
+// problemBase+kind.
+func writeProblem(w http.ResponseWriter, status int, kind, detail string) {
+	body := fmt.Sprintf(`{"type":%q,"title":%q,"status":%d,"detail":%q}`,
+		problemBase+kind, http.StatusText(status), status, detail)
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(status)
+	_, _ = io.WriteString(w, body)
+}
+
+// report sends the kept response body to the report endpoint in the
+// background: no response waits for it. At most maxReports are in flight;
+// past that a report is dropped and its decision keeps its estimate.
 func (c *Cascade) report(id string, rw *responseWriter) {
-	req, err := http.NewRequest(http.MethodPost, c.cfg.ReportEndpoint, bytes.NewReader(rw.kept.Bytes()))
-	if err != nil {
+	// Read now: the writer's header is Traefik's until ServeHTTP returns.
+	hdr := http.Header{}
+	hdr.Set(decisionHeader, id)
+	hdr.Set("Content-Type", rw.ResponseWriter.Header().Get("Content-Type"))
+	if enc := rw.ResponseWriter.Header().Get("Content-Encoding"); enc != "" {
+		hdr.Set("Content-Encoding", enc)
+	}
+	body := rw.kept.Bytes()
+	select {
+	case c.reports <- struct{}{}:
+	default:
+		c.logf("report of decision %s dropped: %d reports in flight already", id, maxReports)
 		return
 	}
-	req.Header.Set(decisionHeader, id)
-	req.Header.Set("Content-Type", rw.Header().Get("Content-Type"))
-	res, err := c.client.Do(req)
-	if err != nil {
+	go func() {
+		defer func() { <-c.reports }()
+		req, err := http.NewRequest(http.MethodPost, c.cfg.ReportEndpoint, bytes.NewReader(body))
+		if err != nil {
+			c.logf("report of decision %s: %v", id, err)
+			return
+		}
+		req.Header = hdr
+		res, err := c.reporter.Do(req)
+		if err != nil {
+			c.logf("report of decision %s: %v", id, err)
+			return
+		}
+		_, _ = io.Copy(io.Discard, io.LimitReader(res.Body, 1<<16))
+		res.Body.Close()
+		if res.StatusCode/100 != 2 {
+			c.logf("report of decision %s: %s answered %s", id, c.cfg.ReportEndpoint, res.Status)
+		}
+	}()
+}
+
+// logf writes to standard error, Traefik's, at most once every 10 s: a
+// failing endpoint fails every request.
+func (c *Cascade) logf(format string, args ...any) {
+	now, last := time.Now().UnixNano(), c.logged.Load()
+	if now-last < int64(10*time.Second) || !c.logged.CompareAndSwap(last, now) {
 		return
 	}
-	_, _ = io.Copy(io.Discard, io.LimitReader(res.Body, 1<<16))
-	res.Body.Close()
+	fmt.Fprintf(os.Stderr, "cascade plugin %s: %s\n", c.name, fmt.Sprintf(format, args...))
 }
 
 func copyHeaders(dst, src http.Header) {
@@ -228,6 +470,22 @@ func copyHeaders(dst, src http.Header) {
 			dst.Add(k, v)
 		}
 	}
+}
+
+// upgrading tells whether a request asks to switch protocols (a WebSocket):
+// Connection names "upgrade" and Upgrade says to what.
+func upgrading(h http.Header) bool {
+	if h.Get("Upgrade") == "" {
+		return false
+	}
+	for _, v := range h.Values("Connection") {
+		for _, token := range strings.Split(v, ",") {
+			if strings.EqualFold(strings.TrimSpace(token), "upgrade") {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // rateLimitHeaders are the headers of an admitting decision to add to the
@@ -243,36 +501,38 @@ func rateLimitHeaders(h http.Header) http.Header {
 	return out
 }
 
-// readCloser reads what was read ahead, then the rest, and closes the
-// original body. Its methods are spelled out: Yaegi, which runs this
-// plugin, does not promote the methods of embedded interfaces reliably.
-type readCloser struct {
-	r io.Reader
-	c io.Closer
-}
-
-func (rc readCloser) Read(p []byte) (int, error) { return rc.r.Read(p) }
-func (rc readCloser) Close() error               { return rc.c.Close() }
-
-// responseWriter adds the rate-limit headers to the upstream's response and
-// keeps its body for a report.
+// responseWriter adds the rate-limit headers to the upstream's response,
+// flushes it when it streams, and keeps its body for a report.
 type responseWriter struct {
 	http.ResponseWriter
 	add      http.Header
 	wrote    bool
+	flush    bool  // flush each write (see WriteHeader)
 	keep     int64 // the most to keep; 0: keep nothing
 	kept     bytes.Buffer
-	stream   bool // an event stream: keep its tail
+	tail     bool // keep the tail: an event stream, not encoded
 	overflow bool // a body too long to report
 }
 
 func (w *responseWriter) WriteHeader(code int) {
+	if code >= 100 && code < 200 && code != http.StatusSwitchingProtocols {
+		w.ResponseWriter.WriteHeader(code) // informational: the response is to come
+		return
+	}
 	if !w.wrote {
 		w.wrote = true
+		h := w.ResponseWriter.Header()
 		for k, vs := range w.add {
-			w.ResponseWriter.Header()[k] = vs
+			h[k] = vs
 		}
-		w.stream = strings.HasPrefix(w.Header().Get("Content-Type"), "text/event-stream")
+		mt, _, _ := mime.ParseMediaType(h.Get("Content-Type"))
+		enc := h.Get("Content-Encoding")
+		// As Go's reverse proxy, which would flush these itself and cannot
+		// through Yaegi's wrapper: an event stream, or a body of unknown
+		// length.
+		w.flush = mt == "text/event-stream" || h.Get("Content-Length") == ""
+		// The tail of an encoded stream cannot be decoded.
+		w.tail = mt == "text/event-stream" && (enc == "" || enc == "identity")
 	}
 	w.ResponseWriter.WriteHeader(code)
 }
@@ -284,19 +544,23 @@ func (w *responseWriter) Write(b []byte) (int, error) {
 	if w.keep > 0 && !w.overflow {
 		w.kept.Write(b)
 		if over := int64(w.kept.Len()) - w.keep; over > 0 {
-			if w.stream {
+			if w.tail {
 				w.kept.Next(int(over)) // the tail, where the last usage is
 			} else {
 				w.overflow, w.kept = true, bytes.Buffer{}
 			}
 		}
 	}
-	return w.ResponseWriter.Write(b)
+	n, err := w.ResponseWriter.Write(b)
+	if err == nil && w.flush {
+		w.Flush()
+	}
+	return n, err
 }
 
-// Flush lets streams through as they come.
+// Flush sends what was written to the client: Traefik's writer, a compiled
+// value, offers Flush to the plugin even though the plugin's writer cannot
+// offer it to Traefik's proxy.
 func (w *responseWriter) Flush() {
-	if f, ok := w.ResponseWriter.(http.Flusher); ok {
-		f.Flush()
-	}
+	_ = http.NewResponseController(w.ResponseWriter).Flush()
 }
