@@ -22,7 +22,7 @@ import (
 // its cascade app.
 func adaptApp(t *testing.T, global string) (*App, error) {
 	t.Helper()
-	cfg, err := adapt(t, fmt.Sprintf(globalOptions, global)+":0 {\n respond ok\n}\n")
+	cfg, err := adapt(t, globalOptions(global)+":0 {\n respond ok\n}\n")
 	if err != nil {
 		return nil, err
 	}
@@ -419,10 +419,10 @@ func BenchmarkPassSignals(b *testing.B) {
 	}
 }
 
-// TestSignalReadmeExample: the README's worked example, its Caddyfile and
-// its JSON, are valid as written.
+// TestSignalReadmeExample: the worked example of docs/adaptive.md, its
+// Caddyfile and its JSON, are valid as written.
 func TestSignalReadmeExample(t *testing.T) {
-	b, err := os.ReadFile("README.md")
+	b, err := os.ReadFile("docs/adaptive.md")
 	if err != nil {
 		t.Fatal(err)
 	}

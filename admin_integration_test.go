@@ -24,18 +24,14 @@ func adminSite(t *testing.T, rateLimit string) (site, api string) {
 	t.Helper()
 	port, adminPort := freePort(t), freePort(t)
 	cf := fmt.Sprintf(`{
-	admin 127.0.0.1:%d
-	skip_install_trust
-	auto_https off
-	persist_config off
-}
+%s}
 http://127.0.0.1:%d {
 	rate_limit {
 %s
 	}
 	respond "ok" 200
 }
-`, adminPort, port, rateLimit)
+`, globals(adminPort), port, rateLimit)
 	cfg, err := adapt(t, cf)
 	if err != nil {
 		t.Fatalf("adapting: %v\n%s", err, cf)

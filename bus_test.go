@@ -23,7 +23,7 @@ func TestBusSecretDropsForgedReset(t *testing.T) {
 	prefix := fmt.Sprintf("busattack%x:", rand.Uint32())
 	t.Setenv("CASCADE_TEST_BUS_SECRET", "a-secret-of-at-least-16-bytes")
 	port := freePort(t)
-	cf := fmt.Sprintf(globalOptions, "") + fmt.Sprintf(`
+	cf := globalOptions("") + fmt.Sprintf(`
 :%d {
 	rate_limit {
 		tree api {

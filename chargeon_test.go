@@ -100,7 +100,7 @@ func TestChargeOnCaddyfile(t *testing.T) {
 		"charge_on status 401 403":                             `"charge_on":{"status_code":[401,403]}`,
 		"charge_on {\n status 4xx\n header X-Login failed\n }": `"charge_on":{"headers":{"X-Login":["failed"]},"status_code":[4]}`,
 	} {
-		cfg, err := adapt(t, fmt.Sprintf(globalOptions, "")+"http://127.0.0.1:1 {\n rate_limit {\n tree t {\n tier k fixed {\n limit 1/s\n }\n }\n "+body+"\n }\n}")
+		cfg, err := adapt(t, globalOptions("")+"http://127.0.0.1:1 {\n rate_limit {\n tree t {\n tier k fixed {\n limit 1/s\n }\n }\n "+body+"\n }\n}")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -119,7 +119,7 @@ func TestChargeOnCaddyfile(t *testing.T) {
 // line 13 of the Caddyfile, after the global options.
 func configError(t *testing.T, tier, handler string) error {
 	t.Helper()
-	cfg, err := adapt(t, fmt.Sprintf(globalOptions, "")+"http://127.0.0.1:1 {\n rate_limit {\n tree t {\n tier k fixed {\n limit 1/s\n "+tier+"\n }\n }\n "+handler+"\n }\n}")
+	cfg, err := adapt(t, globalOptions("")+"http://127.0.0.1:1 {\n rate_limit {\n tree t {\n tier k fixed {\n limit 1/s\n "+tier+"\n }\n }\n "+handler+"\n }\n}")
 	if err == nil {
 		err = caddy.Validate(mustConfig(t, cfg))
 	}

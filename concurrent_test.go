@@ -279,11 +279,7 @@ func TestConcurrencyAdmin(t *testing.T) {
 		up := newCountingUpstream(t, 0)
 		port, adminPort := freePort(t), freePort(t)
 		cfg, err := adapt(t, fmt.Sprintf(`{
-	admin 127.0.0.1:%d
-	skip_install_trust
-	auto_https off
-	persist_config off
-}
+%s}
 http://127.0.0.1:%d {
 	rate_limit {
 		tree api {
@@ -295,7 +291,7 @@ http://127.0.0.1:%d {
 	}
 	reverse_proxy %s
 }
-`, adminPort, port, storeBlock, up.addr))
+`, globals(adminPort), port, storeBlock, up.addr))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -3,9 +3,9 @@ package cascade
 import (
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -43,21 +43,28 @@ func adapt(t testing.TB, caddyfile string) ([]byte, error) {
 	return cfg, err
 }
 
-// globalOptions keep test instances off the admin port, ACME and the trust store.
-const globalOptions = `{
-	admin off
-	skip_install_trust
-	auto_https off
-	persist_config off
-	%s
+// globals are the global options of a test Caddyfile, without their
+// braces: off ACME, the trust store and persisted config, and off the
+// admin endpoint unless adminPort is given (then on 127.0.0.1:adminPort).
+func globals(adminPort int) string {
+	admin := "off"
+	if adminPort > 0 {
+		admin = "127.0.0.1:" + strconv.Itoa(adminPort)
+	}
+	return "\tadmin " + admin + "\n\tskip_install_trust\n\tauto_https off\n\tpersist_config off\n"
 }
-`
+
+// globalOptions is the global options block of a test Caddyfile with the
+// admin endpoint off, extra options (lines) inside it.
+func globalOptions(extra ...string) string {
+	return "{\n" + globals(0) + "\t" + strings.Join(extra, "\n") + "\n}\n"
+}
 
 // startCaddy runs Caddy in this process with the given site blocks and
 // stops it when the test ends. Extra global options may be given.
 func startCaddy(t testing.TB, sites string, global ...string) {
 	t.Helper()
-	cf := fmt.Sprintf(globalOptions, strings.Join(global, "\n")) + sites
+	cf := globalOptions(global...) + sites
 	cfg, err := adapt(t, cf)
 	if err != nil {
 		t.Fatalf("adapting Caddyfile: %v\n%s", err, cf)
@@ -194,7 +201,7 @@ func loadJSON(t testing.TB, cfg []byte) {
 // config that fails to load.
 func reload(t testing.TB, sites string, global ...string) error {
 	t.Helper()
-	cfg, err := adapt(t, fmt.Sprintf(globalOptions, strings.Join(global, "\n"))+sites)
+	cfg, err := adapt(t, globalOptions(strings.Join(global, "\n"))+sites)
 	if err != nil {
 		t.Fatalf("adapting Caddyfile: %v\n%s", err, sites)
 	}

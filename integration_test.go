@@ -832,7 +832,7 @@ func TestStoreSettingsOfTheLiveConfig(t *testing.T) {
 	}
 	t.Run("two handlers disagree", func(t *testing.T) {
 		sites := storeSites([2]int{freePort(t)}, false, "disagree", [2]string{"max_keys 64", "max_keys 128"}, "")
-		cfg, err := adapt(t, fmt.Sprintf(globalOptions, "")+sites)
+		cfg, err := adapt(t, globalOptions("")+sites)
 		if err == nil {
 			err = caddy.Validate(mustConfig(t, cfg))
 		}

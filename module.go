@@ -3,7 +3,7 @@
 // tier on its path (organisation > team > user > agent, or any tree you
 // describe), decided in one atomic step on an embedded store or on Redis.
 //
-// The request path (DESIGN.md §1): estimate the cost, resolve the plan from
+// The request path (docs/architecture.md): estimate the cost, resolve the plan from
 // the trees, decide atomically in the store, write the headers, then either
 // refuse (429 with a problem+json body) or pass the request on. This package
 // is only the Caddy glue; the algorithms live in packages rate and store,
@@ -32,6 +32,7 @@ import (
 	"github.com/caddy-cascade/cascade/cost"
 	"github.com/caddy-cascade/cascade/engine"
 	"github.com/caddy-cascade/cascade/hierarchy"
+	"github.com/caddy-cascade/cascade/logsample"
 	"github.com/caddy-cascade/cascade/rate"
 	"github.com/caddy-cascade/cascade/running"
 	"github.com/caddy-cascade/cascade/store"
@@ -236,8 +237,7 @@ type Handler struct {
 	waitsKey   string
 	batch      bool // Priority batch: gives way to interactive requests while waiting
 
-	storeErrors      *atomic.Int64 // failures not yet logged
-	storeErrorLogged *atomic.Int64 // when the last one was (unix ns)
+	storeErrorLog *logsample.Every // store failures: one logged a second
 
 	routeKeys  []string // the pool keys of the stores routes use
 	unregister func()
@@ -409,7 +409,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		}
 		h.costs[c.Dimension] = c
 	}
-	h.storeErrors, h.storeErrorLogged = new(atomic.Int64), new(atomic.Int64)
+	h.storeErrorLog = new(logsample.Every)
 	for _, c := range h.Costs {
 		if !slices.ContainsFunc(h.trees, func(t *Tree) bool { return slices.Contains(t.Dimensions(), c.Dimension) }) {
 			h.logger.Warn("rate_limit: no limit counts a cost's dimension: its cost is computed for nothing (a typo of a dimension's name?)",
@@ -466,21 +466,13 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if routedLocal && h.Store.Redis == nil && h.LocalInstances == 0 {
 		return errors.New("rate_limit: a route's on_store_error local divides each limit among the instances sharing it: give local_instances <n>, or use a Redis store for the handler (whose heartbeats count them)")
 	}
-	if routedLocal && h.OnStoreError != "local" {
-		// Only routed tenants decide locally: on their limits' local
-		// share, as counted by the handler's store or given.
-		h.local = store.NewMemory(store.MemoryOptions{Reserve: -1}) // deciding only while a store fails: nothing reserved
-		local = h.local
-		share = 1 / float64(max(h.LocalInstances, 1))
-		if h.LocalInstances == 0 && o.presence != nil {
-			o.presence.Start()
-			instances = o.presence.Count
-		}
+	if h.OnStoreError == "local" && h.Store.Redis == nil {
+		return errors.New("rate_limit: on_store_error local decides in memory when Redis cannot: it needs store redis (the memory store does not fail)")
 	}
-	if h.OnStoreError == "local" {
-		if h.Store == nil || h.Store.Redis == nil {
-			return errors.New("rate_limit: on_store_error local decides in memory when Redis cannot: it needs store redis (the memory store does not fail)")
-		}
+	if routedLocal || h.OnStoreError == "local" {
+		// The handler's paths, or only routed tenants', decide in memory
+		// while their store fails: on each limit's local share, among the
+		// instances the handler's store counts, or as many as given.
 		h.local = store.NewMemory(store.MemoryOptions{Reserve: -1}) // deciding only while a store fails: nothing reserved
 		local = h.local
 		share = 1 / float64(max(h.LocalInstances, 1))
@@ -739,8 +731,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return h.shed(w, r, repl)
 	}
 	// The decision's duration on the monotonic clock alone: time.Now
-	// reads the wall clock too, which time.Since does not (60 ns against
-	// 35 on this project's test machine).
+	// reads the wall clock too, which time.Since does not.
 	start := time.Since(h.epoch)
 	var dv decision
 	d := &dv
@@ -1037,14 +1028,11 @@ func (h *Handler) giveBack(ctx context.Context, d *decision) error {
 // the number of failures since the last line: a dead Redis under load must
 // not turn every request into a log line.
 func (h *Handler) logStoreError(err error) {
-	n := h.storeErrors.Add(1)
-	now := time.Now().UnixNano()
-	last := h.storeErrorLogged.Load()
-	if now-last < int64(time.Second) || !h.storeErrorLogged.CompareAndSwap(last, now) {
+	ok, held := h.storeErrorLog.Allow(time.Now())
+	if !ok {
 		return
 	}
-	h.storeErrors.Add(-n)
-	h.logger.Error("rate limit store failed", zap.Error(h.engine.ShowError(err, nil)), zap.Int64("failures", n),
+	h.logger.Error("rate limit store failed", zap.Error(h.engine.ShowError(err, nil)), zap.Int64("failures", held+1),
 		zap.String("on_store_error", h.onStoreError()))
 }
 

@@ -1,7 +1,6 @@
 package cascade
 
 import (
-	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
@@ -89,7 +88,7 @@ func TestPenaltyErrors(t *testing.T) {
 
 // TestPenaltyJSON: the Caddyfile's penalty is the tier's JSON penalty.
 func TestPenaltyJSON(t *testing.T) {
-	cfg, err := adapt(t, fmt.Sprintf(globalOptions, "")+"http://127.0.0.1:1 {\n rate_limit {\n tree t {\n tier k fixed {\n limit 1/s\n penalty 10m after 5 within 1m\n }\n }\n }\n}")
+	cfg, err := adapt(t, globalOptions("")+"http://127.0.0.1:1 {\n rate_limit {\n tree t {\n tier k fixed {\n limit 1/s\n penalty 10m after 5 within 1m\n }\n }\n }\n}")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -48,13 +48,9 @@ func priorityConfig(t *testing.T, limits, maxWait, storeBlock, body string, port
 // priorityCaddyfile is priorityConfig's Caddyfile, with /__health outside
 // the limits (for caddyProcess).
 func priorityCaddyfile(limits, maxWait, storeBlock, body string, port, adminPort int) string {
-	// The README's form: one snippet of limits, imported by both routes.
+	// The form docs/shaping.md shows: one snippet of limits, imported by both routes.
 	return fmt.Sprintf(`{
-	admin 127.0.0.1:%d
-	skip_install_trust
-	auto_https off
-	persist_config off
-}
+%s}
 (api_limits) {
 	tree api {
 		tier org {header.X-Org} {
@@ -86,7 +82,7 @@ http://127.0.0.1:%d {
 		respond "%s" 200
 	}
 }
-`, adminPort, limits, maxWait, storeBlock, port, body, body)
+`, globals(adminPort), limits, maxWait, storeBlock, port, body, body)
 }
 
 // answered is a response and when it came, from the scenario's start.

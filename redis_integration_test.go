@@ -254,7 +254,7 @@ metrics:
 // exact against that share, with its headers and Retry-After; when Redis
 // answers again the decisions go back to it, and the state it kept.
 func TestStoreErrorLocal(t *testing.T) {
-	cfg, err := adapt(t, fmt.Sprintf(globalOptions, "")+`http://127.0.0.1:1 {
+	cfg, err := adapt(t, globalOptions("")+`http://127.0.0.1:1 {
 	rate_limit {
 		tree t {
 			tier user {header.X-User} {

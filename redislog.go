@@ -4,12 +4,13 @@ import (
 	"context"
 	"fmt"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
+
+	"github.com/caddy-cascade/cascade/logsample"
 )
 
 func init() {
@@ -24,17 +25,14 @@ func init() {
 // last one: a dead Redis under load must not turn every request into a
 // log line.
 type redisLog struct {
-	last    atomic.Int64 // unix ns of the last line written
-	dropped atomic.Int64
+	every logsample.Every
 }
 
 func (l *redisLog) Printf(_ context.Context, format string, v ...any) {
-	now := time.Now().UnixNano()
-	last := l.last.Load()
-	if now-last < int64(time.Second) || !l.last.CompareAndSwap(last, now) {
-		l.dropped.Add(1)
+	ok, dropped := l.every.Allow(time.Now())
+	if !ok {
 		return
 	}
 	caddy.Log().Named("redis").Warn(strings.TrimSpace(fmt.Sprintf(format, v...)),
-		zap.Int64("dropped", l.dropped.Swap(0)))
+		zap.Int64("dropped", dropped))
 }

@@ -228,7 +228,7 @@ func TestRLSCaddyfileErrors(t *testing.T) {
 	}
 	// A dimension the tree does not count fails to start, naming it.
 	grpcPort := freePort(t)
-	cfg, err := adapt(t, fmt.Sprintf(globalOptions, rlsGlobal(grpcPort, "domain api dimension tokens"))+rlsSite(freePort(t), 1, ""))
+	cfg, err := adapt(t, globalOptions(rlsGlobal(grpcPort, "domain api dimension tokens"))+rlsSite(freePort(t), 1, ""))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -717,7 +717,7 @@ func TestRLSTLSErrors(t *testing.T) {
 		if tc.ca != "" {
 			block += "\t\t\tclient_ca " + tc.ca + "\n"
 		}
-		cfg, err := adapt(t, fmt.Sprintf(globalOptions, rlsGlobal(freePort(t), block+"\t\t}\n\t\tdomain api"))+rlsSite(freePort(t), 1, ""))
+		cfg, err := adapt(t, globalOptions(rlsGlobal(freePort(t), block+"\t\t}\n\t\tdomain api"))+rlsSite(freePort(t), 1, ""))
 		if err != nil {
 			t.Fatal(err)
 		}

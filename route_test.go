@@ -30,11 +30,7 @@ func TestStoreRoutes(t *testing.T) {
 	port, adminPort := freePort(t), freePort(t)
 	prefix := fmt.Sprintf("routes%d:", testSeq.Add(1))
 	cfg, err := adapt(t, fmt.Sprintf(`{
-	admin 127.0.0.1:%d
-	skip_install_trust
-	auto_https off
-	persist_config off
-}
+%s}
 http://127.0.0.1:%d {
 	rate_limit {
 		tree api {
@@ -69,7 +65,7 @@ http://127.0.0.1:%d {
 	}
 	respond "ok"
 }
-`, adminPort, port, shared.Addr(), prefix, own.Addr(), prefix))
+`, globals(adminPort), port, shared.Addr(), prefix, own.Addr(), prefix))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -222,7 +218,7 @@ func TestStoreRouteTreeErrors(t *testing.T) {
 			"give local_instances"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			cfg, err := adapt(t, fmt.Sprintf(globalOptions, "")+"http://127.0.0.1:1 {\n rate_limit {\n "+tt.handler+"\n }\n}")
+			cfg, err := adapt(t, globalOptions("")+"http://127.0.0.1:1 {\n rate_limit {\n "+tt.handler+"\n }\n}")
 			if err == nil {
 				err = caddy.Validate(mustConfig(t, cfg))
 			}

@@ -28,8 +28,8 @@ const (
 
 var fingerprintRE = regexp.MustCompile(`fp:[0-9a-f]{12}`)
 
-// TestSensitiveValuesNeverShown performs finding 1 of issue 33: a tier
-// keyed on Authorization (the README's LLM example), a client refused
+// TestSensitiveValuesNeverShown: a tier
+// keyed on Authorization (the LLM example of docs/costs.md), a client refused
 // with its API key, then everything an operator can read — Caddy's log,
 // the admin API (top, buckets, reset, trees, overrides), the CLI, the
 // problem body — shows a fingerprint of the key, never the key; the
@@ -42,11 +42,7 @@ func TestSensitiveValuesNeverShown(t *testing.T) {
 	logFile := filepath.Join(t.TempDir(), "log.json")
 	port, plainPort, adminPort := freePort(t), freePort(t), freePort(t)
 	cf := fmt.Sprintf(`{
-	admin 127.0.0.1:%d
-	skip_install_trust
-	auto_https off
-	persist_config off
-	log {
+%s	log {
 		output file %s
 		format json
 		level INFO
@@ -77,7 +73,7 @@ http://127.0.0.1:%d {
 	}
 	respond "ok"
 }
-`, adminPort, logFile, port, storeBlock, plainPort, storeBlock)
+`, globals(adminPort), logFile, port, storeBlock, plainPort, storeBlock)
 	cfg, err := adapt(t, cf)
 	if err != nil {
 		t.Fatalf("adapting: %v\n%s", err, cf)

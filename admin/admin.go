@@ -171,22 +171,41 @@ func pathValues(q url.Values) (map[string]string, error) {
 	return values, nil
 }
 
-func handleBuckets(w http.ResponseWriter, r *http.Request) error {
-	if err := method(r, http.MethodGet, http.MethodPost); err != nil {
-		return err
+// pathRequest is what the bucket and reset calls are given: the query, the
+// engines of its tree, and the path's value of each tier.
+type pathRequest struct {
+	q       url.Values
+	engines []*engine.Engine
+	values  map[string]string
+}
+
+// readPath checks r's method against allowed and reads its query's tree and
+// tier values.
+func readPath(w http.ResponseWriter, r *http.Request, allowed ...string) (pathRequest, error) {
+	if err := method(r, allowed...); err != nil {
+		return pathRequest{}, err
 	}
 	q, err := query(w, r)
 	if err != nil {
-		return err
+		return pathRequest{}, err
 	}
 	es, err := withTree(q.Get("tree"))
 	if err != nil {
-		return err
+		return pathRequest{}, err
 	}
 	values, err := pathValues(q)
 	if err != nil {
+		return pathRequest{}, err
+	}
+	return pathRequest{q: q, engines: es, values: values}, nil
+}
+
+func handleBuckets(w http.ResponseWriter, r *http.Request) error {
+	p, err := readPath(w, r, http.MethodGet, http.MethodPost)
+	if err != nil {
 		return err
 	}
+	q := p.q
 	cost := Cost{Default: 1, Dims: map[string]int64{}}
 	for name, vs := range q {
 		dim, isCost := strings.CutPrefix(name, "cost")
@@ -203,7 +222,7 @@ func handleBuckets(w http.ResponseWriter, r *http.Request) error {
 			cost.Dims[dim[1:]] = n
 		}
 	}
-	b, err := inspect(r, es[0], q.Get("tree"), values, cost)
+	b, err := inspect(r, p.engines[0], q.Get("tree"), p.values, cost)
 	if err != nil {
 		return err
 	}
@@ -211,28 +230,17 @@ func handleBuckets(w http.ResponseWriter, r *http.Request) error {
 }
 
 func handleReset(w http.ResponseWriter, r *http.Request) error {
-	if err := method(r, http.MethodPost); err != nil {
-		return err
-	}
-	q, err := query(w, r)
-	if err != nil {
-		return err
-	}
-	es, err := withTree(q.Get("tree"))
-	if err != nil {
-		return err
-	}
-	values, err := pathValues(q)
+	p, err := readPath(w, r, http.MethodPost)
 	if err != nil {
 		return err
 	}
 	below := false
-	if s := q.Get("below"); s != "" {
+	if s := p.q.Get("below"); s != "" {
 		if below, err = strconv.ParseBool(s); err != nil {
 			return apiError(http.StatusBadRequest, "below=%s: use below=1 to reset the whole subtree, or leave it out", s)
 		}
 	}
-	res, err := reset(r, es[0], q.Get("tree"), values, below)
+	res, err := reset(r, p.engines[0], p.q.Get("tree"), p.values, below)
 	if err != nil {
 		return err
 	}

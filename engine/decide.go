@@ -668,11 +668,9 @@ func (e *Engine) decideLocally(ctx context.Context, d *Decision, cause error) (s
 	if err != nil {
 		return res, err
 	}
-	if now := time.Now().UnixNano(); now-e.localLogged.Load() >= int64(time.Second) {
-		if last := e.localLogged.Load(); e.localLogged.CompareAndSwap(last, now) {
-			e.cfg.Logger.Warn("the store cannot decide: deciding on the local store, each limit at its local share (logged at most once a second)",
-				zap.Float64("share", share), zap.Error(e.ShowError(cause, d.Buckets)))
-		}
+	if ok, held := e.localLog.Allow(time.Now()); ok {
+		e.cfg.Logger.Warn("the store cannot decide: deciding on the local store, each limit at its local share (logged at most once a second)",
+			zap.Float64("share", share), zap.Int64("not_logged", held), zap.Error(e.ShowError(cause, d.Buckets)))
 	}
 	d.Limits, d.Local, d.Scaled, d.localShare = local, true, true, share
 	return res, nil

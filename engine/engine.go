@@ -173,8 +173,8 @@ type Engine struct {
 	closed      bool
 	applying    sync.Mutex // orders applyRuntime's calls
 	unsubscribe func()
-	localLogged atomic.Int64 // when deciding locally was last logged (Unix ns)
-	holders     atomic.Int64 // the last concurrency slot holder given out
+	localLog    logsample.Every // deciding locally: logged once a second
+	holders     atomic.Int64    // the last concurrency slot holder given out
 }
 
 // decideInto is implemented by stores that can write a decision's results

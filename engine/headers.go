@@ -13,7 +13,7 @@ import (
 )
 
 // ProblemBase is the prefix of the problem types of refusals' bodies
-// (RFC 9457), documented in the README.
+// (RFC 9457), documented in docs/responses.md.
 const ProblemBase = "https://github.com/caddy-cascade/cascade#"
 
 // WriteHeaders writes the rate-limit header families of a decision.

@@ -14,7 +14,8 @@
 // buckets, and "trade" and "withdrawal" of user alex each have their own
 // bucket while both count against alex's. Values that come from clients are
 // escaped or hashed (see Escape) before they become keys; every key carries
-// one hash tag per tenant subtree (DESIGN.md §4).
+// one hash tag per tenant subtree, so that a Redis Cluster decides a
+// tenant's path in one script.
 //
 // The package knows nothing of HTTP or Redis.
 package hierarchy

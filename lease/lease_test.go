@@ -46,12 +46,6 @@ func inner(t *testing.T, kind string, clock store.Clock) store.Leaser {
 	panic(kind)
 }
 
-func eachStore(t *testing.T, test func(t *testing.T, kind string)) {
-	for _, kind := range []string{"memory", "redis"} {
-		t.Run(kind, func(t *testing.T) { test(t, kind) })
-	}
-}
-
 // newLease is a lease store over in, on clock, swept only when the test
 // says so; Close (at the end of the test) does not close in.
 func newLease(t *testing.T, in store.Leaser, clock store.Clock, opts lease.Options) *lease.Store {
@@ -84,10 +78,6 @@ func (n noClose) Reset(ctx context.Context, keys []string) (int, error) {
 
 func (n noClose) ResetMatching(ctx context.Context, m store.KeyMatch) (int, error) {
 	return n.Leaser.(store.Resetter).ResetMatching(ctx, m)
-}
-
-func gcra(count int64, period time.Duration) rate.Limit {
-	return rate.Limit{Algorithm: rate.GCRA, Count: count, Period: period}
 }
 
 func path(user string, cost int64, org, usr rate.Limit) []store.Bucket {
@@ -124,11 +114,11 @@ func peekRemaining(t *testing.T, s store.Store, bs []store.Bucket) []int64 {
 // the store at first sight, leased from the second request, spent in
 // memory, the lease's end giving back what is left, and nothing lost.
 func TestLeaseLifecycle(t *testing.T) {
-	eachStore(t, func(t *testing.T, kind string) {
+	storetest.EachKind(t, func(t *testing.T, kind string) {
 		c := storetest.NewClock(start)
 		in := inner(t, kind, c.Now)
 		s := newLease(t, in, c.Now, lease.Options{TTL: time.Second})
-		daily := gcra(1000, 24*time.Hour) // drains 0.0116 units/s: still during the test
+		daily := storetest.GCRA(1000, 24*time.Hour) // drains 0.0116 units/s: still during the test
 		bs := path("ann", 1, daily, daily)
 
 		if d := decide(t, s, bs); !d.Allowed || s.Stats().Strict != 1 {
@@ -186,7 +176,7 @@ func TestLeaseMaxPaths(t *testing.T) {
 	c := storetest.NewClock(start)
 	in := inner(t, "memory", c.Now)
 	s := newLease(t, in, c.Now, lease.Options{TTL: time.Second, MaxPaths: 2})
-	daily := gcra(1000, 24*time.Hour)
+	daily := storetest.GCRA(1000, 24*time.Hour)
 	for _, user := range []string{"ann", "bob"} {
 		decide(t, s, path(user, 1, daily, daily))
 		c.Advance(10 * time.Millisecond)
@@ -224,11 +214,11 @@ func TestLeaseMaxPaths(t *testing.T) {
 // Nothing is lost: once every lease has ended the store holds exactly what
 // was admitted.
 func TestLeaseRenewal(t *testing.T) {
-	eachStore(t, func(t *testing.T, kind string) {
+	storetest.EachKind(t, func(t *testing.T, kind string) {
 		// Swept by the test as if every TTL/16: a lease is renewed by the
 		// sweep when it ends within 1¼ sweeps (78.125ms).
 		c, in, s := leaseOn(t, kind, time.Second)
-		daily := gcra(1000, 24*time.Hour)
+		daily := storetest.GCRA(1000, 24*time.Hour)
 		busy := path("ann", 1, daily, daily)
 		idle := []store.Bucket{{Key: "{t|beta}|org", Limit: daily, Cost: 1}, {Key: "{t|beta}|user|bob", Limit: daily, Cost: 1}}
 		admitted := map[string]int64{}
@@ -292,9 +282,9 @@ func TestLeaseRenewal(t *testing.T) {
 // path's next lease is taken by the request that needs it, as without
 // renewals, so that no capacity is held ahead near a limit.
 func TestLeaseNoRenewalNearLimit(t *testing.T) {
-	eachStore(t, func(t *testing.T, kind string) {
+	storetest.EachKind(t, func(t *testing.T, kind string) {
 		c, _, s := leaseOn(t, kind, time.Second)
-		hourly := gcra(100, time.Hour)
+		hourly := storetest.GCRA(100, time.Hour)
 		bs := path("ann", 1, hourly, hourly)
 		decide(t, s, bs)
 		c.Advance(10 * time.Millisecond)
@@ -315,15 +305,15 @@ func TestLeaseNoRenewalNearLimit(t *testing.T) {
 // they never admit more than floor(1000/7) = 142, and once every lease
 // has ended, what they admitted and what the store holds add up exactly.
 func TestLeaseExact(t *testing.T) {
-	eachStore(t, func(t *testing.T, kind string) {
+	storetest.EachKind(t, func(t *testing.T, kind string) {
 		c := storetest.NewClock(start)
 		in := inner(t, kind, c.Now)
 		var inst [3]*lease.Store
 		for i := range inst {
 			inst[i] = newLease(t, in, c.Now, lease.Options{TTL: time.Second})
 		}
-		daily := gcra(1000, 24*time.Hour)
-		bs := func() []store.Bucket { return path("ann", 7, gcra(1_000_000, time.Hour), daily) }
+		daily := storetest.GCRA(1000, 24*time.Hour)
+		bs := func() []store.Bucket { return path("ann", 7, storetest.GCRA(1_000_000, time.Hour), daily) }
 		var admitted atomic.Int64
 		burst := func(n int) {
 			var wg sync.WaitGroup
@@ -391,11 +381,11 @@ func TestLeaseExact(t *testing.T) {
 // before it ends), and that a bucket refilling more than max_share within
 // the TTL is not leased at all.
 func TestLeasePadding(t *testing.T) {
-	eachStore(t, func(t *testing.T, kind string) {
+	storetest.EachKind(t, func(t *testing.T, kind string) {
 		c := storetest.NewClock(start)
 		in := inner(t, kind, c.Now)
 		s := newLease(t, in, c.Now, lease.Options{TTL: 100 * time.Millisecond, MaxShare: 1})
-		hundredPerSec := gcra(100, time.Second)
+		hundredPerSec := storetest.GCRA(100, time.Second)
 		bs := []store.Bucket{{Key: "{t|d}|k", Limit: hundredPerSec, Cost: 1}}
 		decide(t, s, bs)
 		c.Advance(time.Millisecond)
@@ -429,11 +419,11 @@ func TestLeasePadding(t *testing.T) {
 // reset buckets (nothing given back into the fresh bucket), and that a
 // changed limit ends the lease taken on the old one.
 func TestLeaseRevoked(t *testing.T) {
-	eachStore(t, func(t *testing.T, kind string) {
+	storetest.EachKind(t, func(t *testing.T, kind string) {
 		c := storetest.NewClock(start)
 		in := inner(t, kind, c.Now)
 		s := newLease(t, in, c.Now, lease.Options{TTL: time.Minute})
-		daily := gcra(1000, 24*time.Hour)
+		daily := storetest.GCRA(1000, 24*time.Hour)
 		bs := path("bob", 1, daily, daily)
 		decide(t, s, bs)
 		c.Advance(time.Millisecond)
@@ -454,7 +444,7 @@ func TestLeaseRevoked(t *testing.T) {
 		// An override halves the user's limit: the lease on the old limit
 		// is not spent, and goes back.
 		before = s.Stats()
-		half := gcra(500, 24*time.Hour)
+		half := storetest.GCRA(500, 24*time.Hour)
 		d := decide(t, s, path("bob", 1, daily, half))
 		if after := s.Stats(); after.Local != before.Local || !d.Allowed {
 			t.Fatalf("a lease on the old limit was spent: %+v", after)
@@ -465,11 +455,11 @@ func TestLeaseRevoked(t *testing.T) {
 // TestLeaseNearExhaustion checks that no lease is taken when less than
 // min_remaining is left: each request is decided in the store.
 func TestLeaseNearExhaustion(t *testing.T) {
-	eachStore(t, func(t *testing.T, kind string) {
+	storetest.EachKind(t, func(t *testing.T, kind string) {
 		c := storetest.NewClock(start)
 		in := inner(t, kind, c.Now)
 		s := newLease(t, in, c.Now, lease.Options{TTL: time.Minute})
-		hourly := gcra(100, time.Hour)
+		hourly := storetest.GCRA(100, time.Hour)
 		bs := []store.Bucket{{Key: "{t|x}|k", Limit: hourly, Cost: 1}}
 		if d := decide(t, in, []store.Bucket{{Key: "{t|x}|k", Limit: hourly, Cost: 96}}); !d.Allowed {
 			t.Fatal("setup refused")
@@ -493,11 +483,11 @@ func TestLeaseNearExhaustion(t *testing.T) {
 // TestLeaseCostTooBig checks that a cost larger than what the lease has
 // left goes to the store, which gives the old lease back in the same call.
 func TestLeaseCostTooBig(t *testing.T) {
-	eachStore(t, func(t *testing.T, kind string) {
+	storetest.EachKind(t, func(t *testing.T, kind string) {
 		c := storetest.NewClock(start)
 		in := inner(t, kind, c.Now)
 		s := newLease(t, in, c.Now, lease.Options{TTL: time.Minute})
-		daily := gcra(100_000, 365*24*time.Hour) // 0.4 units drain in the test's two minutes
+		daily := storetest.GCRA(100_000, 365*24*time.Hour) // 0.4 units drain in the test's two minutes
 		decide(t, s, path("cy", 10, daily, daily))
 		c.Advance(time.Millisecond)
 		decide(t, s, path("cy", 10, daily, daily)) // 3 more requests of 10 leased
@@ -523,7 +513,7 @@ func TestLeaseCostTooBig(t *testing.T) {
 // lease never running out), against the same path on the memory store:
 // what deciding in memory on a lease costs over deciding in memory.
 func BenchmarkLeaseLocal(b *testing.B) {
-	huge := gcra(1_000_000_000_000, time.Hour)
+	huge := storetest.GCRA(1_000_000_000_000, time.Hour)
 	path := []store.Bucket{
 		{Key: "{t|org=o}", Limit: huge, Cost: 1}, {Key: "{t|org=o}team=t", Limit: huge, Cost: 1},
 		{Key: "{t|org=o}team=t/user=u", Limit: huge, Cost: 1}, {Key: "{t|org=o}team=t/user=u/agent=a", Limit: huge, Cost: 1},

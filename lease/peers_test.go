@@ -64,9 +64,9 @@ func linkedGated(t *testing.T, kind string) (c *storetest.Clock, in store.Leaser
 // leaves the lease alone; a reset by pattern revokes the leases on the
 // buckets its glob selects, and only those.
 func TestLeaseResetToldToPeers(t *testing.T) {
-	eachStore(t, func(t *testing.T, kind string) {
+	storetest.EachKind(t, func(t *testing.T, kind string) {
 		c, _, a, b := linkedPair(t, kind)
-		daily := gcra(100, 24*time.Hour) // refills 0.07 a minute: nothing during the test
+		daily := storetest.GCRA(100, 24*time.Hour) // refills 0.07 a minute: nothing during the test
 		bs := path("ann", 1, daily, daily)
 		for range 20 { // b leases, and grows its lease
 			decide(t, b, bs)
@@ -129,9 +129,9 @@ func TestLeaseResetToldToPeers(t *testing.T) {
 // its path's buckets (another instance's reset of a user) gives back what
 // it held on the others (the organisation's): nothing is lost there.
 func TestLeaseRevokedGivesBackTheRest(t *testing.T) {
-	eachStore(t, func(t *testing.T, kind string) {
+	storetest.EachKind(t, func(t *testing.T, kind string) {
 		c, in, a, b := linkedPair(t, kind)
-		daily := gcra(100, 24*time.Hour)
+		daily := storetest.GCRA(100, 24*time.Hour)
 		bs := path("ann", 1, daily, daily)
 		admitted := int64(0)
 		for range 20 {
@@ -216,7 +216,7 @@ func resetToldOverRedis(t *testing.T, addrs []string, aLeases bool) {
 		a = r
 	}
 	b := leased(redisStore(), true)
-	daily := gcra(100, 24*time.Hour)
+	daily := storetest.GCRA(100, 24*time.Hour)
 	bs := path("ann", 1, daily, daily)
 	for range 20 {
 		decide(t, b, bs)
@@ -322,7 +322,7 @@ func TestLeaseResetGlobAttack(t *testing.T) {
 		return slices.Contains(handled, msg)
 	}
 
-	daily := gcra(100, 24*time.Hour)
+	daily := storetest.GCRA(100, 24*time.Hour)
 	as := strings.Repeat("a", 100)
 	bs := []store.Bucket{
 		{Key: "{t|" + as + "}#r", Limit: daily, Cost: 1},
@@ -403,7 +403,7 @@ func waitUntil(t *testing.T, within time.Duration, what string, cond func() bool
 // counted and not taken as a reset; the same reset well formed is.
 func TestLeaseResetMalformedRefused(t *testing.T) {
 	c, _, _, b := linkedPair(t, "memory")
-	daily := gcra(100, 24*time.Hour)
+	daily := storetest.GCRA(100, 24*time.Hour)
 	bs := path("ann", 1, daily, daily)
 	for range 20 {
 		decide(t, b, bs)

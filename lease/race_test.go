@@ -52,11 +52,11 @@ func (b *ideal) refund(now, units int64) {
 // units when the one beneath is given back (the give-back is withheld), so
 // what is admitted at one instant never exceeds the bucket.
 func TestLeaseStackedGivenBack(t *testing.T) {
-	eachStore(t, func(t *testing.T, kind string) {
+	storetest.EachKind(t, func(t *testing.T, kind string) {
 		ctx := context.Background()
 		c := storetest.NewClock(start)
 		in := inner(t, kind, c.Now)
-		fast := gcra(1000, 10*time.Second) // 100/s, a burst of 1000
+		fast := storetest.GCRA(1000, 10*time.Second) // 100/s, a burst of 1000
 		bs := []store.Bucket{{Key: "{s}|k", Limit: fast, Cost: 1}}
 		want := &ideal{t: t, limit: fast, at: c.Now()}
 		// Another instance takes a big lease straight from the store.
@@ -99,12 +99,12 @@ func TestLeaseStackedGivenBack(t *testing.T) {
 // they admit, an ideal bucket fed the same admissions and refunds at the
 // same instants admits.
 func TestLeaseIdealGCRA(t *testing.T) {
-	eachStore(t, func(t *testing.T, kind string) {
+	storetest.EachKind(t, func(t *testing.T, kind string) {
 		ctx := context.Background()
 		c := storetest.NewClock(start)
 		in := inner(t, kind, c.Now)
-		user := gcra(200, 2*time.Second) // 100/s, a burst of 200
-		org := gcra(600, 10*time.Second) // 60/s, a burst of 600
+		user := storetest.GCRA(200, 2*time.Second) // 100/s, a burst of 200
+		org := storetest.GCRA(600, 10*time.Second) // 60/s, a burst of 600
 		rng := rand.New(rand.NewPCG(11, uint64(len(kind))))
 		instances := make([]*lease.Store, 4)
 		for i := range instances {
@@ -241,10 +241,10 @@ func gatedStore(t *testing.T, kind string) (c *storetest.Clock, in store.Leaser,
 func TestLeaseResetRacingGrant(t *testing.T) {
 	for _, inside := range []string{"reset inside the grant", "grant inside the reset"} {
 		t.Run(inside, func(t *testing.T) {
-			eachStore(t, func(t *testing.T, kind string) {
+			storetest.EachKind(t, func(t *testing.T, kind string) {
 				ctx := context.Background()
 				c, in, g, s := gatedStore(t, kind)
-				bs := []store.Bucket{{Key: "{r}|k", Limit: gcra(100, 24*time.Hour), Cost: 1}}
+				bs := []store.Bucket{{Key: "{r}|k", Limit: storetest.GCRA(100, 24*time.Hour), Cost: 1}}
 				decide(t, in, []store.Bucket{{Key: bs[0].Key, Limit: bs[0].Limit, Cost: 50}})
 				decide(t, s, bs) // first sight: in the store
 				c.Advance(time.Millisecond)
@@ -277,10 +277,10 @@ func TestLeaseResetRacingGrant(t *testing.T) {
 // decided on it); one on a path of two buckets, one of them reset, is not,
 // and what it held on the other goes back to the store.
 func TestLeaseResetOfOtherBucketsDuringGrant(t *testing.T) {
-	eachStore(t, func(t *testing.T, kind string) {
+	storetest.EachKind(t, func(t *testing.T, kind string) {
 		ctx := context.Background()
 		c, in, g, s := gatedStore(t, kind)
-		daily := gcra(100, 24*time.Hour)
+		daily := storetest.GCRA(100, 24*time.Hour)
 		reset := func(key string) func() {
 			return func() {
 				if _, err := s.Reset(ctx, []string{key}); err != nil {
@@ -347,7 +347,7 @@ func TestLeaseResetOfOtherBucketsDuringGrant(t *testing.T) {
 // TestLeaseResetDropsQueuedRelease: a lease given back (queued) before a
 // reset of its bucket is not given back into the fresh bucket.
 func TestLeaseResetDropsQueuedRelease(t *testing.T) {
-	eachStore(t, func(t *testing.T, kind string) {
+	storetest.EachKind(t, func(t *testing.T, kind string) {
 		ctx := context.Background()
 		c := storetest.NewClock(start)
 		in := inner(t, kind, c.Now)
@@ -379,11 +379,11 @@ func TestLeaseResetDropsQueuedRelease(t *testing.T) {
 // TestLeaseLimitChangeDuringGrant: a grant on limits that change while it
 // is in flight installs no lease on them; it goes back whole.
 func TestLeaseLimitChangeDuringGrant(t *testing.T) {
-	eachStore(t, func(t *testing.T, kind string) {
+	storetest.EachKind(t, func(t *testing.T, kind string) {
 		ctx := context.Background()
 		c, in, g, s := gatedStore(t, kind)
-		old := gcra(1000, 24*time.Hour)
-		tight := gcra(10, 24*time.Hour)
+		old := storetest.GCRA(1000, 24*time.Hour)
+		tight := storetest.GCRA(10, 24*time.Hour)
 		bs := func(l rate.Limit) []store.Bucket { return []store.Bucket{{Key: "{c}|k", Limit: l, Cost: 1}} }
 		decide(t, in, []store.Bucket{{Key: "{c}|k", Limit: old, Cost: 500}})
 		decide(t, s, bs(old)) // 501
@@ -415,7 +415,7 @@ func TestLeaseLimitChangeDuringGrant(t *testing.T) {
 // TestLeaseCloseWaitsForGrant: Close during a grant gives back the lease
 // that grant installs.
 func TestLeaseCloseWaitsForGrant(t *testing.T) {
-	eachStore(t, func(t *testing.T, kind string) {
+	storetest.EachKind(t, func(t *testing.T, kind string) {
 		c := storetest.NewClock(start)
 		in := inner(t, kind, c.Now)
 		g := &gatedLeaser{Leaser: in}
@@ -423,7 +423,7 @@ func TestLeaseCloseWaitsForGrant(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		daily := gcra(100, 24*time.Hour)
+		daily := storetest.GCRA(100, 24*time.Hour)
 		bs := []store.Bucket{{Key: "{w}|k", Limit: daily, Cost: 1}}
 		decide(t, s, bs)
 		c.Advance(time.Millisecond)
@@ -456,11 +456,11 @@ func TestLeaseCloseWaitsForGrant(t *testing.T) {
 // token budget beside a request count) does not keep the path off its
 // lease.
 func TestLeaseCostZeroBucket(t *testing.T) {
-	eachStore(t, func(t *testing.T, kind string) {
+	storetest.EachKind(t, func(t *testing.T, kind string) {
 		c := storetest.NewClock(start)
 		in := inner(t, kind, c.Now)
 		s := newLease(t, in, c.Now, lease.Options{TTL: time.Second, MaxShare: 0.5})
-		l := gcra(1000, time.Minute)
+		l := storetest.GCRA(1000, time.Minute)
 		bs := []store.Bucket{{Key: "{z}|tokens", Limit: l, Cost: 0}, {Key: "{z}|req", Limit: l, Cost: 1}}
 		for range 200 {
 			if d := decide(t, s, bs); !d.Allowed || d.Results[0].Remaining != 1000 {

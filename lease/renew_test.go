@@ -19,12 +19,12 @@ import (
 // organisation's bucket, renewals ahead at every sweep, random costs and
 // limit changes: whatever they admit, an ideal bucket admits.
 func TestLeaseRenewalAgainstAnIdealBucket(t *testing.T) {
-	eachStore(t, func(t *testing.T, kind string) {
+	storetest.EachKind(t, func(t *testing.T, kind string) {
 		ctx := context.Background()
 		c := storetest.NewClock(start)
 		in := inner(t, kind, c.Now)
-		org := gcra(20000, 20*time.Second) // 1000/s, a burst of 20000
-		user := gcra(8000, 20*time.Second) // 400/s
+		org := storetest.GCRA(20000, 20*time.Second) // 1000/s, a burst of 20000
+		user := storetest.GCRA(8000, 20*time.Second) // 400/s
 		rng := rand.New(rand.NewPCG(7, uint64(len(kind))))
 		instances := make([]*lease.Store, 3)
 		for i := range instances {
@@ -92,11 +92,11 @@ func TestLeaseRenewalAgainstAnIdealBucket(t *testing.T) {
 // least what was admitted (a unit spent twice, or given back twice,
 // would leave it holding less).
 func TestLeaseRenewalConcurrentConservation(t *testing.T) {
-	eachStore(t, func(t *testing.T, kind string) {
+	storetest.EachKind(t, func(t *testing.T, kind string) {
 		ctx := context.Background()
 		in := inner(t, kind, nil)
-		a := gcra(10_000_000, 1000*time.Hour)
-		b := gcra(10_000_000, 1001*time.Hour)
+		a := storetest.GCRA(10_000_000, 1000*time.Hour)
+		b := storetest.GCRA(10_000_000, 1001*time.Hour)
 		instances := make([]*lease.Store, 3)
 		for i := range instances {
 			s, err := lease.New(noClose{in}, lease.Options{TTL: 100 * time.Millisecond, MaxShare: 0.5})
@@ -204,10 +204,10 @@ func TestLeaseRenewalConcurrentConservation(t *testing.T) {
 // and its renewal that had both ended given back in the wrong order (the
 // lease beneath the renewal: withheld).
 func TestLeaseRenewalLosesNothing(t *testing.T) {
-	eachStore(t, func(t *testing.T, kind string) {
+	storetest.EachKind(t, func(t *testing.T, kind string) {
 		ctx := context.Background()
 		in := inner(t, kind, nil)
-		a := gcra(10_000_000, 1000*time.Hour)
+		a := storetest.GCRA(10_000_000, 1000*time.Hour)
 		s, err := lease.New(noClose{in}, lease.Options{TTL: 100 * time.Millisecond, MaxShare: 0.5})
 		if err != nil {
 			t.Fatal(err)
@@ -246,9 +246,9 @@ func TestLeaseRenewalLosesNothing(t *testing.T) {
 func TestLeaseRenewalLeftoverGivenBack(t *testing.T) {
 	for _, end := range []string{"the lease ends", "both end before a request", "Close"} {
 		t.Run(end, func(t *testing.T) {
-			eachStore(t, func(t *testing.T, kind string) {
+			storetest.EachKind(t, func(t *testing.T, kind string) {
 				c, in, s := leaseOn(t, kind, time.Second)
-				daily := gcra(1000, 24*time.Hour)
+				daily := storetest.GCRA(1000, 24*time.Hour)
 				busy := path("ann", 1, daily, daily)
 				admitted := int64(0)
 				req := func() {

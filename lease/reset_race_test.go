@@ -49,14 +49,14 @@ func (g *chanLeaser) Lease(ctx context.Context, gr store.Grant) (store.Leased, e
 // after the reset returned (after its last revoke) is not installed: the
 // reset's last bump says so. The fresh bucket admits its 100, no more.
 func TestLeaseGrantStraddlingResetEnd(t *testing.T) {
-	eachStore(t, func(t *testing.T, kind string) {
+	storetest.EachKind(t, func(t *testing.T, kind string) {
 		ctx := context.Background()
 		c := storetest.NewClock(start)
 		in := inner(t, kind, c.Now)
 		cl := newChanLeaser(in)
 		g := &cl
 		s := newLease(t, g, c.Now, lease.Options{TTL: time.Minute, MaxShare: 1})
-		bs := []store.Bucket{{Key: "{r}|k", Limit: gcra(100, 24*time.Hour), Cost: 1}}
+		bs := []store.Bucket{{Key: "{r}|k", Limit: storetest.GCRA(100, 24*time.Hour), Cost: 1}}
 		decide(t, in, []store.Bucket{{Key: bs[0].Key, Limit: bs[0].Limit, Cost: 50}})
 		decide(t, s, bs)
 		c.Advance(time.Millisecond)
@@ -81,7 +81,7 @@ func TestLeaseGrantStraddlingResetEnd(t *testing.T) {
 // gives nothing back on the reset bucket (a calendar quota's store cannot
 // tell a give-back into the fresh window from one into the wiped one).
 func TestLeaseWithheldGivesNothingBackOnReset(t *testing.T) {
-	eachStore(t, func(t *testing.T, kind string) {
+	storetest.EachKind(t, func(t *testing.T, kind string) {
 		ctx := context.Background()
 		c, in, g, s := gatedStore(t, kind)
 		day := rate.Limit{Algorithm: rate.Calendar, Count: 100, Unit: rate.Day, Location: time.UTC}
@@ -134,11 +134,11 @@ func TestLeaseGiveBackDuringAnotherReset(t *testing.T) {
 		limit     rate.Limit
 	}{
 		{"withheld/calendar", false, rate.Limit{Algorithm: rate.Calendar, Count: 100, Unit: rate.Day, Location: time.UTC}},
-		{"withheld/gcra", false, gcra(100, 24*time.Hour)},
+		{"withheld/gcra", false, storetest.GCRA(100, 24*time.Hour)},
 		{"revoked/calendar", true, rate.Limit{Algorithm: rate.Calendar, Count: 100, Unit: rate.Day, Location: time.UTC}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			eachStore(t, func(t *testing.T, kind string) {
+			storetest.EachKind(t, func(t *testing.T, kind string) {
 				ctx := context.Background()
 				c := storetest.NewClock(start)
 				in := inner(t, kind, c.Now)
@@ -186,10 +186,10 @@ func TestLeaseGiveBackDuringAnotherReset(t *testing.T) {
 // may be among what the reset wiped): the two instances then admit exactly
 // the fresh bucket's 100.
 func TestLeasePeerResetDuringGrant(t *testing.T) {
-	eachStore(t, func(t *testing.T, kind string) {
+	storetest.EachKind(t, func(t *testing.T, kind string) {
 		ctx := context.Background()
 		c, _, g, a, b := linkedGated(t, kind)
-		bs := []store.Bucket{{Key: "{p}|k", Limit: gcra(100, 24*time.Hour), Cost: 1}}
+		bs := []store.Bucket{{Key: "{p}|k", Limit: storetest.GCRA(100, 24*time.Hour), Cost: 1}}
 		decide(t, b, bs) // first sight: in the store
 		c.Advance(time.Millisecond)
 		g.hook = func() { // b's grant charged; a resets, b hears it at once

@@ -59,6 +59,7 @@ import (
 
 	"github.com/caddy-cascade/cascade/engine"
 	"github.com/caddy-cascade/cascade/hierarchy"
+	"github.com/caddy-cascade/cascade/logsample"
 	"github.com/caddy-cascade/cascade/rate"
 )
 
@@ -111,22 +112,18 @@ type Server struct {
 	config atomic.Pointer[config]
 	logger *zap.Logger
 
-	storeErrors      atomic.Int64 // store failures since the last line logged
-	storeErrorLogged atomic.Int64 // when that line was logged (Unix ns)
+	storeErrorLog logsample.Every // store failures: one logged a second
 }
 
 // logStoreError logs a store failure at most once a second, with the
 // number of failures since the last line: a dead Redis under load must not
 // turn every call into a log line.
 func (s *Server) logStoreError(msg, domain string, err error) {
-	n := s.storeErrors.Add(1)
-	now := time.Now().UnixNano()
-	last := s.storeErrorLogged.Load()
-	if now-last < int64(time.Second) || !s.storeErrorLogged.CompareAndSwap(last, now) {
+	ok, held := s.storeErrorLog.Allow(time.Now())
+	if !ok {
 		return
 	}
-	s.storeErrors.Add(-n)
-	s.logger.Error(msg, zap.String("domain", domain), zap.Error(err), zap.Int64("failures", n))
+	s.logger.Error(msg, zap.String("domain", domain), zap.Error(err), zap.Int64("failures", held+1))
 }
 
 // config is what a configuration gives the server.

@@ -25,6 +25,7 @@ import (
 	"github.com/caddy-cascade/cascade/hierarchy"
 	"github.com/caddy-cascade/cascade/internal/redistest"
 	"github.com/caddy-cascade/cascade/store"
+	"github.com/caddy-cascade/cascade/store/storetest"
 )
 
 // clock is a store clock the test moves by hand.
@@ -34,13 +35,6 @@ func (c *clock) read() int64 { return c.now.Load() }
 
 // TestMain stops the Redis server the tests share.
 func TestMain(m *testing.M) { redistest.Main(m) }
-
-// eachStore runs test on the memory store and on a real Redis.
-func eachStore(t *testing.T, test func(t *testing.T, kind string)) {
-	for _, kind := range []string{"memory", "redis"} {
-		t.Run(kind, func(t *testing.T) { test(t, kind) })
-	}
-}
 
 // newServer serves the tree api: org (100/min, 1000 tokens/min) > team
 // (missing: skip; 50/min) > user (10 per 90 s; bob 2/min), on a store of
@@ -140,7 +134,7 @@ func header(res *rlsv3.RateLimitResponse, name string) string {
 // per level, decides one path; a refusal by the user charges the org
 // nothing.
 func TestHierarchicalAllOrNothing(t *testing.T) {
-	eachStore(t, func(t *testing.T, kind string) {
+	storetest.EachKind(t, func(t *testing.T, kind string) {
 		s, _ := newServer(t, kind, "")
 		org := desc("org", "acme")
 		bob := desc("org", "acme", "user", "bob")
@@ -170,7 +164,7 @@ func TestHierarchicalAllOrNothing(t *testing.T) {
 }
 
 func TestStatuses(t *testing.T) {
-	eachStore(t, func(t *testing.T, kind string) {
+	storetest.EachKind(t, func(t *testing.T, kind string) {
 		s, _ := newServer(t, kind, "")
 		res := call(t, s, "api", 0, desc("org", "acme"), desc("org", "acme", "user", "alice"))
 		org, user := res.Statuses[0], res.Statuses[1]
@@ -198,7 +192,7 @@ func TestStatuses(t *testing.T) {
 // TestHitsAddend: the call's hits_addend, a descriptor's own, and the
 // tokens dimension.
 func TestHitsAddend(t *testing.T) {
-	eachStore(t, func(t *testing.T, kind string) {
+	storetest.EachKind(t, func(t *testing.T, kind string) {
 		s, _ := newServer(t, kind, "")
 		if st := call(t, s, "api", 5, desc("org", "a", "user", "u")).Statuses[0]; st.LimitRemaining != 5 {
 			t.Fatalf("after 5 hits: %d left of the user's 10", st.LimitRemaining)
@@ -228,7 +222,7 @@ func TestHitsAddend(t *testing.T) {
 // TestNegativeHits: on a domain that allows refunds, is_negative_hits
 // gives the addend back, never refused, in the call's dimension only.
 func TestNegativeHits(t *testing.T) {
-	eachStore(t, func(t *testing.T, kind string) {
+	storetest.EachKind(t, func(t *testing.T, kind string) {
 		s, _ := newServer(t, kind, "")
 		org := desc("org", "acme")
 		call(t, s, "llm", 900, org)
@@ -249,7 +243,7 @@ func TestNegativeHits(t *testing.T) {
 }
 
 func TestBadCalls(t *testing.T) {
-	eachStore(t, func(t *testing.T, kind string) {
+	storetest.EachKind(t, func(t *testing.T, kind string) {
 		s, _ := newServer(t, kind, "")
 		limited := desc("org", "x")
 		limited.Limit = &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 5}
@@ -290,7 +284,7 @@ func TestBadCalls(t *testing.T) {
 // TestSkippedTier: a tier the descriptor does not name follows its missing
 // policy: team skips, so org > user is the path.
 func TestSkippedTier(t *testing.T) {
-	eachStore(t, func(t *testing.T, kind string) {
+	storetest.EachKind(t, func(t *testing.T, kind string) {
 		s, _ := newServer(t, kind, "")
 		call(t, s, "api", 0, desc("org", "acme", "user", "carol"))
 		res := call(t, s, "api", 0, desc("user", "carol", "org", "acme")) // any order
@@ -307,7 +301,7 @@ func TestSkippedTier(t *testing.T) {
 // TestShadowAndWarn: a tree in shadow never refuses nor shows anything; in
 // warn it does not refuse but says so.
 func TestShadowAndWarn(t *testing.T) {
-	eachStore(t, func(t *testing.T, kind string) {
+	storetest.EachKind(t, func(t *testing.T, kind string) {
 		for _, mode := range []string{engine.Shadow, engine.Warn} {
 			s, _ := newServer(t, kind, mode)
 			bob := desc("org", "acme", "user", "bob")
@@ -335,7 +329,7 @@ func TestShadowAndWarn(t *testing.T) {
 // TestRetryAtDurationAdmits: a refused descriptor's duration_until_reset
 // is when a retry is admitted.
 func TestRetryAtDurationAdmits(t *testing.T) {
-	eachStore(t, func(t *testing.T, kind string) {
+	storetest.EachKind(t, func(t *testing.T, kind string) {
 		s, c := newServer(t, kind, "")
 		bob := desc("org", "acme", "user", "bob")
 		var res *rlsv3.RateLimitResponse
@@ -360,7 +354,7 @@ func TestRetryAtDurationAdmits(t *testing.T) {
 // TestConcurrentExact: 200 concurrent gRPC calls of cost k against a
 // capacity C admit exactly floor(C/k).
 func TestConcurrentExact(t *testing.T) {
-	eachStore(t, func(t *testing.T, kind string) {
+	storetest.EachKind(t, func(t *testing.T, kind string) {
 		s, _ := newServer(t, kind, "")
 		lis := bufconn.Listen(1 << 20)
 		g := grpc.NewServer()
@@ -433,7 +427,7 @@ func TestStoreDown(t *testing.T) {
 // with is_negative_hits as invalid, naming the option, and neither gives
 // back nor charges anything, even for the call's other descriptors.
 func TestRefundsRefused(t *testing.T) {
-	eachStore(t, func(t *testing.T, kind string) {
+	storetest.EachKind(t, func(t *testing.T, kind string) {
 		s, _ := newServer(t, kind, "")
 		org := desc("org", "acme")
 		for range 3 {
@@ -460,7 +454,7 @@ func TestRefundsRefused(t *testing.T) {
 // TestZeroAddend: a descriptor's hits_addend of 0 means 1, as the call's
 // does: a call that counts nothing would be admitted for free.
 func TestZeroAddend(t *testing.T) {
-	eachStore(t, func(t *testing.T, kind string) {
+	storetest.EachKind(t, func(t *testing.T, kind string) {
 		s, _ := newServer(t, kind, "")
 		d := desc("org", "zero", "user", "u")
 		d.HitsAddend = wrapperspb.UInt64(0)
@@ -479,7 +473,7 @@ func TestZeroAddend(t *testing.T) {
 // choose its value: every descriptor shares the one bucket (the ceiling of
 // 5/min), whether it names the tier or not, and with whatever value.
 func TestConstantTier(t *testing.T) {
-	eachStore(t, func(t *testing.T, kind string) {
+	storetest.EachKind(t, func(t *testing.T, kind string) {
 		s, _ := newServer(t, kind, "")
 		for i := range 5 {
 			d := desc("org", fmt.Sprint("o", i), "all", fmt.Sprint("mine-", i))
