@@ -777,3 +777,72 @@ func TestTraefikPluginNotADecision(t *testing.T) {
 		t.Error("the plugin followed the endpoint's redirect")
 	}
 }
+
+// TestTraefikPluginLongStreamKeepsItsStart: an Anthropic event stream
+// longer than maxReportBytes is reported with its start (message_start,
+// which holds the input tokens) and its end (message_delta, the output
+// tokens), so a long answer does not make its prompt free; and a request
+// that asks for an upgrade other than a WebSocket is reported as any
+// other, the upstream not asked to switch.
+func TestTraefikPluginLongStreamKeepsItsStart(t *testing.T) {
+	endpoint := runExample(t, "examples/traefik/Caddyfile")
+	upstream := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		if r.Header.Get("Upgrade") != "" {
+			t.Errorf("the upstream was asked to upgrade to %q", r.Header.Get("Upgrade"))
+		}
+		if !strings.Contains(string(body), `"stream":true`) {
+			w.Header().Set("Content-Type", "application/json")
+			fmt.Fprint(w, `{"choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":10,"completion_tokens":20,"total_tokens":30}}`)
+			return
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":300,\"output_tokens\":1}}}\n\n")
+		for range 200 { // about 20 KiB, five times maxReportBytes
+			fmt.Fprint(w, "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"lorem ipsum dolor sit amet\"}}\n\n")
+		}
+		fmt.Fprint(w, "event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":40}}\n\n")
+		fmt.Fprint(w, "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n")
+	})
+	reports, statuses := reportSpy(t, endpoint+"report")
+	plugin := loadTraefikPlugin(t, upstream, map[string]any{
+		"Endpoint": endpoint, "ReportEndpoint": reports, "SendBody": true, "MaxReportBytes": int64(4096),
+	})
+	chat := func(stream bool, headers ...string) int {
+		t.Helper()
+		body := `{"model":"m","max_tokens":1000,"messages":[{"role":"user","content":"hello"}]}`
+		if stream {
+			body = `{"model":"m","max_tokens":1000,"stream":true,"messages":[{"role":"user","content":"hello"}]}`
+		}
+		req := httptest.NewRequest("POST", "/v1/chat/completions", strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("X-Org", "long-stream-org")
+		req.Header.Set("X-User", "alice")
+		for _, h := range headers {
+			k, v, _ := strings.Cut(h, ": ")
+			req.Header.Set(k, v)
+		}
+		rec := httptest.NewRecorder()
+		plugin.ServeHTTP(rec, req)
+		if rec.Code != 200 {
+			t.Fatalf("chat: %d %q", rec.Code, rec.Body.String())
+		}
+		var r int
+		if _, err := fmt.Sscanf(rec.Header().Get("RateLimit"), `"llm/org";r=%d;`, &r); err != nil {
+			t.Fatalf("RateLimit %q: %v", rec.Header().Get("RateLimit"), err)
+		}
+		return r
+	}
+	estimate := 5000 - chat(true)
+	if s := reported(t, statuses); s != http.StatusNoContent {
+		t.Fatalf("the stream's report was answered %d", s)
+	}
+	// The next decision (a JSON chat, asking for an upgrade on the way)
+	// sees the stream charged 340 tokens (300 in, 40 out), not 40.
+	if got, want := chat(false, "Connection: Upgrade", "Upgrade: foo"), 5000-340-estimate; got != want {
+		t.Fatalf("after a 20 KiB stream of 300 + 40 tokens: %d remaining, want %d (the input tokens lost with the stream's start?)", got, want)
+	}
+	if s := reported(t, statuses); s != http.StatusNoContent {
+		t.Fatalf("a request asking for an upgrade other than a WebSocket went unreported (%d)", s)
+	}
+}

@@ -68,8 +68,12 @@ type Config struct {
 	MaxBodyBytes int64 `json:"maxBodyBytes,omitempty"`
 	// MaxReportBytes bounds the response body kept for a report (default
 	// 1 MiB): a JSON body longer than that is not reported; of an event
-	// stream the last MaxReportBytes are, where the final usage is.
+	// stream its start and its end are, where the usage is.
 	MaxReportBytes int64 `json:"maxReportBytes,omitempty"`
+	// MaxReportMemory bounds the response bodies kept at once, for the
+	// responses under way and the reports not yet sent (default 64 MiB):
+	// past it a response is not kept, and its decision keeps its estimate.
+	MaxReportMemory int64 `json:"maxReportMemory,omitempty"`
 	// TrustedIPs are the peers (addresses or CIDRs) whose X-Forwarded-For
 	// is believed, as Traefik's forwardedHeaders.trustedIPs: a load
 	// balancer in front of Traefik. From any other peer the client is the
@@ -79,7 +83,7 @@ type Config struct {
 
 // CreateConfig returns the default configuration.
 func CreateConfig() *Config {
-	return &Config{Timeout: "250ms", MaxBodyBytes: 1 << 20, MaxReportBytes: 1 << 20}
+	return &Config{Timeout: "250ms", MaxBodyBytes: 1 << 20, MaxReportBytes: 1 << 20, MaxReportMemory: 64 << 20}
 }
 
 // Cascade is the middleware.
@@ -91,6 +95,7 @@ type Cascade struct {
 	client   *http.Client // decisions: bounded by the timeout
 	reporter *http.Client // reports: off the request's path, bounded by reportTimeout or the timeout
 	reports  chan struct{}
+	memory   atomic.Int64 // bytes of MaxReportMemory not reserved by a kept body
 	logged   atomic.Int64 // when logf last wrote, in Unix nanoseconds
 }
 
@@ -128,6 +133,9 @@ func New(_ context.Context, next http.Handler, cfg *Config, name string) (http.H
 	if cfg.MaxReportBytes <= 0 {
 		cfg.MaxReportBytes = 1 << 20
 	}
+	if cfg.MaxReportMemory <= 0 {
+		cfg.MaxReportMemory = 64 << 20
+	}
 	var trusted []*net.IPNet
 	for _, s := range cfg.TrustedIPs {
 		n, err := parseNet(strings.TrimSpace(s))
@@ -153,10 +161,12 @@ func New(_ context.Context, next http.Handler, cfg *Config, name string) (http.H
 	// A redirect is not an answer: the endpoint is Cascade's, or not. (Its
 	// parameters named: Yaegi mistypes a func literal's unnamed ones.)
 	noRedirect := func(req *http.Request, via []*http.Request) error { return http.ErrUseLastResponse }
-	return &Cascade{next: next, name: name, cfg: *cfg, trusted: trusted,
+	c := &Cascade{next: next, name: name, cfg: *cfg, trusted: trusted,
 		client:   &http.Client{Transport: transport, Timeout: timeout, CheckRedirect: noRedirect},
 		reporter: &http.Client{Transport: transport, Timeout: reportBound, CheckRedirect: noRedirect},
-		reports:  make(chan struct{}, maxReports)}, nil
+		reports:  make(chan struct{}, maxReports)}
+	c.memory.Store(cfg.MaxReportMemory)
+	return c, nil
 }
 
 // checkURL validates the URL of an endpoint setting.
@@ -213,7 +223,7 @@ func (c *Cascade) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if err != nil {
 		if r.Context().Err() == nil { // else the client left: nothing failed
-			c.logf("no decision for %s %s: %v", r.Method, r.URL.Path, err)
+			c.logf("no decision for %s %q: %v", r.Method, r.URL.Path, err)
 		}
 		if c.cfg.FailOpen {
 			c.next.ServeHTTP(w, r)
@@ -227,25 +237,69 @@ func (c *Cascade) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	_, _ = io.Copy(io.Discard, io.LimitReader(res.Body, 1<<20)) // reuse the connection
 	res.Body.Close()
 	add := rateLimitHeaders(res.Header)
-	if upgrading(r.Header) {
+	if webSocket(r) {
 		// Traefik's proxy switches protocols by hijacking the writer it
 		// is given, which the plugin's own cannot offer (see the package
-		// comment): it gets Traefik's, the headers set.
+		// comment): it gets Traefik's, the headers set. Its response is
+		// not reported: a WebSocket is charged its estimate.
 		for k, vs := range add {
 			w.Header()[k] = vs
 		}
 		c.next.ServeHTTP(w, r)
 		return
 	}
+	if r.Header.Get("Upgrade") != "" {
+		// Any other upgrade would take Traefik's writer too, and its
+		// response would go unreported: the upstream is not asked to.
+		r.Header.Del("Upgrade")
+		r.Header.Del("Connection")
+	}
 	id := res.Header.Get(decisionHeader)
 	rw := &responseWriter{ResponseWriter: w, add: add}
 	if id != "" && c.cfg.ReportEndpoint != "" {
-		rw.keep = c.cfg.MaxReportBytes
+		if c.memory.Add(-c.cfg.MaxReportBytes) >= 0 {
+			rw.keep = c.cfg.MaxReportBytes
+			// A body the report endpoint can decode: gzip or none.
+			if acceptsGzip(r.Header) {
+				r.Header.Set("Accept-Encoding", "gzip")
+			} else {
+				r.Header.Del("Accept-Encoding")
+			}
+		} else {
+			c.memory.Add(c.cfg.MaxReportBytes)
+			c.logf("response to decision %s not kept for its report: maxReportMemory (%d bytes) in use", id, c.cfg.MaxReportMemory)
+		}
 	}
 	c.next.ServeHTTP(rw, r)
-	if rw.keep > 0 && !rw.overflow {
-		c.report(id, rw)
+	if rw.keep > 0 {
+		if rw.overflow {
+			c.memory.Add(rw.keep)
+		} else {
+			c.report(id, rw) // gives the memory back once sent
+		}
 	}
+}
+
+// webSocket tells whether r asks to become a WebSocket: a GET without a
+// body whose Connection names "upgrade" and whose Upgrade is websocket.
+func webSocket(r *http.Request) bool {
+	return r.Method == http.MethodGet && r.ContentLength <= 0 && upgrading(r.Header) &&
+		strings.EqualFold(strings.TrimSpace(r.Header.Get("Upgrade")), "websocket")
+}
+
+// acceptsGzip tells whether the client accepts gzip (with a q above 0).
+func acceptsGzip(h http.Header) bool {
+	for _, v := range h.Values("Accept-Encoding") {
+		for _, part := range strings.Split(v, ",") {
+			coding, params, _ := strings.Cut(strings.TrimSpace(part), ";")
+			if !strings.EqualFold(strings.TrimSpace(coding), "gzip") {
+				continue
+			}
+			q := strings.ReplaceAll(strings.TrimSpace(params), " ", "")
+			return q != "q=0" && q != "q=0.0" && q != "q=0.00" && q != "q=0.000"
+		}
+	}
+	return false
 }
 
 // readBody reads the request's body for the decision when SendBody is on,
@@ -272,7 +326,8 @@ func (c *Cascade) readBody(w http.ResponseWriter, r *http.Request) (body []byte,
 	}
 	b, err := io.ReadAll(io.LimitReader(r.Body, c.cfg.MaxBodyBytes+1))
 	if err != nil {
-		writeProblem(w, http.StatusBadRequest, "bad-body", "reading the request's body: "+err.Error())
+		c.logf("reading the body of %s %q: %v", r.Method, r.URL.Path, err)
+		writeProblem(w, http.StatusBadRequest, "bad-body", "the request's body could not be read")
 		return nil, false
 	}
 	if int64(len(b)) > c.cfg.MaxBodyBytes {
@@ -287,7 +342,12 @@ func (c *Cascade) readBody(w http.ResponseWriter, r *http.Request) (body []byte,
 // plugin does not set: a client's copies are removed, so that only the
 // plugin's say which request Cascade decides.
 var clientForwarded = []string{"X-Original-Uri", "X-Original-Method", "X-Original-Host", "Forwarded",
-	"X-Forwarded-Port", "X-Forwarded-Prefix", "X-Forwarded-Server"}
+	"X-Forwarded-Port", "X-Forwarded-Prefix", "X-Forwarded-Server",
+	// Other names of the client's address, which an endpoint's
+	// client_ip_headers might read.
+	"Cf-Connecting-Ip", "True-Client-Ip", "X-Client-Ip", "X-Cluster-Client-Ip", "Fastly-Client-Ip",
+	// The refusal goes to the client as it is: never compressed.
+	"Accept-Encoding"}
 
 // decide asks Cascade about r with r's own method (a CONNECT as a GET: the
 // endpoint is a URL), its body when one was read, and its method, URI,
@@ -423,15 +483,16 @@ func (c *Cascade) report(id string, rw *responseWriter) {
 	if enc := rw.ResponseWriter.Header().Get("Content-Encoding"); enc != "" {
 		hdr.Set("Content-Encoding", enc)
 	}
-	body := rw.kept.Bytes()
+	body := rw.body()
 	select {
 	case c.reports <- struct{}{}:
 	default:
+		c.memory.Add(rw.keep)
 		c.logf("report of decision %s dropped: %d reports in flight already", id, maxReports)
 		return
 	}
 	go func() {
-		defer func() { <-c.reports }()
+		defer func() { <-c.reports; c.memory.Add(rw.keep) }()
 		req, err := http.NewRequest(http.MethodPost, c.cfg.ReportEndpoint, bytes.NewReader(body))
 		if err != nil {
 			c.logf("report of decision %s: %v", id, err)
@@ -505,14 +566,22 @@ func rateLimitHeaders(h http.Header) http.Header {
 // flushes it when it streams, and keeps its body for a report.
 type responseWriter struct {
 	http.ResponseWriter
-	add      http.Header
-	wrote    bool
-	flush    bool  // flush each write (see WriteHeader)
-	keep     int64 // the most to keep; 0: keep nothing
-	kept     bytes.Buffer
-	tail     bool // keep the tail: an event stream, not encoded
-	overflow bool // a body too long to report
+	add   http.Header
+	wrote bool
+	flush bool  // flush each write (see WriteHeader)
+	keep  int64 // the most to keep; 0: keep nothing
+	kept  bytes.Buffer
+	// An event stream, not encoded, keeps its head (where Anthropic's
+	// message_start reports the input tokens) and its tail (where the
+	// last usage is), up to keep in all, as whole events.
+	tail     bool
+	head     []byte // the stream's first events, when it is longer than keep
+	cut      bool   // events between head and kept were not kept
+	overflow bool   // a body too long to report
 }
+
+// headShare is the part of keep an event stream's head may take.
+const headShare = 4
 
 func (w *responseWriter) WriteHeader(code int) {
 	if code >= 100 && code < 200 && code != http.StatusSwitchingProtocols {
@@ -543,11 +612,25 @@ func (w *responseWriter) Write(b []byte) (int, error) {
 	}
 	if w.keep > 0 && !w.overflow {
 		w.kept.Write(b)
-		if over := int64(w.kept.Len()) - w.keep; over > 0 {
-			if w.tail {
-				w.kept.Next(int(over)) // the tail, where the last usage is
-			} else {
+		if over := int64(len(w.head)+w.kept.Len()) - w.keep; over > 0 {
+			if !w.tail {
 				w.overflow, w.kept = true, bytes.Buffer{}
+			} else {
+				if w.head == nil {
+					// The first events, whole, up to a share of keep.
+					start := w.kept.Bytes()
+					if n := w.keep / headShare; int64(len(start)) > n { // no min: Yaegi lacks it
+						start = start[:n]
+					}
+					end := bytes.LastIndex(start, []byte("\n\n"))
+					w.head = append([]byte{}, start[:end+2]...) // end -1: no whole event; head is then empty, not nil
+					w.kept.Next(len(w.head))
+					over = int64(len(w.head)+w.kept.Len()) - w.keep
+				}
+				if over > 0 {
+					w.kept.Next(int(over)) // the tail, where the last usage is
+					w.cut = true
+				}
 			}
 		}
 	}
@@ -556,6 +639,19 @@ func (w *responseWriter) Write(b []byte) (int, error) {
 		w.Flush()
 	}
 	return n, err
+}
+
+// body is what to report: what was kept, and of a long event stream its
+// head and the whole events of its tail.
+func (w *responseWriter) body() []byte {
+	if !w.cut {
+		return append(w.head, w.kept.Bytes()...)
+	}
+	tail := w.kept.Bytes()
+	if i := bytes.Index(tail, []byte("\n\n")); i >= 0 {
+		tail = tail[i+2:] // the first event was cut
+	}
+	return append(w.head, tail...)
 }
 
 // Flush sends what was written to the client: Traefik's writer, a compiled
