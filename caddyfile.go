@@ -6,18 +6,12 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/dustin/go-humanize"
-
-	"github.com/caddy-cascade/cascade/cost"
-	"github.com/caddy-cascade/cascade/hierarchy"
-	"github.com/caddy-cascade/cascade/rate"
-	"github.com/caddy-cascade/cascade/store"
 )
 
 func init() {
@@ -294,7 +288,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				d.RemainingArgs()
 			}
 		default:
-			return d.Errf("unknown rate_limit option %q: expected tree, zone, cost, store, route, charge_on, max_wait, max_queued, idempotency, on_store_error, mode, headers, status_code, forwarded, priority, shed_at_floor, use_error_routes, jitter, sweep_interval, log_key, fingerprint_secret, denial_log, placeholders, disable_metrics, distributed or storage", d.Val())
+			return unknownOption(d, "rate_limit", d.Val(), handlerOptions)
 		}
 		if err != nil {
 			return err
@@ -323,791 +317,6 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		}
 	}
 	return nil
-}
-
-// parseCost parses one cost line and its optional block.
-func (h *Handler) parseCost(d *caddyfile.Dispenser) error {
-	args := d.RemainingArgs()
-	if len(args) < 2 {
-		return d.Errf("usage: cost <dimension> <number|placeholder|llm|graphql|body_size>, e.g. cost tokens {header.X-Tokens} default 1")
-	}
-	c := &Cost{Dimension: args[0], at: at(d)}
-	switch args[1] {
-	case "llm":
-		c.LLM = &cost.LLM{}
-	case "graphql":
-		c.GraphQL = &cost.GraphQL{}
-	case "body_size":
-		c.BodySize = true
-	default:
-		c.Value = args[1]
-	}
-	rest := args[2:]
-	if len(rest) == 1 && rest[0] == "{}" && (c.LLM != nil || c.GraphQL != nil) {
-		rest = nil // an empty block written on one line: llm {}
-	}
-	if len(rest) == 2 && rest[0] == "default" && c.Value != "" {
-		n, err := strconv.ParseInt(rest[1], 10, 64)
-		if err != nil || n < 0 {
-			return d.Errf("cost %s: default %q must be a non-negative whole number", c.Dimension, rest[1])
-		}
-		c.Default = &n
-		rest = nil
-	}
-	if len(rest) > 0 {
-		return d.Errf("cost %s: unexpected %q", c.Dimension, strings.Join(rest, " "))
-	}
-	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		opt := d.Val()
-		if opt == "reconcile" {
-			r, err := parseReconcile(d)
-			if err != nil {
-				return err
-			}
-			c.Reconcile = r
-			continue
-		}
-		var err error
-		switch {
-		case c.LLM != nil:
-			err = parseLLMOption(d, c.LLM)
-		case c.GraphQL != nil:
-			err = parseGraphQLOption(d, c.GraphQL)
-		default:
-			err = d.Errf("cost %s: unknown option %q: only reconcile", c.Dimension, opt)
-		}
-		if err != nil {
-			return err
-		}
-	}
-	h.Costs = append(h.Costs, c)
-	return nil
-}
-
-func parseLLMOption(d *caddyfile.Dispenser, l *cost.LLM) error {
-	var err error
-	switch opt := d.Val(); opt {
-	case "provider":
-		l.Provider, err = oneOf(d, "auto", "openai", "anthropic")
-	case "chars_per_token":
-		var f float64
-		if f, err = floatArg(d); err == nil {
-			l.CharsPerToken = f
-		}
-	case "default_max_tokens":
-		l.DefaultMaxTokens, err = int64Arg(d)
-	case "image_tokens":
-		l.ImageTokens, err = int64Arg(d)
-	case "max_body_bytes":
-		l.MaxBodyBytes, err = sizeArg(d)
-	case "on_malformed":
-		l.OnMalformed, err = oneOf(d, "reject", "default")
-	case "default_cost":
-		l.DefaultCost, err = int64Arg(d)
-	default:
-		return d.Errf("cost llm: unknown option %q: expected provider, chars_per_token, default_max_tokens, image_tokens, max_body_bytes, on_malformed, default_cost or reconcile", opt)
-	}
-	return err
-}
-
-func parseGraphQLOption(d *caddyfile.Dispenser, g *cost.GraphQL) error {
-	var err error
-	intOpt := map[string]*int{"max_tokens": &g.MaxTokens, "max_depth": &g.MaxDepth, "max_aliases": &g.MaxAliases,
-		"max_directives": &g.MaxDirectives, "max_batch": &g.MaxBatch}
-	switch opt := d.Val(); opt {
-	case "model":
-		g.Model, err = oneOf(d, "fields", "github")
-	case "default_list_size":
-		g.DefaultListSize, err = int64Arg(d)
-	case "slicing_arguments":
-		g.SlicingArguments = d.RemainingArgs()
-		if len(g.SlicingArguments) == 0 {
-			return d.Errf("slicing_arguments needs argument names, e.g. first last")
-		}
-	case "max_body_bytes":
-		g.MaxBodyBytes, err = sizeArg(d)
-	case "max_cost":
-		g.MaxCost, err = int64Arg(d)
-	case "schema":
-		var file string
-		if err = strArg(d, &file); err == nil {
-			g.Schema = "@" + file
-		}
-	case "on_malformed":
-		g.OnMalformed, err = oneOf(d, "reject", "default")
-	case "default_cost":
-		g.DefaultCost, err = int64Arg(d)
-	default:
-		p, ok := intOpt[opt]
-		if !ok {
-			return d.Errf("cost graphql: unknown option %q: expected model, default_list_size, slicing_arguments, max_body_bytes, max_tokens, max_depth, max_aliases, max_directives, max_batch, max_cost, schema, on_malformed, default_cost or reconcile", opt)
-		}
-		*p, err = intArg(d)
-	}
-	return err
-}
-
-func parseReconcile(d *caddyfile.Dispenser) (*Reconcile, error) {
-	r := &Reconcile{}
-	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		var err error
-		switch opt := d.Val(); opt {
-		case "provider":
-			r.Provider, err = oneOf(d, "auto", "openai", "anthropic", "graphql")
-		case "format":
-			r.Format, err = oneOf(d, "auto", "json", "sse")
-		case "header":
-			err = strArg(d, &r.Header)
-		case "actual":
-			args := d.RemainingArgs()
-			if len(args) == 0 {
-				return nil, d.Errf("actual needs total, input, output or weighted <input weight> <output weight>")
-			}
-			r.Actual.Mode = args[0]
-			switch {
-			case args[0] == "weighted" && len(args) == 3:
-				in, err1 := strconv.ParseFloat(args[1], 64)
-				out, err2 := strconv.ParseFloat(args[2], 64)
-				if err1 != nil || err2 != nil {
-					return nil, d.Errf("actual weighted: weights must be numbers")
-				}
-				r.Actual.InputWeight, r.Actual.OutputWeight = in, out
-			case len(args) == 1 && args[0] != "weighted":
-			default:
-				return nil, d.Errf("usage: actual total|input|output|weighted <input weight> <output weight>")
-			}
-			if err := r.Actual.Validate(); err != nil {
-				return nil, d.Errf("actual: %v", err)
-			}
-		default:
-			return nil, d.Errf("reconcile: unknown option %q: expected provider, format, header or actual", opt)
-		}
-		if err != nil {
-			return nil, err
-		}
-	}
-	return r, nil
-}
-
-// position is where a token was, for an error found once its block is read.
-type position struct {
-	file string
-	line int
-}
-
-func at(d *caddyfile.Dispenser) position { return position{d.File(), d.Line()} }
-
-// errorf is d.Errf for the token at p.
-func (p position) errorf(format string, args ...any) error {
-	return fmt.Errorf("%s, at %s:%d", fmt.Sprintf(format, args...), p.file, p.line)
-}
-
-func (h *Handler) parseTree(d *caddyfile.Dispenser) error {
-	if !d.NextArg() {
-		return d.Errf("usage: tree <name> { tier ... }")
-	}
-	t := &Tree{Tree: hierarchy.Tree{Name: d.Val()}}
-	for _, other := range h.Trees {
-		if other.Name == t.Name {
-			return d.Errf("tree %s defined twice: give each tree its own name", t.Name)
-		}
-	}
-	if _, dup := h.RateLimits[t.Name]; dup {
-		return d.Errf("tree %s has the name of a zone: give each its own name", t.Name)
-	}
-	if d.NextArg() {
-		return d.Errf("tree %s: unexpected argument %q; tiers go in the block", t.Name, d.Val())
-	}
-	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		switch d.Val() {
-		case "tier":
-			tier, err := h.parseTier(d, t.Name, t.Tiers)
-			if err != nil {
-				return err
-			}
-			t.Tiers = append(t.Tiers, tier)
-		case "match":
-			set, err := caddyhttp.ParseCaddyfileNestedMatcherSet(d)
-			if err != nil {
-				return err
-			}
-			t.MatcherSetsRaw = append(t.MatcherSetsRaw, set)
-		default:
-			return d.Errf("tree %s: unknown option %q: expected tier or match", t.Name, d.Val())
-		}
-	}
-	if len(t.Tiers) == 0 {
-		return d.Errf("tree %s has no tiers: add tier <name> <key> { limit ... }", t.Name)
-	}
-	h.Trees = append(h.Trees, t)
-	return nil
-}
-
-// parseTier parses one tier of a tree whose tiers so far are before.
-func (h *Handler) parseTier(d *caddyfile.Dispenser, tree string, before []*hierarchy.Tier) (*hierarchy.Tier, error) {
-	if !d.NextArg() {
-		return nil, d.Errf("usage: tier <name> [<key>] { limit ... }")
-	}
-	tier := &hierarchy.Tier{Name: d.Val()}
-	start := at(d)
-	for _, other := range before {
-		if other.Name == tier.Name {
-			return nil, d.Errf("tier %s appears twice in its tree: give each tier its own name", tier.Name)
-		}
-	}
-	if d.NextArg() {
-		tier.Key = d.Val()
-	}
-	if d.NextArg() {
-		return nil, d.Errf("tier %s: unexpected argument %q", tier.Name, d.Val())
-	}
-	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		switch d.Val() {
-		case "key":
-			if !d.NextArg() {
-				return nil, d.ArgErr()
-			}
-			tier.Key = d.Val()
-		case "missing":
-			v, err := oneOf(d, "deny", "shared", "skip")
-			if err != nil {
-				return nil, err
-			}
-			tier.Missing = hierarchy.Missing(v)
-		case "limit":
-			l, err := h.parseLimitOf(d, tree)
-			if err != nil {
-				return nil, err
-			}
-			tier.Limits = append(tier.Limits, l)
-		case "value":
-			if err := h.parseValue(d, tree, tier); err != nil {
-				return nil, err
-			}
-		case "adaptive":
-			tier.Adaptive = true
-		case "penalty":
-			p, err := parsePenalty(d, tier.Name)
-			if err != nil {
-				return nil, err
-			}
-			tier.Penalty = p
-		case "sensitive":
-			on, err := parseSensitive(d, "tier "+tier.Name)
-			if err != nil {
-				return nil, err
-			}
-			tier.Sensitive = &on
-		default:
-			return nil, d.Errf("tier %s: unknown option %q: expected key, missing, limit, value, adaptive, penalty or sensitive", tier.Name, d.Val())
-		}
-	}
-	if tier.Key == "" {
-		return nil, start.errorf("tier %s has no key: write tier %s {header.X-%s}, or key <placeholder> in its block", tier.Name, tier.Name, tier.Name)
-	}
-	if len(tier.Limits) == 0 && len(tier.Values) == 0 {
-		return nil, start.errorf("tier %s has no limits: add one in its block, e.g. limit 1000/h", tier.Name)
-	}
-	return tier, nil
-}
-
-// parseSensitive parses `sensitive [on|off]`: whether a tier's values are
-// secrets, shown only as fingerprints.
-func parseSensitive(d *caddyfile.Dispenser, what string) (bool, error) {
-	on := true
-	if d.NextArg() {
-		switch d.Val() {
-		case "on":
-		case "off":
-			on = false
-		default:
-			return false, d.Errf("%s: sensitive %q: write sensitive (its values are secrets, shown as fingerprints) or sensitive off (shown as they are)", what, d.Val())
-		}
-	}
-	if d.NextArg() {
-		return false, d.Errf("%s: sensitive takes at most one argument, on or off (got %q)", what, d.Val())
-	}
-	return on, nil
-}
-
-// parsePenalty parses `penalty <for> after <n> [within <duration>]`.
-func parsePenalty(d *caddyfile.Dispenser, tier string) (*hierarchy.Penalty, error) {
-	usage := func() error {
-		return d.Errf("tier %s: usage: penalty <for> after <refusals> [within <duration>], e.g. penalty 10m after 5 within 1m", tier)
-	}
-	p := &hierarchy.Penalty{}
-	if !d.NextArg() {
-		return nil, usage()
-	}
-	p.For = d.Val()
-	if !d.NextArg() || d.Val() != "after" || !d.NextArg() {
-		return nil, usage()
-	}
-	n, err := strconv.ParseInt(d.Val(), 10, 64)
-	if err != nil {
-		return nil, d.Errf("tier %s: penalty after %q: give a whole number of refusals", tier, d.Val())
-	}
-	p.After = n
-	if d.NextArg() {
-		if d.Val() != "within" || !d.NextArg() {
-			return nil, usage()
-		}
-		p.Within = d.Val()
-	}
-	if d.NextArg() {
-		return nil, usage()
-	}
-	if err := p.Validate(); err != nil {
-		return nil, d.Errf("tier %s: %v", tier, err)
-	}
-	return p, nil
-}
-
-// parseValue parses `value <v...> { limit ... }` or `value <v...> unlimited`.
-func (h *Handler) parseValue(d *caddyfile.Dispenser, tree string, tier *hierarchy.Tier) error {
-	vals := d.RemainingArgs()
-	unlimited := len(vals) > 1 && vals[len(vals)-1] == "unlimited"
-	if unlimited {
-		vals = vals[:len(vals)-1]
-	}
-	if len(vals) == 0 {
-		return d.Errf("usage: value <value...> { limit ... } or value <value...> unlimited")
-	}
-	var limits []*hierarchy.Limit
-	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		if d.Val() != "limit" {
-			return d.Errf("value %s: unknown option %q: only limit", vals[0], d.Val())
-		}
-		l, err := h.parseLimitOf(d, tree)
-		if err != nil {
-			return err
-		}
-		limits = append(limits, l)
-	}
-	if !unlimited && len(limits) == 0 {
-		return d.Errf("value %s has no limits: add limit lines in its block, or write value %s unlimited", vals[0], vals[0])
-	}
-	if unlimited && len(limits) > 0 {
-		return d.Errf("value %s: unlimited and limits are exclusive", vals[0])
-	}
-	if tier.Values == nil {
-		tier.Values = map[string]*hierarchy.Override{}
-	}
-	for _, v := range vals {
-		if _, dup := tier.Values[v]; dup {
-			return d.Errf("tier %s: value %s overridden twice", tier.Name, v)
-		}
-		o := &hierarchy.Override{Unlimited: unlimited}
-		for _, l := range limits {
-			c := *l
-			o.Limits = append(o.Limits, &c)
-		}
-		tier.Values[v] = o
-	}
-	return nil
-}
-
-// parseLimitOf parses a limit of tree, noting where the tree first counts a
-// dimension other than requests: a cost must say what a request costs in
-// it (checked once the whole block is read).
-func (h *Handler) parseLimitOf(d *caddyfile.Dispenser, tree string) (*hierarchy.Limit, error) {
-	pos := at(d)
-	l, err := parseLimit(d)
-	if err != nil || l.Dimension == "" || l.Dimension == hierarchy.Requests {
-		return l, err
-	}
-	if h.counted == nil {
-		h.counted = map[string]countedAt{}
-	}
-	if _, seen := h.counted[l.Dimension]; !seen {
-		h.counted[l.Dimension] = countedAt{tree, pos}
-	}
-	return l, nil
-}
-
-// countedAt is where a tree first counts a dimension.
-type countedAt struct {
-	tree string
-	pos  position
-}
-
-// parseLimit parses `limit <count>[ <dimension>]/<per> [burst <n>] [algorithm] [tz <zone>]`
-// or `limit <count> concurrent`.
-func parseLimit(d *caddyfile.Dispenser) (*hierarchy.Limit, error) {
-	const usage = "usage: limit <count>/<per> or limit <count> <dimension>/<per>, then optionally burst <n>, gcra|sliding|sliding approx|calendar, tz <zone>; or limit <count> concurrent; e.g. limit 1000/h or limit 100000 tokens/h burst 5000 or limit 10 concurrent"
-	args := d.RemainingArgs()
-	if len(args) == 0 {
-		return nil, d.Errf("%s", usage)
-	}
-	l := &hierarchy.Limit{}
-	if len(args) >= 2 && args[1] == string(rate.Concurrent) {
-		// "<count> concurrent": requests in flight at once.
-		n, err := strconv.ParseInt(strings.ReplaceAll(args[0], "_", ""), 10, 64)
-		if err != nil || n <= 0 {
-			return nil, d.Errf("limit: count %q must be a positive whole number", args[0])
-		}
-		if len(args) > 2 {
-			return nil, d.Errf("limit %s concurrent: unexpected %q: a concurrency limit takes no period, burst or algorithm", args[0], args[2])
-		}
-		l.Count, l.Algorithm = n, string(rate.Concurrent)
-		return l, nil
-	}
-	rateArg := args[0]
-	rest := args[1:]
-	countStr, per, ok := strings.Cut(rateArg, "/")
-	if !ok {
-		// "<count> <dimension>/<per>"
-		if len(rest) == 0 {
-			return nil, d.Errf("limit %s: no period; %s", rateArg, usage)
-		}
-		countStr = rateArg
-		var dimPer string
-		dimPer, rest = rest[0], rest[1:]
-		if l.Dimension, per, ok = strings.Cut(dimPer, "/"); !ok {
-			return nil, d.Errf("limit %s %s: no period; %s", rateArg, dimPer, usage)
-		}
-	}
-	n, err := strconv.ParseInt(strings.ReplaceAll(countStr, "_", ""), 10, 64)
-	if err != nil || n <= 0 {
-		return nil, d.Errf("limit: count %q must be a positive whole number", countStr)
-	}
-	l.Count, l.Per = n, per
-	for len(rest) > 0 {
-		switch w := rest[0]; w {
-		case "burst":
-			if len(rest) < 2 {
-				return nil, d.Errf("limit: burst needs a number")
-			}
-			b, err := strconv.ParseInt(rest[1], 10, 64)
-			if err != nil || b <= 0 {
-				return nil, d.Errf("limit: burst %q must be a positive whole number", rest[1])
-			}
-			l.Burst, rest = b, rest[2:]
-		case "tz":
-			if len(rest) < 2 {
-				return nil, d.Errf("limit: tz needs a time zone name such as Europe/Paris")
-			}
-			l.Timezone, rest = rest[1], rest[2:]
-		case "gcra", "sliding", "calendar":
-			l.Algorithm, rest = w, rest[1:]
-			if w == "sliding" && len(rest) > 0 && rest[0] == "approx" {
-				l.Algorithm, rest = string(rate.SlidingApprox), rest[1:]
-			}
-		case string(rate.SlidingApprox):
-			l.Algorithm, rest = w, rest[1:]
-		default:
-			return nil, d.Errf("limit: unexpected %q; %s", w, usage)
-		}
-	}
-	if err := l.Validate(); err != nil {
-		return nil, d.Errf("limit %s: %v", l.String(), err)
-	}
-	return l, nil
-}
-
-func (h *Handler) parseZone(d *caddyfile.Dispenser) error {
-	if !d.NextArg() {
-		return d.Errf("usage: zone <name> { key ... events ... window ... }")
-	}
-	name := d.Val()
-	if slices.ContainsFunc(h.Trees, func(t *Tree) bool { return t.Name == name }) {
-		return d.Errf("zone %s has the name of a tree: give each its own name", name)
-	}
-	z := &Zone{}
-	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		switch d.Val() {
-		case "key":
-			if !d.NextArg() {
-				return d.ArgErr()
-			}
-			if z.Key != "" {
-				return d.Errf("zone key already specified: %s", z.Key)
-			}
-			z.Key = d.Val()
-		case "window":
-			if !d.NextArg() {
-				return d.ArgErr()
-			}
-			if z.Window != 0 {
-				return d.Errf("zone window already specified: %v", z.Window)
-			}
-			w, err := caddy.ParseDuration(d.Val())
-			if err != nil {
-				return d.Errf("invalid window duration '%s': %v", d.Val(), err)
-			}
-			z.Window = caddy.Duration(w)
-		case "events":
-			n, err := intArg(d)
-			if err != nil {
-				return err
-			}
-			if z.MaxEvents != 0 {
-				return d.Errf("zone max events already specified: %v", z.MaxEvents)
-			}
-			z.MaxEvents = n
-		case "match":
-			set, err := caddyhttp.ParseCaddyfileNestedMatcherSet(d)
-			if err != nil {
-				return err
-			}
-			z.MatcherSetsRaw = append(z.MatcherSetsRaw, set)
-		case "ipv4_prefix", "ipv6_prefix":
-			opt, most, example := d.Val(), 32, 24
-			if opt == "ipv6_prefix" {
-				most, example = 128, 64
-			}
-			n, err := intArg(d)
-			if err != nil {
-				return err
-			}
-			if n > most {
-				return d.Errf("zone %s: %s %d: use 1 to %d bits (%d groups a /%d), or 0 for none", name, opt, n, most, example, example)
-			}
-			if opt == "ipv4_prefix" {
-				z.IPv4Prefix = n
-			} else {
-				z.IPv6Prefix = n
-			}
-		case "sensitive":
-			on, err := parseSensitive(d, "zone "+name)
-			if err != nil {
-				return err
-			}
-			z.Sensitive = &on
-		default:
-			return d.Errf("zone %s: unknown option %q: expected key, events, window, match, ipv4_prefix, ipv6_prefix or sensitive", name, d.Val())
-		}
-	}
-	if z.Window <= 0 || z.MaxEvents <= 0 {
-		return d.Errf("zone %s: a rate limit zone requires both a window and maximum events", name)
-	}
-	if h.RateLimits == nil {
-		h.RateLimits = map[string]*Zone{}
-	}
-	if _, dup := h.RateLimits[name]; dup {
-		return d.Errf("zone %s defined twice", name)
-	}
-	h.RateLimits[name] = z
-	return nil
-}
-
-func (h *Handler) parseStore(d *caddyfile.Dispenser) error {
-	if !d.NextArg() {
-		return d.Errf("usage: store memory|redis { ... }")
-	}
-	kind := d.Val()
-	if d.NextArg() { // store redis <name> { ... }: a store for routes
-		name := d.Val()
-		if kind != "redis" {
-			return d.Errf("store %s %s: only redis stores are named (for route): a memory store is this process's", kind, name)
-		}
-		if h.Stores[name] != nil {
-			return d.Errf("store redis %s given twice", name)
-		}
-		if h.Stores == nil {
-			h.Stores = map[string]*StoreConfig{}
-		}
-		r := &RedisStoreConfig{}
-		h.Stores[name] = &StoreConfig{Redis: r}
-		return parseRedis(d, r)
-	}
-	if h.Store != nil {
-		return d.Errf("store already configured")
-	}
-	switch kind {
-	case "memory":
-		m := &MemoryStoreConfig{}
-		h.Store = &StoreConfig{Memory: m}
-		for nesting := d.Nesting(); d.NextBlock(nesting); {
-			var err error
-			switch d.Val() {
-			case "name":
-				if !d.NextArg() {
-					return d.ArgErr()
-				}
-				m.Name = d.Val()
-			case "max_keys":
-				m.MaxKeys, err = intArg(d)
-			default:
-				return d.Errf("store memory: unknown option %q: expected name or max_keys", d.Val())
-			}
-			if err != nil {
-				return err
-			}
-		}
-	case "redis":
-		r := &RedisStoreConfig{}
-		h.Store = &StoreConfig{Redis: r}
-		return parseRedis(d, r)
-	default:
-		return d.Errf("unknown store %q: use memory (default) or redis", d.Val())
-	}
-	return nil
-}
-
-func parseRedis(d *caddyfile.Dispenser, r *RedisStoreConfig) error {
-	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		var err error
-		switch opt := d.Val(); opt {
-		case "address", "addresses":
-			for _, a := range d.RemainingArgs() {
-				if !strings.Contains(a, "{") { // a placeholder is checked once resolved
-					if err := store.ValidateRedisAddress(a); err != nil {
-						return d.Err(err.Error())
-					}
-				}
-				r.Addresses = append(r.Addresses, a)
-			}
-			if len(r.Addresses) == 0 {
-				return d.Errf("address needs host:port, or the path of a Unix socket")
-			}
-		case "master_name":
-			err = strArg(d, &r.MasterName)
-		case "cluster":
-			r.Cluster = true
-		case "username":
-			err = strArg(d, &r.Username)
-		case "password":
-			err = strArg(d, &r.Password)
-		case "sentinel_username":
-			err = strArg(d, &r.SentinelUsername)
-		case "sentinel_password":
-			err = strArg(d, &r.SentinelPassword)
-		case "db":
-			r.DB, err = intArg(d)
-		case "pool_size":
-			r.PoolSize, err = intArg(d)
-		case "tenant_in_flight":
-			r.TenantInFlight, err = intArg(d)
-		case "key_prefix":
-			err = strArg(d, &r.KeyPrefix)
-		case "bus_secret", "insecure_bus":
-			err = parseRedisBus(d, r)
-		case "dial_timeout", "read_timeout", "write_timeout", "timeout", "slot_ttl":
-			if !d.NextArg() {
-				return d.ArgErr()
-			}
-			dur, perr := caddy.ParseDuration(d.Val())
-			if perr != nil || dur <= 0 {
-				return d.Errf("%s %q: use a positive duration such as 250ms", opt, d.Val())
-			}
-			switch opt {
-			case "dial_timeout":
-				r.DialTimeout = caddy.Duration(dur)
-			case "read_timeout":
-				r.ReadTimeout = caddy.Duration(dur)
-			case "write_timeout":
-				r.WriteTimeout = caddy.Duration(dur)
-			case "slot_ttl":
-				r.SlotTTL = caddy.Duration(dur)
-			default:
-				r.Timeout = caddy.Duration(dur)
-			}
-		case "breaker":
-			args := d.RemainingArgs()
-			switch {
-			case len(args) == 1 && args[0] == "off":
-				r.Breaker = &RedisBreaker{}
-			case len(args) == 1 || len(args) == 2:
-				n, cerr := strconv.Atoi(args[0])
-				if cerr != nil || n < 1 {
-					return d.Errf("breaker %q: give the failures in a row that open it (a positive number), e.g. breaker 3 1s, or breaker off", args[0])
-				}
-				r.Breaker = &RedisBreaker{Failures: n}
-				if len(args) == 2 {
-					dur, perr := caddy.ParseDuration(args[1])
-					if perr != nil || dur <= 0 {
-						return d.Errf("breaker cooldown %q: use a positive duration such as 1s", args[1])
-					}
-					r.Breaker.Cooldown = caddy.Duration(dur)
-				}
-			default:
-				return d.Errf("usage: breaker <failures> [<cooldown>], or breaker off")
-			}
-		case "lease":
-			err = parseLease(d, r)
-		case "tls":
-			r.TLS = &RedisTLS{}
-			for _, a := range d.RemainingArgs() {
-				if a != "insecure" {
-					return d.Errf("tls: unexpected %q (only insecure)", a)
-				}
-				r.TLS.InsecureSkipVerify = true
-			}
-			for n := d.Nesting(); d.NextBlock(n); {
-				switch d.Val() {
-				case "server_name":
-					err = strArg(d, &r.TLS.ServerName)
-				case "ca":
-					err = strArg(d, &r.TLS.CA)
-				default:
-					return d.Errf("tls: unknown option %q: expected server_name or ca", d.Val())
-				}
-				if err != nil {
-					return err
-				}
-			}
-		default:
-			return d.Errf("store redis: unknown option %q", opt)
-		}
-		if err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// parseLease reads `lease [{ max_share … min_remaining … ttl … max_paths … }]`.
-func parseLease(d *caddyfile.Dispenser, r *RedisStoreConfig) error {
-	if d.NextArg() {
-		return d.Errf("lease takes no arguments: write its options in a block (max_share, min_remaining, ttl, max_paths)")
-	}
-	r.Lease = &RedisLease{}
-	for n := d.Nesting(); d.NextBlock(n); {
-		opt := d.Val()
-		args := d.RemainingArgs()
-		if len(args) != 1 {
-			return d.Errf("lease %s takes one value", opt)
-		}
-		switch opt {
-		case "max_share":
-			v, err := parseFraction(args[0])
-			if err != nil || v <= 0 || v > 1 {
-				return d.Errf("lease max_share %q: give a fraction of what remains above 0 and at most 1, e.g. 0.1 or 10%%", args[0])
-			}
-			r.Lease.MaxShare = v
-		case "min_remaining":
-			v, err := parseFraction(args[0])
-			if err != nil || v < 0 || v >= 1 {
-				return d.Errf("lease min_remaining %q: give a fraction of the capacity from 0 up to (not including) 1, e.g. 0.05 or 5%%", args[0])
-			}
-			r.Lease.MinRemaining = v
-		case "ttl":
-			dur, err := caddy.ParseDuration(args[0])
-			if err != nil || dur <= 0 || dur > time.Minute {
-				return d.Errf("lease ttl %q: give a positive duration of at most a minute, e.g. 1s", args[0])
-			}
-			r.Lease.TTL = caddy.Duration(dur)
-		case "max_paths":
-			n, err := strconv.Atoi(args[0])
-			if err != nil || n <= 0 {
-				return d.Errf("lease max_paths %q: give a positive number of paths, e.g. 100000", args[0])
-			}
-			r.Lease.MaxPaths = n
-		default:
-			return d.Errf("lease: unknown option %q: expected max_share, min_remaining, ttl or max_paths", opt)
-		}
-	}
-	return nil
-}
-
-// parseFraction reads 0.05 or 5%.
-func parseFraction(s string) (float64, error) {
-	if p, ok := strings.CutSuffix(s, "%"); ok {
-		v, err := strconv.ParseFloat(p, 64)
-		return v / 100, err
-	}
-	return strconv.ParseFloat(s, 64)
 }
 
 func (h *Handler) parseHeaders(d *caddyfile.Dispenser) error {
@@ -1201,5 +410,154 @@ func strArg(d *caddyfile.Dispenser, dst *string) error {
 		return d.Errf("%s needs a value", opt)
 	}
 	*dst = d.Val()
+	return nil
+}
+
+// parseIdempotency reads `idempotency [{ header <name>; ttl <d>;
+// in_flight <d>; retries <n>; methods <method...> }]`.
+func parseIdempotency(d *caddyfile.Dispenser) (*IdempotencyConfig, error) {
+	c := &IdempotencyConfig{}
+	if d.NextArg() {
+		return nil, d.Errf("idempotency takes no arguments: write its options in a block (header, ttl, in_flight)")
+	}
+	for n := d.Nesting(); d.NextBlock(n); {
+		opt := d.Val()
+		if !d.NextArg() {
+			return nil, d.Errf("idempotency %s needs a value", opt)
+		}
+		val := d.Val()
+		if opt == "methods" {
+			c.Methods = append([]string{val}, d.RemainingArgs()...)
+			continue
+		}
+		if d.NextArg() {
+			return nil, d.Errf("idempotency %s takes one value", opt)
+		}
+		switch opt {
+		case "header":
+			c.Header = val
+		case "retries":
+			n, err := strconv.Atoi(val)
+			if err != nil || n < 0 {
+				return nil, d.Errf("idempotency retries %q: give how many retries are admitted without a charge (0 or more)", val)
+			}
+			c.Retries = n
+			if n == 0 {
+				c.Retries = -1 // none (0 in JSON is the default)
+			}
+		case "ttl", "in_flight":
+			dur, err := caddy.ParseDuration(val)
+			if err != nil || dur <= 0 {
+				return nil, d.Errf("idempotency %s %q: use a positive duration such as 24h", opt, val)
+			}
+			if opt == "ttl" {
+				c.TTL = caddy.Duration(dur)
+			} else {
+				c.InFlight = caddy.Duration(dur)
+			}
+		default:
+			return nil, unknownOption(d, "idempotency", opt, idempotencyOptions)
+		}
+	}
+	return c, nil
+}
+
+// parseRoute reads `route <tier> <value...> <store> [{ on_store_error deny|allow|local }]`.
+func (h *Handler) parseRoute(d *caddyfile.Dispenser) error {
+	args := d.RemainingArgs()
+	if len(args) < 3 {
+		return d.Err("usage: route <tier> <value...> <store>, e.g. route org acme bigco enterprise")
+	}
+	rt := &StoreRoute{Tier: args[0], Values: args[1 : len(args)-1], Store: args[len(args)-1]}
+	for n := d.Nesting(); d.NextBlock(n); {
+		switch d.Val() {
+		case "on_store_error":
+			if !d.NextArg() {
+				return d.ArgErr()
+			}
+			rt.OnStoreError = d.Val()
+			if d.NextArg() {
+				return d.Errf("route on_store_error takes one value: deny, allow or local")
+			}
+		default:
+			return unknownOption(d, "route", d.Val(), routeOptions)
+		}
+	}
+	h.Routes = append(h.Routes, rt)
+	return nil
+}
+
+// parseForwarded parses
+//
+//	forwarded {
+//	    report              <path>      # where front ends report upstream responses (none)
+//	    report_ttl          <duration>  # how long a decision waits for its report (10m)
+//	    max_report_bytes    <size>      # 1MiB
+//	    max_held            <n>         # decisions waiting for a report, in all (100000)
+//	    max_held_per_tenant <n>         # of one tenant (a tenth of max_held)
+//	    uri_header          <name>      # the one header with the original URI (X-Forwarded-Uri or X-Original-URI)
+//	}
+//
+// The endpoint answers only the server's trusted proxies (the global
+// option servers { trusted_proxies ... }); any other peer gets 403.
+func (h *Handler) parseForwarded(d *caddyfile.Dispenser) error {
+	if d.NextArg() {
+		return d.Errf("forwarded takes a block or nothing, not %q", d.Val())
+	}
+	c := &ForwardedConfig{}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		var err error
+		switch opt := d.Val(); opt {
+		case "report":
+			if !d.NextArg() {
+				return d.Errf("report needs a path, e.g. report /report")
+			}
+			c.Report = d.Val()
+			if !strings.HasPrefix(c.Report, "/") {
+				return d.Errf("report %q: give a path starting with /, e.g. /report", c.Report)
+			}
+		case "report_ttl":
+			if !d.NextArg() {
+				return d.ArgErr()
+			}
+			dur, perr := caddy.ParseDuration(d.Val())
+			if perr != nil || dur <= 0 {
+				return d.Errf("report_ttl %q: give a positive duration, e.g. 10m", d.Val())
+			}
+			c.ReportTTL = caddy.Duration(dur)
+		case "max_report_bytes":
+			c.MaxReportBytes, err = sizeArg(d)
+		case "max_held", "max_held_per_tenant":
+			var n int64
+			if n, err = int64Arg(d); err == nil && (n <= 0 || n > 1<<30) {
+				err = d.Errf("%s %d: give a positive count, e.g. %s 1000", opt, n, opt)
+			}
+			if err == nil && opt == "max_held" {
+				c.MaxHeld = int(n)
+			} else if err == nil {
+				c.MaxHeldPerTenant = int(n)
+			}
+		case "uri_header":
+			if !d.NextArg() {
+				return d.Errf("uri_header needs a header name, e.g. uri_header X-Original-URI")
+			}
+			c.URIHeader = d.Val()
+			if !isHeaderName(c.URIHeader) {
+				return d.Errf("uri_header %q is not a header name: give one such as X-Original-URI", c.URIHeader)
+			}
+			if d.NextArg() {
+				return d.Errf("uri_header takes one header name, not also %q: name the one your proxy sets", d.Val())
+			}
+		default:
+			return unknownOption(d, "forwarded", opt, forwardedOptions)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if c.MaxHeld > 0 && c.MaxHeldPerTenant > c.MaxHeld {
+		return d.Errf("max_held_per_tenant %d is more than max_held %d: give at most max_held", c.MaxHeldPerTenant, c.MaxHeld)
+	}
+	h.Forwarded = c
 	return nil
 }

@@ -135,7 +135,7 @@ func TestCaddyfileErrors(t *testing.T) {
 		name, input, want string
 	}{
 		{"argument", "rate_limit 10 {\n}", "takes a block"},
-		{"unknown option", "rate_limit {\n\tlimits 5\n}", "unknown rate_limit option \"limits\""},
+		{"unknown option", "rate_limit {\n\tlimits 5\n}", `rate_limit: unknown option "limits"`},
 		{"bad period", "rate_limit {\n tree t {\n  tier a k {\n   limit 5/fortnight\n  }\n }\n}", "limit 5/fortnight: unknown period"},
 		{"no period", "rate_limit {\n tree t {\n  tier a k {\n   limit 5\n  }\n }\n}", "limit 5: no period"},
 		{"bad count", "rate_limit {\n tree t {\n  tier a k {\n   limit -5/h\n  }\n }\n}", "must be a positive whole number"},

@@ -7,7 +7,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -67,35 +66,24 @@ func TestClusterFailoverThroughCaddy(t *testing.T) {
 			var mu sync.Mutex
 			answers := map[string][]answer{}
 			stop := make(chan struct{})
-			var next atomic.Int64
-			var wg sync.WaitGroup
-			for range 8 {
-				wg.Go(func() {
-					for {
-						select {
-						case <-stop:
-							return
-						case <-time.After(20 * time.Millisecond): // pacing the load, not timing behaviour
-						}
-						org := orgs[next.Add(1)%int64(len(orgs))]
-						// Not do: a goroutine must not end the test.
-						a := answer{status: -1}
-						req, _ := http.NewRequest("GET", url, nil)
-						req.Header.Set("X-Org", org)
-						if res, err := httpClient(t).Do(req); err != nil {
-							a.body = err.Error()
-						} else {
-							b, _ := io.ReadAll(res.Body)
-							res.Body.Close()
-							a.status, a.body = res.StatusCode, string(b)
-						}
-						a.at = time.Now()
-						mu.Lock()
-						answers[org] = append(answers[org], a)
-						mu.Unlock()
-					}
-				})
-			}
+			wait := redistest.Drive(stop, func(n int64) {
+				org := orgs[n%int64(len(orgs))]
+				// Not do: a goroutine must not end the test.
+				a := answer{status: -1}
+				req, _ := http.NewRequest("GET", url, nil)
+				req.Header.Set("X-Org", org)
+				if res, err := httpClient(t).Do(req); err != nil {
+					a.body = err.Error()
+				} else {
+					b, _ := io.ReadAll(res.Body)
+					res.Body.Close()
+					a.status, a.body = res.StatusCode, string(b)
+				}
+				a.at = time.Now()
+				mu.Lock()
+				answers[org] = append(answers[org], a)
+				mu.Unlock()
+			})
 			time.Sleep(500 * time.Millisecond) // steady load before the kill
 			killed := time.Now()
 			dead.Kill()
@@ -103,7 +91,7 @@ func TestClusterFailoverThroughCaddy(t *testing.T) {
 			for deadline := time.Now().Add(30 * time.Second); ; {
 				if time.Now().After(deadline) {
 					close(stop)
-					wg.Wait()
+					wait()
 					t.Fatal("no replica took over the killed master's slots within 30 s")
 				}
 				time.Sleep(10 * time.Millisecond) // polling the cluster's own state
@@ -114,7 +102,7 @@ func TestClusterFailoverThroughCaddy(t *testing.T) {
 			}
 			time.Sleep(3 * time.Second)
 			close(stop)
-			wg.Wait()
+			wait()
 
 			var healthyBad, refused, late, servedAfter int
 			var last time.Time

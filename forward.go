@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
@@ -154,81 +153,6 @@ func trustsProxies(srv *caddyhttp.Server) (trusts, known bool) {
 		return false, false
 	}
 	return !f.IsNil(), true
-}
-
-// parseForwarded parses
-//
-//	forwarded {
-//	    report              <path>      # where front ends report upstream responses (none)
-//	    report_ttl          <duration>  # how long a decision waits for its report (10m)
-//	    max_report_bytes    <size>      # 1MiB
-//	    max_held            <n>         # decisions waiting for a report, in all (100000)
-//	    max_held_per_tenant <n>         # of one tenant (a tenth of max_held)
-//	    uri_header          <name>      # the one header with the original URI (X-Forwarded-Uri or X-Original-URI)
-//	}
-//
-// The endpoint answers only the server's trusted proxies (the global
-// option servers { trusted_proxies ... }); any other peer gets 403.
-func (h *Handler) parseForwarded(d *caddyfile.Dispenser) error {
-	if d.NextArg() {
-		return d.Errf("forwarded takes a block or nothing, not %q", d.Val())
-	}
-	c := &ForwardedConfig{}
-	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		var err error
-		switch opt := d.Val(); opt {
-		case "report":
-			if !d.NextArg() {
-				return d.Errf("report needs a path, e.g. report /report")
-			}
-			c.Report = d.Val()
-			if !strings.HasPrefix(c.Report, "/") {
-				return d.Errf("report %q: give a path starting with /, e.g. /report", c.Report)
-			}
-		case "report_ttl":
-			if !d.NextArg() {
-				return d.ArgErr()
-			}
-			dur, perr := caddy.ParseDuration(d.Val())
-			if perr != nil || dur <= 0 {
-				return d.Errf("report_ttl %q: give a positive duration, e.g. 10m", d.Val())
-			}
-			c.ReportTTL = caddy.Duration(dur)
-		case "max_report_bytes":
-			c.MaxReportBytes, err = sizeArg(d)
-		case "max_held", "max_held_per_tenant":
-			var n int64
-			if n, err = int64Arg(d); err == nil && (n <= 0 || n > 1<<30) {
-				err = d.Errf("%s %d: give a positive count, e.g. %s 1000", opt, n, opt)
-			}
-			if err == nil && opt == "max_held" {
-				c.MaxHeld = int(n)
-			} else if err == nil {
-				c.MaxHeldPerTenant = int(n)
-			}
-		case "uri_header":
-			if !d.NextArg() {
-				return d.Errf("uri_header needs a header name, e.g. uri_header X-Original-URI")
-			}
-			c.URIHeader = d.Val()
-			if !isHeaderName(c.URIHeader) {
-				return d.Errf("uri_header %q is not a header name: give one such as X-Original-URI", c.URIHeader)
-			}
-			if d.NextArg() {
-				return d.Errf("uri_header takes one header name, not also %q: name the one your proxy sets", d.Val())
-			}
-		default:
-			return d.Errf("forwarded: unknown option %q: expected report, report_ttl, max_report_bytes, max_held, max_held_per_tenant or uri_header", opt)
-		}
-		if err != nil {
-			return err
-		}
-	}
-	if c.MaxHeld > 0 && c.MaxHeldPerTenant > c.MaxHeld {
-		return d.Errf("max_held_per_tenant %d is more than max_held %d: give at most max_held", c.MaxHeldPerTenant, c.MaxHeld)
-	}
-	h.Forwarded = c
-	return nil
 }
 
 // serveForwarded answers what a decision endpoint answers itself: a peer

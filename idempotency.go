@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 
 	"github.com/caddy-cascade/cascade/engine"
 )
@@ -126,55 +125,6 @@ func (c *IdempotencyConfig) key(r *http.Request) (string, error) {
 		}
 	}
 	return r.Method + " " + r.URL.RequestURI() + "\n" + k, nil
-}
-
-// parseIdempotency reads `idempotency [{ header <name>; ttl <d>;
-// in_flight <d>; retries <n>; methods <method...> }]`.
-func parseIdempotency(d *caddyfile.Dispenser) (*IdempotencyConfig, error) {
-	c := &IdempotencyConfig{}
-	if d.NextArg() {
-		return nil, d.Errf("idempotency takes no arguments: write its options in a block (header, ttl, in_flight)")
-	}
-	for n := d.Nesting(); d.NextBlock(n); {
-		opt := d.Val()
-		if !d.NextArg() {
-			return nil, d.Errf("idempotency %s needs a value", opt)
-		}
-		val := d.Val()
-		if opt == "methods" {
-			c.Methods = append([]string{val}, d.RemainingArgs()...)
-			continue
-		}
-		if d.NextArg() {
-			return nil, d.Errf("idempotency %s takes one value", opt)
-		}
-		switch opt {
-		case "header":
-			c.Header = val
-		case "retries":
-			n, err := strconv.Atoi(val)
-			if err != nil || n < 0 {
-				return nil, d.Errf("idempotency retries %q: give how many retries are admitted without a charge (0 or more)", val)
-			}
-			c.Retries = n
-			if n == 0 {
-				c.Retries = -1 // none (0 in JSON is the default)
-			}
-		case "ttl", "in_flight":
-			dur, err := caddy.ParseDuration(val)
-			if err != nil || dur <= 0 {
-				return nil, d.Errf("idempotency %s %q: use a positive duration such as 24h", opt, val)
-			}
-			if opt == "ttl" {
-				c.TTL = caddy.Duration(dur)
-			} else {
-				c.InFlight = caddy.Duration(dur)
-			}
-		default:
-			return nil, d.Errf("idempotency: unknown option %q: expected header, ttl, in_flight, retries or methods", opt)
-		}
-	}
-	return c, nil
 }
 
 // refuseInFlight answers a duplicate of a request still in flight.

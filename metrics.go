@@ -53,7 +53,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}),
 		held: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "cascade", Name: "held_requests_total",
-			Help: "Requests admitted to wait their turn (max_wait), by how the wait ended: released, queue_full (refused, max_queued held), gone (the client left), yielded (a batch request refused while interactive ones wait on its limits), preempted (a held batch request whose place an interactive one took).",
+			Help: "Requests admitted to wait their turn (max_wait), by how the wait ended: released, queue_full (refused, max_queued held), gone (the client left), yielded (a batch request refused while interactive ones wait on its limits), preempted (a held batch request whose place an interactive one took), redecided (decided again after preempting batch reservations, and not admitted to wait).",
 		}, []string{"outcome"}),
 		storeDecisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "cascade", Name: "store_decisions_total",
@@ -165,9 +165,9 @@ func (m *metrics) observeStore(store string, d *decision, took time.Duration) {
 }
 
 // heldEnded counts a held request's wait, ended by outcome.
-func (m *metrics) heldEnded(outcome string) {
+func (m *metrics) heldEnded(outcome heldOutcome) {
 	if m != nil {
-		m.held.WithLabelValues(outcome).Inc()
+		m.held.WithLabelValues(string(outcome)).Inc()
 	}
 }
 

@@ -155,12 +155,12 @@ func (h *Handler) waitKey(d *decision, key string) string {
 // refused while they wait ("yielded"), or preempted while held. Either way
 // its reservation was given back; retry is when those interactive requests
 // will have gone.
-func (h *Handler) refuseBatch(w http.ResponseWriter, outcome string, retry time.Duration, d *decision) error {
+func (h *Handler) refuseBatch(w http.ResponseWriter, outcome heldOutcome, retry time.Duration, d *decision) error {
 	d.Retry = max(retry, time.Second)
 	s := strconv.FormatInt(engine.CeilSeconds(d.Retry), 10)
 	w.Header().Set("Retry-After", s)
 	detail := "interactive requests are waiting for the same limits, and batch requests give way to them; retry in " + s + " s"
-	if outcome == "preempted" {
+	if outcome == heldPreempted {
 		detail = "an interactive request took this batch request's turn; retry in " + s + " s"
 	}
 	return h.problem(w, http.StatusTooManyRequests, "preempted", "Too Many Requests", detail, d)

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 
 	"github.com/caddy-cascade/cascade/engine"
 	"github.com/caddy-cascade/cascade/hierarchy"
@@ -121,29 +120,4 @@ func keysOf[V any](m map[string]V) []string {
 		out = append(out, k)
 	}
 	return out
-}
-
-// parseRoute reads `route <tier> <value...> <store> [{ on_store_error deny|allow|local }]`.
-func (h *Handler) parseRoute(d *caddyfile.Dispenser) error {
-	args := d.RemainingArgs()
-	if len(args) < 3 {
-		return d.Err("usage: route <tier> <value...> <store>, e.g. route org acme bigco enterprise")
-	}
-	rt := &StoreRoute{Tier: args[0], Values: args[1 : len(args)-1], Store: args[len(args)-1]}
-	for n := d.Nesting(); d.NextBlock(n); {
-		switch d.Val() {
-		case "on_store_error":
-			if !d.NextArg() {
-				return d.ArgErr()
-			}
-			rt.OnStoreError = d.Val()
-			if d.NextArg() {
-				return d.Errf("route on_store_error takes one value: deny, allow or local")
-			}
-		default:
-			return d.Errf("route: unknown option %q: expected on_store_error", d.Val())
-		}
-	}
-	h.Routes = append(h.Routes, rt)
-	return nil
 }

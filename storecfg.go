@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"go.uber.org/zap"
 
 	"github.com/caddy-cascade/cascade/control"
@@ -147,39 +146,6 @@ func (c *RedisStoreConfig) busKey() (key []byte, how string, err error) {
 		return store.BusKey(repl.ReplaceAll(c.Username, "")+"\x00"+password, true), "credentials", nil
 	}
 	return nil, "", nil
-}
-
-// parseRedisBus parses the bus options of a redis store block (its
-// caller, parseRedis, is on the option's name):
-//
-//	bus_secret <secret>|<placeholder>   # authenticate Pub/Sub messages between instances
-//	insecure_bus                        # send and accept them unauthenticated
-func parseRedisBus(d *caddyfile.Dispenser, r *RedisStoreConfig) error {
-	opt := d.Val()
-	switch opt {
-	case "bus_secret":
-		if !d.NextArg() {
-			return d.Errf("bus_secret needs a value: a secret of at least %d bytes, the same on every instance, or a placeholder such as {env.CASCADE_BUS_SECRET}", minBusSecret)
-		}
-		r.BusSecret = d.Val()
-		if !strings.Contains(r.BusSecret, "{") && len(r.BusSecret) < minBusSecret {
-			return d.Errf("bus_secret is %d bytes: give at least %d (e.g. the output of openssl rand -base64 32), or a placeholder such as {env.CASCADE_BUS_SECRET}", len(r.BusSecret), minBusSecret)
-		}
-	case "insecure_bus":
-		r.InsecureBus = true
-	default:
-		return d.Errf("store redis: %q is not a bus option (bus_secret, insecure_bus)", opt)
-	}
-	if d.NextArg() {
-		if opt == "insecure_bus" {
-			return d.Errf("insecure_bus takes no value")
-		}
-		return d.Errf("bus_secret takes one value (quote a secret with spaces)")
-	}
-	if r.BusSecret != "" && r.InsecureBus {
-		return d.Errf("bus_secret and insecure_bus contradict each other: keep bus_secret (messages authenticated) or insecure_bus (not)")
-	}
-	return nil
 }
 
 // RedisLease configures capacity leases (see package lease for the

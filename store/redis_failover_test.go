@@ -33,26 +33,15 @@ type outcome struct {
 func failoverLoad(s *store.Redis, tenants []string, stop <-chan struct{}) func() map[string][]outcome {
 	var mu sync.Mutex
 	out := map[string][]outcome{}
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	for range 8 {
-		wg.Go(func() {
-			for {
-				select {
-				case <-stop:
-					return
-				case <-time.After(20 * time.Millisecond): // pacing the load, not timing behaviour
-				}
-				tenant := tenants[next.Add(1)%int64(len(tenants))]
-				_, err := s.Decide(context.Background(), []store.Bucket{{Key: tenant + "|load", Limit: storetest.GCRA(1_000_000, time.Hour), Cost: 1}})
-				mu.Lock()
-				out[tenant] = append(out[tenant], outcome{time.Now(), err})
-				mu.Unlock()
-			}
-		})
-	}
+	wait := redistest.Drive(stop, func(n int64) {
+		tenant := tenants[n%int64(len(tenants))]
+		_, err := s.Decide(context.Background(), []store.Bucket{{Key: tenant + "|load", Limit: storetest.GCRA(1_000_000, time.Hour), Cost: 1}})
+		mu.Lock()
+		out[tenant] = append(out[tenant], outcome{time.Now(), err})
+		mu.Unlock()
+	})
 	return func() map[string][]outcome {
-		wg.Wait()
+		wait()
 		return out
 	}
 }

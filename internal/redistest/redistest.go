@@ -29,6 +29,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -705,4 +706,26 @@ func Cleanup() {
 	defer shared.mu.Unlock()
 	shared.server.stop()
 	shared.cluster.stop()
+}
+
+// Drive calls call from 8 goroutines, each every 20 ms (about 400 calls a
+// second in all), each call given the next of 0, 1, 2, …, until stop is
+// closed: steady load through a failover. The returned function waits for
+// the calls under way to end.
+func Drive(stop <-chan struct{}, call func(n int64)) (wait func()) {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				case <-time.After(20 * time.Millisecond): // pacing the load, not timing behaviour
+				}
+				call(next.Add(1))
+			}
+		})
+	}
+	return wg.Wait
 }

@@ -1,0 +1,174 @@
+package cascade
+
+import (
+	"strconv"
+	"strings"
+
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+
+	"github.com/caddy-cascade/cascade/cost"
+)
+
+// parseCost parses one cost line and its optional block.
+func (h *Handler) parseCost(d *caddyfile.Dispenser) error {
+	args := d.RemainingArgs()
+	if len(args) < 2 {
+		return d.Errf("usage: cost <dimension> <number|placeholder|llm|graphql|body_size>, e.g. cost tokens {header.X-Tokens} default 1")
+	}
+	c := &Cost{Dimension: args[0], at: at(d)}
+	switch args[1] {
+	case "llm":
+		c.LLM = &cost.LLM{}
+	case "graphql":
+		c.GraphQL = &cost.GraphQL{}
+	case "body_size":
+		c.BodySize = true
+	default:
+		c.Value = args[1]
+	}
+	rest := args[2:]
+	if len(rest) == 1 && rest[0] == "{}" && (c.LLM != nil || c.GraphQL != nil) {
+		rest = nil // an empty block written on one line: llm {}
+	}
+	if len(rest) == 2 && rest[0] == "default" && c.Value != "" {
+		n, err := strconv.ParseInt(rest[1], 10, 64)
+		if err != nil || n < 0 {
+			return d.Errf("cost %s: default %q must be a non-negative whole number", c.Dimension, rest[1])
+		}
+		c.Default = &n
+		rest = nil
+	}
+	if len(rest) > 0 {
+		return d.Errf("cost %s: unexpected %q", c.Dimension, strings.Join(rest, " "))
+	}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		opt := d.Val()
+		if opt == "reconcile" {
+			r, err := parseReconcile(d)
+			if err != nil {
+				return err
+			}
+			c.Reconcile = r
+			continue
+		}
+		var err error
+		switch {
+		case c.LLM != nil:
+			err = parseLLMOption(d, c.LLM)
+		case c.GraphQL != nil:
+			err = parseGraphQLOption(d, c.GraphQL)
+		default:
+			err = unknownOption(d, "cost "+c.Dimension, opt, costOptions)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	h.Costs = append(h.Costs, c)
+	return nil
+}
+
+func parseLLMOption(d *caddyfile.Dispenser, l *cost.LLM) error {
+	var err error
+	switch opt := d.Val(); opt {
+	case "provider":
+		l.Provider, err = oneOf(d, "auto", "openai", "anthropic")
+	case "chars_per_token":
+		var f float64
+		if f, err = floatArg(d); err == nil {
+			l.CharsPerToken = f
+		}
+	case "default_max_tokens":
+		l.DefaultMaxTokens, err = int64Arg(d)
+	case "image_tokens":
+		l.ImageTokens, err = int64Arg(d)
+	case "max_body_bytes":
+		l.MaxBodyBytes, err = sizeArg(d)
+	case "on_malformed":
+		l.OnMalformed, err = oneOf(d, "reject", "default")
+	case "default_cost":
+		l.DefaultCost, err = int64Arg(d)
+	default:
+		return unknownOption(d, "cost llm", opt, llmOptions)
+	}
+	return err
+}
+
+func parseGraphQLOption(d *caddyfile.Dispenser, g *cost.GraphQL) error {
+	var err error
+	intOpt := map[string]*int{"max_tokens": &g.MaxTokens, "max_depth": &g.MaxDepth, "max_aliases": &g.MaxAliases,
+		"max_directives": &g.MaxDirectives, "max_batch": &g.MaxBatch}
+	switch opt := d.Val(); opt {
+	case "model":
+		g.Model, err = oneOf(d, "fields", "github")
+	case "default_list_size":
+		g.DefaultListSize, err = int64Arg(d)
+	case "slicing_arguments":
+		g.SlicingArguments = d.RemainingArgs()
+		if len(g.SlicingArguments) == 0 {
+			return d.Errf("slicing_arguments needs argument names, e.g. first last")
+		}
+	case "max_body_bytes":
+		g.MaxBodyBytes, err = sizeArg(d)
+	case "max_cost":
+		g.MaxCost, err = int64Arg(d)
+	case "schema":
+		var file string
+		if err = strArg(d, &file); err == nil {
+			g.Schema = "@" + file
+		}
+	case "on_malformed":
+		g.OnMalformed, err = oneOf(d, "reject", "default")
+	case "default_cost":
+		g.DefaultCost, err = int64Arg(d)
+	default:
+		p, ok := intOpt[opt]
+		if !ok {
+			return unknownOption(d, "cost graphql", opt, graphqlOptions)
+		}
+		*p, err = intArg(d)
+	}
+	return err
+}
+
+func parseReconcile(d *caddyfile.Dispenser) (*Reconcile, error) {
+	r := &Reconcile{}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		var err error
+		switch opt := d.Val(); opt {
+		case "provider":
+			r.Provider, err = oneOf(d, "auto", "openai", "anthropic", "graphql")
+		case "format":
+			r.Format, err = oneOf(d, "auto", "json", "sse")
+		case "header":
+			err = strArg(d, &r.Header)
+		case "actual":
+			args := d.RemainingArgs()
+			if len(args) == 0 {
+				return nil, d.Errf("actual needs total, input, output or weighted <input weight> <output weight>")
+			}
+			r.Actual.Mode = args[0]
+			switch {
+			case args[0] == "weighted" && len(args) == 3:
+				in, err1 := strconv.ParseFloat(args[1], 64)
+				out, err2 := strconv.ParseFloat(args[2], 64)
+				if err1 != nil || err2 != nil {
+					return nil, d.Errf("actual weighted: weights must be numbers")
+				}
+				r.Actual.InputWeight, r.Actual.OutputWeight = in, out
+			case len(args) == 1 && args[0] != "weighted":
+			default:
+				return nil, d.Errf("usage: actual total|input|output|weighted <input weight> <output weight>")
+			}
+			if err := r.Actual.Validate(); err != nil {
+				return nil, d.Errf("actual: %v", err)
+			}
+		default:
+			return nil, unknownOption(d, "reconcile", opt, reconcileOptions)
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	return r, nil
+}

@@ -1,0 +1,82 @@
+package cascade
+
+import (
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+// TestUnknownOptionSuggests: a typo gets the option it is a typo of, a
+// misplaced option where it goes, and anything else the list of options.
+func TestUnknownOptionSuggests(t *testing.T) {
+	tree := func(body string) string {
+		return "rate_limit {\n tree api {\n  tier org {header.X-Org} {\n" + body + "\n  }\n }\n}"
+	}
+	for _, tc := range []struct {
+		name, input string
+		want        []string
+	}{
+		{"typo in a tier", tree("   limit 10/s\n   mising shared"), []string{`tier org: unknown option "mising": did you mean "missing"?`, "expected key, missing, limit"}},
+		{"typo at the top", "rate_limit {\n on_store_eror deny\n}", []string{`did you mean "on_store_error"?`}},
+		{"typo in a redis store", "rate_limit {\n store redis {\n  adress 127.0.0.1:6379\n }\n}", []string{`store redis: unknown option "adress": did you mean "address"?`}},
+		{"typo in a cost", "rate_limit {\n cost tokens llm {\n  provder openai\n }\n}", []string{`did you mean "provider"?`}},
+		{"no near option", tree("   limit 10/s\n   frobnicate 3"), []string{`tier org: unknown option "frobnicate" (expected key, missing, limit, value, adaptive, penalty or sensitive)`}},
+		{"short words need one edit", "rate_limit {\n tree api {\n  tie org {header.X-Org} {\n   limit 1/s\n  }\n }\n}", []string{`did you mean "tier"?`}},
+		{"limit directly in a tree", "rate_limit {\n tree api {\n  limit 100/min\n }\n}", []string{"tree api: limit is not an option here: a limit belongs to a tier", "tier <name> {header.X-Key} { limit 100/min }"}},
+		{"limit directly in rate_limit", "rate_limit {\n limit 100/min\n}", []string{"rate_limit: limit is not an option here: a limit belongs to a tier of a tree"}},
+		{"tier outside a tree", "rate_limit {\n tier org {header.X-Org} {\n  limit 1/s\n }\n}", []string{"a tier belongs to a tree"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := parse(t, tc.input)
+			if err == nil {
+				t.Fatal("no error")
+			}
+			for _, want := range tc.want {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("error %q\nwant it to contain %q", err, want)
+				}
+			}
+			if !strings.Contains(err.Error(), "Testfile:") {
+				t.Errorf("error %q does not name the file and line", err)
+			}
+		})
+	}
+}
+
+// TestEditDistance: the distance behind the suggestions.
+func TestEditDistance(t *testing.T) {
+	for _, tc := range []struct {
+		a, b string
+		want int
+	}{
+		{"", "", 0}, {"a", "", 1}, {"mising", "missing", 1}, {"adress", "address", 1},
+		{"tear", "tier", 2}, {"kitten", "sitting", 3}, {"limit", "limit", 0},
+	} {
+		if got := editDistance(tc.a, tc.b); got != tc.want {
+			t.Errorf("editDistance(%q, %q) = %d, want %d", tc.a, tc.b, got, tc.want)
+		}
+	}
+}
+
+// TestReferenceNamesEveryOption: docs/caddyfile.md's syntax block names
+// every option each block's parser takes, so the reference cannot fall
+// behind the parser.
+func TestReferenceNamesEveryOption(t *testing.T) {
+	doc, err := os.ReadFile("docs/caddyfile.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for block, opts := range map[string][]string{
+		"rate_limit": handlerOptions, "tree": treeOptions, "tier": tierOptions, "value": valueOptions,
+		"zone": zoneOptions, "store memory": memoryOptions, "store redis": redisOptions, "tls": tlsOptions,
+		"lease": leaseOptions, "idempotency": idempotencyOptions, "route": routeOptions, "forwarded": forwardedOptions,
+		"cost llm": llmOptions, "cost graphql": graphqlOptions, "reconcile": reconcileOptions,
+	} {
+		for _, opt := range opts {
+			if !regexp.MustCompile(`(?m)(^|[\s{;|\[])` + regexp.QuoteMeta(opt) + `([\s;}\]]|$)`).Match(doc) {
+				t.Errorf("docs/caddyfile.md does not name %s's option %s", block, opt)
+			}
+		}
+	}
+}

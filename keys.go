@@ -1,0 +1,155 @@
+package cascade
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/caddy-cascade/cascade/cost"
+	"github.com/caddy-cascade/cascade/engine"
+)
+
+// decide runs steps 1-4 of the request path: the trees that apply and
+// their key values, the cost, then the engine's decision. A non-zero
+// status means the request is refused before any decision (a client
+// error), with err saying why.
+func (h *Handler) decide(r *http.Request, repl *caddy.Replacer, d *decision) (int, error) {
+	h.engine.Begin(&d.Decision)
+	// One tree, tier and limit: most often decided without the general
+	// path's layers (see engine.DecideSingle).
+	var single string // with h.single, the value of its one tier's key
+	if h.single {
+		single = h.trees[0].value(r, repl, 0)
+		d.Refundable = h.refundable
+		if ok, err := h.engine.DecideSingle(r.Context(), &d.Decision, h.etrees[0], single); ok {
+			return 0, err
+		}
+	}
+	for i, t := range h.trees {
+		if t.matchers != nil {
+			match, err := t.matchers.AnyMatchWithError(r)
+			if err != nil {
+				// A matcher that cannot decide must not let the tree's
+				// limits go unenforced (Caddy's deprecated AnyMatch would
+				// say "no match"): the request is refused, with the
+				// matcher's status if it gave one.
+				d.Reason, d.Blocked, d.Enforcing, d.Mode = "matcher_error", t.Name, true, engine.Enforce
+				return errorStatus(err, http.StatusInternalServerError), fmt.Errorf("the matcher of tree %s could not decide on this request: %w", t.Name, err)
+			}
+			if !match {
+				continue
+			}
+		}
+		values := d.Values()
+		if h.single { // declined by DecideSingle: its value as read
+			values = append(values, single)
+		} else {
+			for j := range t.Tiers {
+				values = append(values, t.value(r, repl, j))
+			}
+		}
+		if err := h.engine.Add(&d.Decision, h.etrees[i], values); err != nil {
+			return http.StatusBadRequest, err
+		}
+	}
+	var estimates []int64
+	if len(d.Buckets) > 0 {
+		var err error
+		if estimates, err = h.estimate(r, repl, d.Buckets); err != nil {
+			var ie *cost.InputError
+			errors.As(err, &ie)
+			d.Reason, d.Buckets, d.inputErr = "bad_cost", nil, ie
+			return ie.Status, err
+		}
+	}
+	// A charge that may be refunded is not decided on a lease.
+	d.Refundable = h.refundable
+	d.Untracked = h.Forwarded != nil // a decision endpoint never sees the response
+	if h.Idempotency != nil && len(d.Buckets) > 0 {
+		key, err := h.Idempotency.key(r)
+		if err != nil {
+			d.Reason, d.Buckets = "bad_idempotency_key", nil
+			return http.StatusBadRequest, err
+		}
+		d.Idempotency = key
+	}
+	return 0, h.decideWaiting(r.Context(), d, estimates)
+}
+
+// value is the request's value of the key of tier j.
+func (t *Tree) value(r *http.Request, repl *caddy.Replacer, j int) string {
+	if t.header[j] != "" { // the common case, without the replacer's parsing
+		return headerValue(r.Header[t.header[j]])
+	}
+	return resolveKey(repl, t.Tiers[j].Key, t.dynamic[j])
+}
+
+// headerValue is what {http.request.header.NAME} resolves to: the values
+// joined with commas.
+func headerValue(vals []string) string {
+	switch len(vals) {
+	case 0:
+		return ""
+	case 1:
+		return vals[0]
+	}
+	return strings.Join(vals, ",")
+}
+
+// resolveKey resolves a tier's key template. A key is missing (empty) when
+// any placeholder in it resolves to empty: "user-{header}" without the
+// header must not become one shared "user-" bucket.
+func resolveKey(repl *caddy.Replacer, tmpl string, dynamic bool) string {
+	if !dynamic {
+		return tmpl
+	}
+	empty := false
+	out, err := repl.ReplaceFunc(tmpl, func(_ string, val any) (any, error) {
+		switch v := val.(type) {
+		case nil:
+			empty = true
+		case string:
+			empty = empty || v == ""
+		case []string: // header values
+			empty = empty || len(v) == 0 || v[0] == ""
+		}
+		return val, nil
+	})
+	if err != nil || empty {
+		return ""
+	}
+	return out
+}
+
+// resolveCost turns a cost template into a non-negative integer.
+func resolveCost(repl *caddy.Replacer, tmpl string, def *int64) (int64, error) {
+	s := strings.TrimSpace(repl.ReplaceAll(tmpl, ""))
+	if s == "" {
+		if def != nil {
+			return *def, nil
+		}
+		return 0, fmt.Errorf("resolved to nothing (is the header or placeholder set?)")
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("%q is not a non-negative integer", truncate(s, 32))
+	}
+	return n, nil
+}
+
+// looksLikeHeader tells whether a constant key is probably a header name
+// written without its placeholder (tier user X-User).
+func looksLikeHeader(key string) bool {
+	if len(key) > 2 && strings.EqualFold(key[:2], "x-") {
+		return true
+	}
+	switch strings.ToLower(key) {
+	case "authorization", "cookie", "host", "user-agent", "x-forwarded-for":
+		return true
+	}
+	return false
+}
