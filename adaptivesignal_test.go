@@ -374,8 +374,11 @@ http://127.0.0.1:%d {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	var c *adaptive.Controller
-	controllers.Range(func(_, v any) bool { c = v.(pooledController).Controller; return false })
+	a, err := caddy.ActiveContext().App("cascade")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := a.(*App).Controller()
 	if s := c.Status(); s.Signals[0].Err == nil || !strings.Contains(s.Signals[0].Err.Error(), "timeout") || s.Signals[0].Counts {
 		t.Errorf("hanging exporter with on_error ignore: %+v; want unreadable (a timeout), not counting", s.Signals[0])
 	}

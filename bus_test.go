@@ -10,6 +10,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 
 	"github.com/caddy-cascade/cascade/internal/redistest"
+	"github.com/caddy-cascade/cascade/storeconfig"
 )
 
 // TestBusSecretDropsForgedReset is the attack through a real Caddy and a
@@ -59,15 +60,15 @@ func TestBusSecretDropsForgedReset(t *testing.T) {
 			t.Fatalf("status %d", r.status)
 		}
 	}
-	var p pooled
-	stores.Range(func(k, v any) bool {
-		if strings.Contains(k.(string), prefix) {
-			p = v.(pooled)
+	var p storeconfig.Pooled
+	storeconfig.Each(func(key string, sp storeconfig.Pooled) bool {
+		if strings.Contains(key, prefix) {
+			p = sp
 			return false
 		}
 		return true
 	})
-	if p.redis == nil || p.lease == nil {
+	if p.Redis == nil || p.Lease == nil {
 		t.Fatal("the redis store with leases is not in the pool")
 	}
 	forged := []string{
@@ -76,9 +77,9 @@ func TestBusSecretDropsForgedReset(t *testing.T) {
 	}
 	// The Bus subscribes in the background: publish until it has heard.
 	deadline := time.Now().Add(propagation)
-	for p.redis.BusStats().Unauthenticated < 2 {
+	for p.Redis.BusStats().Unauthenticated < 2 {
 		if time.Now().After(deadline) {
-			t.Fatalf("the forged messages were not counted within %v: %+v", propagation, p.redis.BusStats())
+			t.Fatalf("the forged messages were not counted within %v: %+v", propagation, p.Redis.BusStats())
 		}
 		for _, m := range forged {
 			if _, err := redistest.Do(addr, "PUBLISH", prefix+"leases", m); err != nil {
@@ -87,7 +88,7 @@ func TestBusSecretDropsForgedReset(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond) // polling a condition, not timing behaviour
 	}
-	if st := p.lease.Stats(); st.PeerResets != 0 {
+	if st := p.Lease.Stats(); st.PeerResets != 0 {
 		t.Fatalf("a forged reset was taken: %+v", st)
 	}
 	if r := do(t, "GET", site, "X-Org: acme"); r.status != 200 {

@@ -11,7 +11,8 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-	"github.com/dustin/go-humanize"
+
+	"github.com/caddy-cascade/cascade/internal/caddyfileopt"
 )
 
 func init() {
@@ -206,18 +207,18 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.Errf("usage: on_store_error deny|allow|local [<instances>]")
 			}
 		case "mode":
-			h.Mode, err = oneOf(d, "enforce", "warn", "shadow")
+			h.Mode, err = caddyfileopt.OneOf(d, "enforce", "warn", "shadow")
 		case "headers":
 			err = h.parseHeaders(d)
 		case "status_code":
 			var n int
-			if n, err = intArg(d); err == nil {
+			if n, err = caddyfileopt.Int(d); err == nil {
 				h.StatusCode = n
 			}
 		case "use_error_routes":
 			h.UseErrorRoutes = true
 		case "priority":
-			h.Priority, err = oneOf(d, "interactive", "batch", "critical")
+			h.Priority, err = caddyfileopt.OneOf(d, "interactive", "batch", "critical")
 		case "shed_at_floor":
 			h.ShedAtFloor = true
 		case "log_key":
@@ -233,9 +234,9 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "disable_metrics":
 			h.DisableMetrics = true
 		case "denial_log":
-			h.DenialLog, err = oneOf(d, "values", "no_values", "off")
+			h.DenialLog, err = caddyfileopt.OneOf(d, "values", "no_values", "off")
 		case "placeholders":
-			h.Placeholders, err = oneOf(d, "all", "refused")
+			h.Placeholders, err = caddyfileopt.OneOf(d, "all", "refused")
 		case "max_wait":
 			if !d.NextArg() {
 				return d.Err("usage: max_wait <duration>, e.g. max_wait 2s")
@@ -343,73 +344,6 @@ func (h *Handler) parseHeaders(d *caddyfile.Dispenser) error {
 		}
 	}
 	h.Headers = cfg
-	return nil
-}
-
-func oneOf(d *caddyfile.Dispenser, allowed ...string) (string, error) {
-	opt := d.Val()
-	if !d.NextArg() {
-		return "", d.Errf("%s needs one of: %s", opt, strings.Join(allowed, ", "))
-	}
-	for _, a := range allowed {
-		if d.Val() == a {
-			if d.NextArg() {
-				return "", d.Errf("%s: unexpected argument %q", opt, d.Val())
-			}
-			return a, nil
-		}
-	}
-	return "", d.Errf("%s %q: use one of %s", opt, d.Val(), strings.Join(allowed, ", "))
-}
-
-func intArg(d *caddyfile.Dispenser) (int, error) {
-	opt := d.Val()
-	if !d.NextArg() {
-		return 0, d.Errf("%s needs a number", opt)
-	}
-	n, err := strconv.Atoi(d.Val())
-	if err != nil || n < 0 {
-		return 0, d.Errf("%s %q: use a non-negative whole number", opt, d.Val())
-	}
-	return n, nil
-}
-
-func int64Arg(d *caddyfile.Dispenser) (int64, error) {
-	n, err := intArg(d)
-	return int64(n), err
-}
-
-func floatArg(d *caddyfile.Dispenser) (float64, error) {
-	opt := d.Val()
-	if !d.NextArg() {
-		return 0, d.Errf("%s needs a number", opt)
-	}
-	f, err := strconv.ParseFloat(d.Val(), 64)
-	if err != nil || f <= 0 {
-		return 0, d.Errf("%s %q: use a positive number", opt, d.Val())
-	}
-	return f, nil
-}
-
-// sizeArg reads a byte size such as 1MB or 512KiB.
-func sizeArg(d *caddyfile.Dispenser) (int64, error) {
-	opt := d.Val()
-	if !d.NextArg() {
-		return 0, d.Errf("%s needs a size such as 1MiB", opt)
-	}
-	n, err := humanize.ParseBytes(d.Val())
-	if err != nil || n == 0 {
-		return 0, d.Errf("%s %q: use a size such as 1MiB or 65536", opt, d.Val())
-	}
-	return int64(n), nil
-}
-
-func strArg(d *caddyfile.Dispenser, dst *string) error {
-	opt := d.Val()
-	if !d.NextArg() {
-		return d.Errf("%s needs a value", opt)
-	}
-	*dst = d.Val()
 	return nil
 }
 
@@ -526,10 +460,10 @@ func (h *Handler) parseForwarded(d *caddyfile.Dispenser) error {
 			}
 			c.ReportTTL = caddy.Duration(dur)
 		case "max_report_bytes":
-			c.MaxReportBytes, err = sizeArg(d)
+			c.MaxReportBytes, err = caddyfileopt.Size(d)
 		case "max_held", "max_held_per_tenant":
 			var n int64
-			if n, err = int64Arg(d); err == nil && (n <= 0 || n > 1<<30) {
+			if n, err = caddyfileopt.Int64(d); err == nil && (n <= 0 || n > 1<<30) {
 				err = d.Errf("%s %d: give a positive count, e.g. %s 1000", opt, n, opt)
 			}
 			if err == nil && opt == "max_held" {

@@ -7,6 +7,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 
 	"github.com/caddy-cascade/cascade/cost"
+	"github.com/caddy-cascade/cascade/internal/caddyfileopt"
 )
 
 // parseCost parses one cost line and its optional block.
@@ -72,22 +73,22 @@ func parseLLMOption(d *caddyfile.Dispenser, l *cost.LLM) error {
 	var err error
 	switch opt := d.Val(); opt {
 	case "provider":
-		l.Provider, err = oneOf(d, "auto", "openai", "anthropic")
+		l.Provider, err = caddyfileopt.OneOf(d, "auto", "openai", "anthropic")
 	case "chars_per_token":
 		var f float64
-		if f, err = floatArg(d); err == nil {
+		if f, err = caddyfileopt.Float(d); err == nil {
 			l.CharsPerToken = f
 		}
 	case "default_max_tokens":
-		l.DefaultMaxTokens, err = int64Arg(d)
+		l.DefaultMaxTokens, err = caddyfileopt.Int64(d)
 	case "image_tokens":
-		l.ImageTokens, err = int64Arg(d)
+		l.ImageTokens, err = caddyfileopt.Int64(d)
 	case "max_body_bytes":
-		l.MaxBodyBytes, err = sizeArg(d)
+		l.MaxBodyBytes, err = caddyfileopt.Size(d)
 	case "on_malformed":
-		l.OnMalformed, err = oneOf(d, "reject", "default")
+		l.OnMalformed, err = caddyfileopt.OneOf(d, "reject", "default")
 	case "default_cost":
-		l.DefaultCost, err = int64Arg(d)
+		l.DefaultCost, err = caddyfileopt.Int64(d)
 	default:
 		return unknownOption(d, "cost llm", opt, llmOptions)
 	}
@@ -100,33 +101,33 @@ func parseGraphQLOption(d *caddyfile.Dispenser, g *cost.GraphQL) error {
 		"max_directives": &g.MaxDirectives, "max_batch": &g.MaxBatch}
 	switch opt := d.Val(); opt {
 	case "model":
-		g.Model, err = oneOf(d, "fields", "github")
+		g.Model, err = caddyfileopt.OneOf(d, "fields", "github")
 	case "default_list_size":
-		g.DefaultListSize, err = int64Arg(d)
+		g.DefaultListSize, err = caddyfileopt.Int64(d)
 	case "slicing_arguments":
 		g.SlicingArguments = d.RemainingArgs()
 		if len(g.SlicingArguments) == 0 {
 			return d.Errf("slicing_arguments needs argument names, e.g. first last")
 		}
 	case "max_body_bytes":
-		g.MaxBodyBytes, err = sizeArg(d)
+		g.MaxBodyBytes, err = caddyfileopt.Size(d)
 	case "max_cost":
-		g.MaxCost, err = int64Arg(d)
+		g.MaxCost, err = caddyfileopt.Int64(d)
 	case "schema":
 		var file string
-		if err = strArg(d, &file); err == nil {
+		if err = caddyfileopt.Str(d, &file); err == nil {
 			g.Schema = "@" + file
 		}
 	case "on_malformed":
-		g.OnMalformed, err = oneOf(d, "reject", "default")
+		g.OnMalformed, err = caddyfileopt.OneOf(d, "reject", "default")
 	case "default_cost":
-		g.DefaultCost, err = int64Arg(d)
+		g.DefaultCost, err = caddyfileopt.Int64(d)
 	default:
 		p, ok := intOpt[opt]
 		if !ok {
 			return unknownOption(d, "cost graphql", opt, graphqlOptions)
 		}
-		*p, err = intArg(d)
+		*p, err = caddyfileopt.Int(d)
 	}
 	return err
 }
@@ -137,11 +138,11 @@ func parseReconcile(d *caddyfile.Dispenser) (*Reconcile, error) {
 		var err error
 		switch opt := d.Val(); opt {
 		case "provider":
-			r.Provider, err = oneOf(d, "auto", "openai", "anthropic", "graphql")
+			r.Provider, err = caddyfileopt.OneOf(d, "auto", "openai", "anthropic", "graphql")
 		case "format":
-			r.Format, err = oneOf(d, "auto", "json", "sse")
+			r.Format, err = caddyfileopt.OneOf(d, "auto", "json", "sse")
 		case "header":
-			err = strArg(d, &r.Header)
+			err = caddyfileopt.Str(d, &r.Header)
 		case "actual":
 			args := d.RemainingArgs()
 			if len(args) == 0 {

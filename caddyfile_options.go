@@ -1,11 +1,11 @@
 package cascade
 
 import (
-	"fmt"
-	"slices"
 	"strings"
 
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+
+	"github.com/caddy-cascade/cascade/internal/caddyfileopt"
 )
 
 // The options each block of the rate_limit Caddyfile takes, as its parser
@@ -25,9 +25,6 @@ var (
 	graphqlOptions     = []string{"model", "default_list_size", "slicing_arguments", "max_body_bytes", "max_tokens", "max_depth", "max_aliases", "max_directives", "max_batch", "max_cost", "schema", "on_malformed", "default_cost", "reconcile"}
 	reconcileOptions   = []string{"provider", "format", "header", "actual"}
 	memoryOptions      = []string{"name", "max_keys"}
-	redisOptions       = []string{"address", "master_name", "cluster", "username", "password", "sentinel_username", "sentinel_password", "db", "tls", "dial_timeout", "read_timeout", "write_timeout", "pool_size", "key_prefix", "bus_secret", "insecure_bus", "timeout", "breaker", "slot_ttl", "tenant_in_flight", "lease"}
-	tlsOptions         = []string{"server_name", "ca"}
-	leaseOptions       = []string{"max_share", "min_remaining", "ttl", "max_paths"}
 	idempotencyOptions = []string{"header", "ttl", "in_flight", "retries", "methods"}
 	routeOptions       = []string{"on_store_error"}
 	forwardedOptions   = []string{"report", "report_ttl", "max_report_bytes", "max_held", "max_held_per_tenant", "uri_header"}
@@ -47,60 +44,9 @@ var misplaced = map[string]string{
 
 // unknownOption is the error for an option the block where (e.g. "tier
 // org") does not take: it says where the option belongs when it is a
-// known misplacement, suggests the nearest allowed option when the option
-// looks like a typo of it, and lists the allowed ones.
+// known misplacement, else suggests the nearest allowed option and lists
+// them (see caddyfileopt.Unknown).
 func unknownOption(d *caddyfile.Dispenser, where, opt string, allowed []string) error {
 	kind, _, _ := strings.Cut(where, " ")
-	if fix, ok := misplaced[kind+" "+opt]; ok {
-		return d.Errf("%s: %s is not an option here: %s", where, opt, fix)
-	}
-	msg := fmt.Sprintf("%s: unknown option %q", where, opt)
-	if near := nearest(opt, allowed); near != "" {
-		msg += fmt.Sprintf(": did you mean %q?", near)
-	}
-	return d.Errf("%s (expected %s)", msg, orList(allowed))
-}
-
-// nearest is the allowed option opt is a likely typo of: at most two edits
-// away (one for options of four letters or fewer), or "" when none is.
-func nearest(opt string, allowed []string) string {
-	best, bestDist := "", 3
-	if len(opt) <= 4 {
-		bestDist = 2
-	}
-	for _, a := range allowed {
-		if d := editDistance(opt, a); d < bestDist {
-			best, bestDist = a, d
-		}
-	}
-	return best
-}
-
-// editDistance is the Levenshtein distance between a and b (bytes).
-func editDistance(a, b string) int {
-	prev := make([]int, len(b)+1)
-	cur := make([]int, len(b)+1)
-	for j := range prev {
-		prev[j] = j
-	}
-	for i := 1; i <= len(a); i++ {
-		cur[0] = i
-		for j := 1; j <= len(b); j++ {
-			cost := 1
-			if a[i-1] == b[j-1] {
-				cost = 0
-			}
-			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
-		}
-		prev, cur = cur, prev
-	}
-	return prev[len(b)]
-}
-
-// orList writes items as "a, b or c".
-func orList(items []string) string {
-	if len(items) == 1 {
-		return items[0]
-	}
-	return strings.Join(slices.Clone(items[:len(items)-1]), ", ") + " or " + items[len(items)-1]
+	return caddyfileopt.Unknown(d, where, opt, allowed, misplaced[kind+" "+opt])
 }

@@ -1,10 +1,13 @@
 package cascade
 
 import (
+	"maps"
 	"os"
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/caddy-cascade/cascade/storeconfig"
 )
 
 // TestUnknownOptionSuggests: a typo gets the option it is a typo of, a
@@ -44,21 +47,6 @@ func TestUnknownOptionSuggests(t *testing.T) {
 	}
 }
 
-// TestEditDistance: the distance behind the suggestions.
-func TestEditDistance(t *testing.T) {
-	for _, tc := range []struct {
-		a, b string
-		want int
-	}{
-		{"", "", 0}, {"a", "", 1}, {"mising", "missing", 1}, {"adress", "address", 1},
-		{"tear", "tier", 2}, {"kitten", "sitting", 3}, {"limit", "limit", 0},
-	} {
-		if got := editDistance(tc.a, tc.b); got != tc.want {
-			t.Errorf("editDistance(%q, %q) = %d, want %d", tc.a, tc.b, got, tc.want)
-		}
-	}
-}
-
 // TestReferenceNamesEveryOption: docs/caddyfile.md's syntax block names
 // every option each block's parser takes, so the reference cannot fall
 // behind the parser.
@@ -67,12 +55,14 @@ func TestReferenceNamesEveryOption(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for block, opts := range map[string][]string{
+	blocks := map[string][]string{
 		"rate_limit": handlerOptions, "tree": treeOptions, "tier": tierOptions, "value": valueOptions,
-		"zone": zoneOptions, "store memory": memoryOptions, "store redis": redisOptions, "tls": tlsOptions,
-		"lease": leaseOptions, "idempotency": idempotencyOptions, "route": routeOptions, "forwarded": forwardedOptions,
+		"zone": zoneOptions, "store memory": memoryOptions, "idempotency": idempotencyOptions,
+		"route": routeOptions, "forwarded": forwardedOptions,
 		"cost llm": llmOptions, "cost graphql": graphqlOptions, "reconcile": reconcileOptions,
-	} {
+	}
+	maps.Copy(blocks, storeconfig.CaddyfileOptions())
+	for block, opts := range blocks {
 		for _, opt := range opts {
 			if !regexp.MustCompile(`(?m)(^|[\s{;|\[])` + regexp.QuoteMeta(opt) + `([\s;}\]]|$)`).Match(doc) {
 				t.Errorf("docs/caddyfile.md does not name %s's option %s", block, opt)

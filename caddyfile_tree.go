@@ -11,6 +11,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/caddy-cascade/cascade/hierarchy"
+	"github.com/caddy-cascade/cascade/internal/caddyfileopt"
 	"github.com/caddy-cascade/cascade/rate"
 )
 
@@ -94,7 +95,7 @@ func (h *Handler) parseTier(d *caddyfile.Dispenser, tree string, before []*hiera
 			}
 			tier.Key = d.Val()
 		case "missing":
-			v, err := oneOf(d, "deny", "shared", "skip")
+			v, err := caddyfileopt.OneOf(d, "deny", "shared", "skip")
 			if err != nil {
 				return nil, err
 			}
@@ -362,7 +363,7 @@ func (h *Handler) parseZone(d *caddyfile.Dispenser) error {
 			}
 			z.Window = caddy.Duration(w)
 		case "events":
-			n, err := intArg(d)
+			n, err := caddyfileopt.Int(d)
 			if err != nil {
 				return err
 			}
@@ -381,7 +382,7 @@ func (h *Handler) parseZone(d *caddyfile.Dispenser) error {
 			if opt == "ipv6_prefix" {
 				most, example = 128, 64
 			}
-			n, err := intArg(d)
+			n, err := caddyfileopt.Int(d)
 			if err != nil {
 				return err
 			}

@@ -11,9 +11,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
+
 	"github.com/caddy-cascade/cascade/admin"
 	"github.com/caddy-cascade/cascade/internal/redistest"
-	"github.com/caddyserver/caddy/v2"
 )
 
 // countingUpstream is an upstream that counts the requests in it at once

@@ -1,12 +1,12 @@
 package cascade
 
 import (
-	"errors"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/caddy-cascade/cascade/engine"
+	"github.com/caddy-cascade/cascade/internal/promreg"
 )
 
 // metrics are the handler's Prometheus collectors, registered in Caddy's
@@ -75,57 +75,42 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	if reg != nil {
 		var err error
-		if m.decisions, err = register(reg, m.decisions); err != nil {
+		if m.decisions, err = promreg.Register(reg, m.decisions); err != nil {
 			return nil, err
 		}
-		if m.denied, err = register(reg, m.denied); err != nil {
+		if m.denied, err = promreg.Register(reg, m.denied); err != nil {
 			return nil, err
 		}
-		if m.duration, err = register(reg, m.duration); err != nil {
+		if m.duration, err = promreg.Register(reg, m.duration); err != nil {
 			return nil, err
 		}
-		if m.reconciled, err = register(reg, m.reconciled); err != nil {
+		if m.reconciled, err = promreg.Register(reg, m.reconciled); err != nil {
 			return nil, err
 		}
-		if m.reconcileErrors, err = register(reg, m.reconcileErrors); err != nil {
+		if m.reconcileErrors, err = promreg.Register(reg, m.reconcileErrors); err != nil {
 			return nil, err
 		}
-		if m.local, err = register(reg, m.local); err != nil {
+		if m.local, err = promreg.Register(reg, m.local); err != nil {
 			return nil, err
 		}
-		if m.held, err = register(reg, m.held); err != nil {
+		if m.held, err = promreg.Register(reg, m.held); err != nil {
 			return nil, err
 		}
-		if m.holding, err = register(reg, m.holding); err != nil {
+		if m.holding, err = promreg.Register(reg, m.holding); err != nil {
 			return nil, err
 		}
-		if m.storeDecisions, err = register(reg, m.storeDecisions); err != nil {
+		if m.storeDecisions, err = promreg.Register(reg, m.storeDecisions); err != nil {
 			return nil, err
 		}
-		if m.storeDuration, err = register(reg, m.storeDuration); err != nil {
+		if m.storeDuration, err = promreg.Register(reg, m.storeDuration); err != nil {
 			return nil, err
 		}
-		if _, err = register(reg, newStateCollector()); err != nil {
+		if _, err = promreg.Register(reg, newStateCollector()); err != nil {
 			return nil, err
 		}
 	}
 	m.ok = m.decisions.WithLabelValues("ok")
 	return m, nil
-}
-
-// register registers c, or returns the collector already registered under
-// its name (every handler of a config shares one registry).
-func register[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error) {
-	if err := reg.Register(c); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if errors.As(err, &are) {
-			if existing, ok := are.ExistingCollector.(C); ok {
-				return existing, nil
-			}
-		}
-		return c, err
-	}
-	return c, nil
 }
 
 // observe counts one decision. A nil *metrics (disable_metrics) counts

@@ -11,12 +11,13 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/caddy-cascade/cascade/engine"
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/caddy-cascade/cascade/engine"
 )
 
 // TestZonePrefixErrors: a prefix longer than its family's address is

@@ -21,6 +21,7 @@ import (
 	"github.com/caddy-cascade/cascade/rate"
 	"github.com/caddy-cascade/cascade/running"
 	"github.com/caddy-cascade/cascade/store"
+	"github.com/caddy-cascade/cascade/storeconfig"
 )
 
 // Provision sets the handler up: compiles trees and zones, loads matchers,
@@ -148,17 +149,17 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if h.Store == nil {
 		h.Store = &StoreConfig{}
 	}
-	o, err := h.Store.open(ctx, time.Duration(h.SweepInterval))
+	o, err := h.Store.Open(ctx, time.Duration(h.SweepInterval))
 	if err != nil {
 		return fmt.Errorf("rate_limit: store: %w", err)
 	}
-	h.poolKey = o.poolKey
-	if err := h.provisionWaiting(o.redis); err != nil {
+	h.poolKey = o.PoolKey
+	if err := h.provisionWaiting(o.Redis); err != nil {
 		return fmt.Errorf("rate_limit: max_wait: %w", err)
 	}
 	h.applyStore = new(atomic.Pointer[func()])
-	if o.apply != nil {
-		h.applyStore.Store(&o.apply)
+	if o.Apply != nil {
+		h.applyStore.Store(&o.Apply)
 	}
 	dims := make([]string, len(h.Costs))
 	for i, c := range h.Costs {
@@ -188,19 +189,19 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		h.local = store.NewMemory(store.MemoryOptions{Reserve: -1}) // deciding only while a store fails: nothing reserved
 		local = h.local
 		share = 1 / float64(max(h.LocalInstances, 1))
-		if h.LocalInstances == 0 && o.presence != nil {
-			o.presence.Start()
-			instances = o.presence.Count
+		if h.LocalInstances == 0 && o.Presence != nil {
+			o.Presence.Start()
+			instances = o.Presence.Count
 		}
 	}
-	fps, err := h.fingerprints(o.redis)
+	fps, err := h.fingerprints(o.Redis)
 	if err != nil {
 		return err
 	}
 	h.engine = engine.New(engine.Config{
 		Local: local, LocalShare: share, LocalInstances: instances, Routes: routes, OnError: h.onStoreError(),
 		Trees: h.etrees, Dimensions: dims,
-		Store: o.Store, StoreName: o.name, Runtime: o.runtime, Top: o.top,
+		Store: o.Store, StoreName: o.Name, Runtime: o.Runtime, Top: o.Top,
 		Controller: h.controller, Priority: h.priority,
 		Mode:    h.Mode,
 		Headers: engine.Headers{IETF: on(hc.IETF), XRateLimit: set(hc.XRateLimit), RetryAfter: on(hc.RetryAfter), OpenAI: hc.OpenAI},
@@ -245,11 +246,11 @@ func (h *Handler) provisionAdaptive(ctx caddy.Context) error {
 		}
 		return nil
 	}
-	app, err := ctx.App("cascade")
+	a, err := ctx.App("cascade")
 	if err != nil {
 		return fmt.Errorf("rate_limit: adaptive: %w", err)
 	}
-	h.controller = app.(*App).Controller()
+	h.controller = a.(*App).Controller()
 	h.inFlight, h.readHeader = h.controller.CountsInFlight(), h.controller.ReadsHeaders()
 	return nil
 }
@@ -382,10 +383,10 @@ func (h *Handler) Cleanup() error {
 		_, _ = waitlists.Delete(h.waitsKey)
 	}
 	for _, k := range h.routeKeys {
-		_, _ = stores.Delete(k)
+		_ = storeconfig.Release(k)
 	}
 	if h.poolKey != "" {
-		_, err := stores.Delete(h.poolKey)
+		err := storeconfig.Release(h.poolKey)
 		return err
 	}
 	return nil

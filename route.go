@@ -94,12 +94,12 @@ func (h *Handler) provisionRoutes(ctx caddy.Context) ([]engine.Route, bool, erro
 		if len(tenants) == 0 {
 			return nil, false, fmt.Errorf("route %s: the handler has no tree", rt.Store)
 		}
-		o, err := sc.open(ctx, time.Duration(h.SweepInterval))
+		o, err := sc.Open(ctx, time.Duration(h.SweepInterval))
 		if err != nil {
 			return nil, false, fmt.Errorf("store %s: %w", rt.Store, err)
 		}
-		h.routeKeys = append(h.routeKeys, o.poolKey)
-		routes = append(routes, engine.Route{Name: rt.Store + " (" + o.name + ")", Store: o.Store, Tenants: tenants, OnError: rt.OnStoreError})
+		h.routeKeys = append(h.routeKeys, o.PoolKey)
+		routes = append(routes, engine.Route{Name: rt.Store + " (" + o.Name + ")", Store: o.Store, Tenants: tenants, OnError: rt.OnStoreError})
 	}
 	return routes, local, nil
 }

@@ -6,6 +6,7 @@ import (
 	"github.com/caddy-cascade/cascade/engine"
 	"github.com/caddy-cascade/cascade/running"
 	"github.com/caddy-cascade/cascade/store"
+	"github.com/caddy-cascade/cascade/storeconfig"
 )
 
 // stateCollector exports the state Cascade keeps, read when Prometheus
@@ -72,45 +73,41 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 
 // Collect implements prometheus.Collector.
 func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
-	stores.Range(func(_, v any) bool {
-		p, ok := v.(pooled)
-		if !ok {
-			return true
-		}
+	storeconfig.Each(func(_ string, p storeconfig.Pooled) bool {
 		if m, ok := p.Store.(*store.Memory); ok {
-			ch <- prometheus.MustNewConstMetric(c.keys, prometheus.GaugeValue, float64(m.Len()), p.name)
-			ch <- prometheus.MustNewConstMetric(c.evictions, prometheus.CounterValue, float64(m.Evictions()), p.name)
+			ch <- prometheus.MustNewConstMetric(c.keys, prometheus.GaugeValue, float64(m.Len()), p.Name)
+			ch <- prometheus.MustNewConstMetric(c.evictions, prometheus.CounterValue, float64(m.Evictions()), p.Name)
 		}
-		if r := p.redis; r != nil {
+		if r := p.Redis; r != nil {
 			for _, b := range r.Breakers() {
 				open := 0.0
 				if b.Open {
 					open = 1
 				}
-				ch <- prometheus.MustNewConstMetric(c.breakerOpen, prometheus.GaugeValue, open, p.name, b.Node)
-				ch <- prometheus.MustNewConstMetric(c.breakerTrips, prometheus.CounterValue, float64(b.Trips), p.name, b.Node)
+				ch <- prometheus.MustNewConstMetric(c.breakerOpen, prometheus.GaugeValue, open, p.Name, b.Node)
+				ch <- prometheus.MustNewConstMetric(c.breakerTrips, prometheus.CounterValue, float64(b.Trips), p.Name, b.Node)
 			}
 			bs := r.BusStats()
 			for reason, n := range map[string]int64{"unpublished": bs.Dropped, "oversized": bs.Oversized, "unauthenticated": bs.Unauthenticated, "replayed": bs.Replayed} {
-				ch <- prometheus.MustNewConstMetric(c.busDropped, prometheus.CounterValue, float64(n), p.name, reason)
+				ch <- prometheus.MustNewConstMetric(c.busDropped, prometheus.CounterValue, float64(n), p.Name, reason)
 			}
 		}
-		if pr := p.presence; pr != nil && pr.Started() {
-			ch <- prometheus.MustNewConstMetric(c.instances, prometheus.GaugeValue, float64(pr.Count()), p.name)
+		if pr := p.Presence; pr != nil && pr.Started() {
+			ch <- prometheus.MustNewConstMetric(c.instances, prometheus.GaugeValue, float64(pr.Count()), p.Name)
 		}
-		if l := p.lease; l != nil {
+		if l := p.Lease; l != nil {
 			st := l.Stats()
-			ch <- prometheus.MustNewConstMetric(c.leaseDecisions, prometheus.CounterValue, float64(st.Local), p.name, "local")
-			ch <- prometheus.MustNewConstMetric(c.leaseDecisions, prometheus.CounterValue, float64(st.Grants), p.name, "grant")
-			ch <- prometheus.MustNewConstMetric(c.leaseDecisions, prometheus.CounterValue, float64(st.Strict), p.name, "strict")
-			ch <- prometheus.MustNewConstMetric(c.leaseGrants, prometheus.CounterValue, float64(st.Leased), p.name)
-			ch <- prometheus.MustNewConstMetric(c.leaseRenewals, prometheus.CounterValue, float64(st.Renewals), p.name)
-			ch <- prometheus.MustNewConstMetric(c.leaseReleases, prometheus.CounterValue, float64(st.Released), p.name)
-			ch <- prometheus.MustNewConstMetric(c.leasePeerResets, prometheus.CounterValue, float64(st.PeerResets), p.name)
-			ch <- prometheus.MustNewConstMetric(c.leasePeerRejected, prometheus.CounterValue, float64(l.PeerRejected()), p.name)
+			ch <- prometheus.MustNewConstMetric(c.leaseDecisions, prometheus.CounterValue, float64(st.Local), p.Name, "local")
+			ch <- prometheus.MustNewConstMetric(c.leaseDecisions, prometheus.CounterValue, float64(st.Grants), p.Name, "grant")
+			ch <- prometheus.MustNewConstMetric(c.leaseDecisions, prometheus.CounterValue, float64(st.Strict), p.Name, "strict")
+			ch <- prometheus.MustNewConstMetric(c.leaseGrants, prometheus.CounterValue, float64(st.Leased), p.Name)
+			ch <- prometheus.MustNewConstMetric(c.leaseRenewals, prometheus.CounterValue, float64(st.Renewals), p.Name)
+			ch <- prometheus.MustNewConstMetric(c.leaseReleases, prometheus.CounterValue, float64(st.Released), p.Name)
+			ch <- prometheus.MustNewConstMetric(c.leasePeerResets, prometheus.CounterValue, float64(st.PeerResets), p.Name)
+			ch <- prometheus.MustNewConstMetric(c.leasePeerRejected, prometheus.CounterValue, float64(l.PeerRejected()), p.Name)
 		}
-		if p.runtime != nil {
-			ch <- prometheus.MustNewConstMetric(c.overrides, prometheus.GaugeValue, float64(len(p.runtime.Snapshot().Overrides())), p.name)
+		if p.Runtime != nil {
+			ch <- prometheus.MustNewConstMetric(c.overrides, prometheus.GaugeValue, float64(len(p.Runtime.Snapshot().Overrides())), p.Name)
 		}
 		return true
 	})

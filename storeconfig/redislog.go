@@ -1,4 +1,4 @@
-package cascade
+package storeconfig
 
 import (
 	"context"

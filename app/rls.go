@@ -1,4 +1,4 @@
-package cascade
+package app
 
 import (
 	"context"
@@ -21,6 +21,7 @@ import (
 
 	"github.com/caddy-cascade/cascade/engine"
 	"github.com/caddy-cascade/cascade/hierarchy"
+	"github.com/caddy-cascade/cascade/internal/promreg"
 	"github.com/caddy-cascade/cascade/rls"
 	"github.com/caddy-cascade/cascade/running"
 )
@@ -340,10 +341,10 @@ func rlsMetrics(reg prometheus.Registerer) (rls.Observer, error) {
 	})
 	if reg != nil {
 		var err error
-		if calls, err = register(reg, calls); err != nil {
+		if calls, err = promreg.Register(reg, calls); err != nil {
 			return nil, err
 		}
-		if duration, err = register(reg, duration); err != nil {
+		if duration, err = promreg.Register(reg, duration); err != nil {
 			return nil, err
 		}
 	}

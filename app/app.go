@@ -1,4 +1,4 @@
-package cascade
+package app
 
 import (
 	"bytes"
@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddy-cascade/cascade/adaptive"
+	"github.com/caddy-cascade/cascade/storeconfig"
 )
 
 func init() {
@@ -45,7 +46,7 @@ type App struct {
 	// Share publishes this process's adaptive factor through Redis and
 	// applies the lowest fresh factor of every instance sharing it, so
 	// instances that share limits converge on one factor.
-	Share *RedisStoreConfig `json:"share,omitempty"`
+	Share *storeconfig.Redis `json:"share,omitempty"`
 
 	// RLS serves Envoy's rate limit service on the trees of this
 	// configuration's rate_limit handlers.
@@ -160,20 +161,20 @@ func (a *App) Provision(ctx caddy.Context) error {
 	}
 	var publisher adaptive.Publisher
 	if a.Share != nil {
-		o, err := (&StoreConfig{Redis: a.Share}).open(ctx, 0)
+		o, err := (&storeconfig.Config{Redis: a.Share}).Open(ctx, 0)
 		if err != nil {
 			return fmt.Errorf("cascade: adaptive share: %w", err)
 		}
-		a.shareKey = o.poolKey
+		a.shareKey = o.PoolKey
 		prefix := a.Share.KeyPrefix
 		if prefix == "" {
 			prefix = "cascade:"
 		}
-		publisher = newRedisPublisher(o.redis.Client(), prefix, cfg.SharedMaxAge)
+		publisher = newRedisPublisher(o.Redis.Client(), prefix, cfg.SharedMaxAge)
 	}
 	key, _ := json.Marshal(struct {
 		adaptive.Config
-		Share *RedisStoreConfig
+		Share *storeconfig.Redis
 	}{cfg, a.Share})
 	a.poolKey = "adaptive/" + string(key)
 	// The running controller, if any, to inherit from (looked up first:
@@ -224,7 +225,7 @@ func (a *App) Cleanup() error {
 		_, err = controllers.Delete(a.poolKey)
 	}
 	if a.shareKey != "" {
-		if _, err2 := stores.Delete(a.shareKey); err == nil {
+		if err2 := storeconfig.Release(a.shareKey); err == nil {
 			err = err2
 		}
 	}
@@ -316,8 +317,8 @@ func parseGlobalOption(d *caddyfile.Dispenser, _ any) (any, error) {
 				continue
 			}
 			if opt == "share" {
-				app.Share = &RedisStoreConfig{}
-				if err := parseRedis(d, app.Share); err != nil {
+				app.Share = &storeconfig.Redis{}
+				if err := storeconfig.ParseRedis(d, app.Share); err != nil {
 					return nil, err
 				}
 				continue

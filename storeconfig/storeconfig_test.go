@@ -1,4 +1,4 @@
-package cascade
+package storeconfig
 
 import (
 	"strings"
@@ -14,7 +14,7 @@ import (
 // variable to set.
 func TestRedisAddressErrorNamesTheTemplate(t *testing.T) {
 	t.Setenv("CASCADE_TEST_UNSET_REDIS_ADDR", "")
-	_, err := (&RedisStoreConfig{Addresses: []string{"{env.CASCADE_TEST_UNSET_REDIS_ADDR}"}}).options(nil)
+	_, err := (&Redis{Addresses: []string{"{env.CASCADE_TEST_UNSET_REDIS_ADDR}"}}).Options(nil)
 	if err == nil || !strings.Contains(err.Error(), "{env.CASCADE_TEST_UNSET_REDIS_ADDR}") {
 		t.Fatalf("error %v does not name {env.CASCADE_TEST_UNSET_REDIS_ADDR}", err)
 	}
@@ -24,23 +24,23 @@ func TestRedisAddressErrorNamesTheTemplate(t *testing.T) {
 // the configuration loads (caddy validate), whatever wrote the JSON.
 func TestLeaseOptionsInJSON(t *testing.T) {
 	for _, tc := range []struct {
-		lease RedisLease
+		lease Lease
 		err   string
 	}{
-		{RedisLease{}, ""},
-		{RedisLease{MaxShare: 0.5, MinRemaining: 0.1, TTL: caddy.Duration(2 * time.Second)}, ""},
-		{RedisLease{MaxShare: 3}, "lease max_share must be in (0, 1], got 3"},
-		{RedisLease{MinRemaining: 1}, "lease min_remaining must be in [0, 1), got 1"},
-		{RedisLease{TTL: caddy.Duration(-time.Second)}, "lease ttl must not be negative"},
-		{RedisLease{TTL: caddy.Duration(time.Hour)}, "lease ttl 1h0m0s is longer than a minute"},
-		{RedisLease{MaxPaths: -1}, "lease max_paths must not be negative, got -1"},
+		{Lease{}, ""},
+		{Lease{MaxShare: 0.5, MinRemaining: 0.1, TTL: caddy.Duration(2 * time.Second)}, ""},
+		{Lease{MaxShare: 3}, "lease max_share must be in (0, 1], got 3"},
+		{Lease{MinRemaining: 1}, "lease min_remaining must be in [0, 1), got 1"},
+		{Lease{TTL: caddy.Duration(-time.Second)}, "lease ttl must not be negative"},
+		{Lease{TTL: caddy.Duration(time.Hour)}, "lease ttl 1h0m0s is longer than a minute"},
+		{Lease{MaxPaths: -1}, "lease max_paths must not be negative, got -1"},
 	} {
-		_, err := tc.lease.options(nil)
+		_, err := tc.lease.Options(nil)
 		if tc.err == "" && err != nil || tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)) {
 			t.Errorf("%+v: error %v, want %q", tc.lease, err, tc.err)
 		}
 	}
-	o, err := (&RedisLease{MaxShare: 0.2, MinRemaining: 0.01, TTL: caddy.Duration(time.Second), MaxPaths: 1000}).options(nil)
+	o, err := (&Lease{MaxShare: 0.2, MinRemaining: 0.01, TTL: caddy.Duration(time.Second), MaxPaths: 1000}).Options(nil)
 	if err != nil || o.MaxShare != 0.2 || o.MinRemaining != 0.01 || o.TTL != time.Second || o.MaxPaths != 1000 {
 		t.Errorf("options: %+v, %v; want every option carried over", o, err)
 	}
@@ -55,7 +55,7 @@ func TestBusKeyChoice(t *testing.T) {
 	t.Setenv("CASCADE_TEST_BUS_SECRET", "0123456789abcdef-bus")
 	t.Setenv("CASCADE_TEST_BUS_SHORT", "tiny-secret")
 	t.Setenv("CASCADE_TEST_BUS_UNSET", "")
-	key := func(c RedisStoreConfig) ([]byte, string) {
+	key := func(c Redis) ([]byte, string) {
 		t.Helper()
 		k, how, err := c.busKey()
 		if err != nil {
@@ -63,29 +63,29 @@ func TestBusKeyChoice(t *testing.T) {
 		}
 		return k, how
 	}
-	fromEnv, how := key(RedisStoreConfig{BusSecret: "{env.CASCADE_TEST_BUS_SECRET}"})
-	literal, _ := key(RedisStoreConfig{BusSecret: "0123456789abcdef-bus", Password: "pw"})
+	fromEnv, how := key(Redis{BusSecret: "{env.CASCADE_TEST_BUS_SECRET}"})
+	literal, _ := key(Redis{BusSecret: "0123456789abcdef-bus", Password: "pw"})
 	if how != "bus_secret" || len(fromEnv) != 32 || string(fromEnv) != string(literal) {
 		t.Fatalf("bus_secret from the environment and literal give different keys (%s)", how)
 	}
-	derived, how := key(RedisStoreConfig{Username: "cascade", Password: "pw"})
-	other, _ := key(RedisStoreConfig{Username: "cascade", Password: "pw2"})
+	derived, how := key(Redis{Username: "cascade", Password: "pw"})
+	other, _ := key(Redis{Username: "cascade", Password: "pw2"})
 	if how != "credentials" || derived == nil || string(derived) == string(other) || string(derived) == string(fromEnv) {
 		t.Fatalf("the key derived from the credentials (%s): %x, %x", how, derived, other)
 	}
-	for _, c := range []RedisStoreConfig{{}, {InsecureBus: true, Password: "pw"}} {
+	for _, c := range []Redis{{}, {InsecureBus: true, Password: "pw"}} {
 		if k, _ := key(c); k != nil {
 			t.Errorf("%+v keys the messages", c)
 		}
 	}
 	for _, tc := range []struct {
-		c    RedisStoreConfig
+		c    Redis
 		want string
 	}{
-		{RedisStoreConfig{BusSecret: "{env.CASCADE_TEST_BUS_UNSET}"}, "bus_secret {env.CASCADE_TEST_BUS_UNSET} resolved to nothing"},
-		{RedisStoreConfig{BusSecret: "{env.CASCADE_TEST_BUS_SHORT}"}, "bus_secret {env.CASCADE_TEST_BUS_SHORT} is 11 bytes: give at least 16"},
-		{RedisStoreConfig{BusSecret: "tiny-secret"}, "bus_secret is 11 bytes"},
-		{RedisStoreConfig{BusSecret: "0123456789abcdef-bus", InsecureBus: true}, "contradict"},
+		{Redis{BusSecret: "{env.CASCADE_TEST_BUS_UNSET}"}, "bus_secret {env.CASCADE_TEST_BUS_UNSET} resolved to nothing"},
+		{Redis{BusSecret: "{env.CASCADE_TEST_BUS_SHORT}"}, "bus_secret {env.CASCADE_TEST_BUS_SHORT} is 11 bytes: give at least 16"},
+		{Redis{BusSecret: "tiny-secret"}, "bus_secret is 11 bytes"},
+		{Redis{BusSecret: "0123456789abcdef-bus", InsecureBus: true}, "contradict"},
 	} {
 		_, _, err := tc.c.busKey()
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -101,20 +101,20 @@ func TestBusKeyChoice(t *testing.T) {
 func TestParseRedisBus(t *testing.T) {
 	for _, tc := range []struct {
 		in   string
-		want RedisStoreConfig
+		want Redis
 		err  string
 	}{
-		{"bus_secret {env.CASCADE_BUS_SECRET}", RedisStoreConfig{BusSecret: "{env.CASCADE_BUS_SECRET}"}, ""},
-		{"bus_secret 0123456789abcdef", RedisStoreConfig{BusSecret: "0123456789abcdef"}, ""},
-		{"insecure_bus", RedisStoreConfig{InsecureBus: true}, ""},
-		{"bus_secret", RedisStoreConfig{}, "bus_secret needs a value"},
-		{"bus_secret tiny-secret", RedisStoreConfig{}, "bus_secret is 11 bytes: give at least 16"},
-		{"bus_secret 0123456789abcdef more", RedisStoreConfig{}, "bus_secret takes one value"},
-		{"insecure_bus yes", RedisStoreConfig{}, "insecure_bus takes no value"},
+		{"bus_secret {env.CASCADE_BUS_SECRET}", Redis{BusSecret: "{env.CASCADE_BUS_SECRET}"}, ""},
+		{"bus_secret 0123456789abcdef", Redis{BusSecret: "0123456789abcdef"}, ""},
+		{"insecure_bus", Redis{InsecureBus: true}, ""},
+		{"bus_secret", Redis{}, "bus_secret needs a value"},
+		{"bus_secret tiny-secret", Redis{}, "bus_secret is 11 bytes: give at least 16"},
+		{"bus_secret 0123456789abcdef more", Redis{}, "bus_secret takes one value"},
+		{"insecure_bus yes", Redis{}, "insecure_bus takes no value"},
 	} {
 		d := caddyfile.NewTestDispenser(tc.in)
 		d.Next()
-		var got RedisStoreConfig
+		var got Redis
 		err := parseRedisBus(d, &got)
 		switch {
 		case tc.err == "" && err != nil:
@@ -129,7 +129,7 @@ func TestParseRedisBus(t *testing.T) {
 	}
 	d := caddyfile.NewTestDispenser("insecure_bus")
 	d.Next()
-	if err := parseRedisBus(d, &RedisStoreConfig{BusSecret: "0123456789abcdef"}); err == nil || !strings.Contains(err.Error(), "contradict") {
+	if err := parseRedisBus(d, &Redis{BusSecret: "0123456789abcdef"}); err == nil || !strings.Contains(err.Error(), "contradict") {
 		t.Errorf("bus_secret with insecure_bus: %v", err)
 	}
 }
@@ -138,24 +138,19 @@ func TestParseRedisBus(t *testing.T) {
 // options, from the Caddyfile and placeholders, apart from Redis's.
 func TestSentinelCredentials(t *testing.T) {
 	t.Setenv("SENTINEL_PW", "s3cret")
-	h, err := parse(t, `rate_limit {
-		tree t {
-			tier k {header.K} {
-				limit 1/s
-			}
-		}
-		store redis {
-			master_name mymaster
-			address 10.0.0.1:26379 10.0.0.2:26379
-			password redis-pw
-			sentinel_username watcher
-			sentinel_password {env.SENTINEL_PW}
-		}
+	d := caddyfile.NewTestDispenser(`redis {
+		master_name mymaster
+		address 10.0.0.1:26379 10.0.0.2:26379
+		password redis-pw
+		sentinel_username watcher
+		sentinel_password {env.SENTINEL_PW}
 	}`)
-	if err != nil {
+	d.Next()
+	var r Redis
+	if err := ParseRedis(d, &r); err != nil {
 		t.Fatal(err)
 	}
-	opts, err := h.Store.Redis.options(nil)
+	opts, err := r.Options(nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,10 @@
-package cascade
+// Package storeconfig is where rate limit state lives, as a Caddy
+// configuration says it: the memory store or Redis (standalone, Sentinel,
+// Cluster), with its leases, circuit breaker and Pub/Sub settings; its
+// Caddyfile; and the open stores, shared by every handler and app that
+// names the same store and kept across config reloads. The rate_limit
+// handler and the cascade app both open their stores here.
+package storeconfig
 
 import (
 	"crypto/tls"
@@ -26,16 +32,16 @@ import (
 // anyone's limits (nor drop Redis connections).
 var stores = caddy.NewUsagePool()
 
-// StoreConfig selects where limit state lives. Set at most one of Memory and
+// Config selects where limit state lives. Set at most one of Memory and
 // Redis; neither means the default memory store.
-type StoreConfig struct {
-	Memory *MemoryStoreConfig `json:"memory,omitempty"`
-	Redis  *RedisStoreConfig  `json:"redis,omitempty"`
+type Config struct {
+	Memory *Memory `json:"memory,omitempty"`
+	Redis  *Redis  `json:"redis,omitempty"`
 }
 
-// MemoryStoreConfig configures the embedded store. Its state is in this
+// Memory configures the embedded store. Its state is in this
 // process only, and survives config reloads.
-type MemoryStoreConfig struct {
+type Memory struct {
 	// Name identifies the store: handlers naming the same store share its
 	// state (and trees of the same name share buckets). Default "default".
 	Name string `json:"name,omitempty"`
@@ -44,8 +50,8 @@ type MemoryStoreConfig struct {
 	MaxKeys int `json:"max_keys,omitempty"`
 }
 
-// RedisStoreConfig configures the Redis store (standalone, Sentinel or Cluster).
-type RedisStoreConfig struct {
+// Redis configures the Redis store (standalone, Sentinel or Cluster).
+type Redis struct {
 	// Addresses of the Redis server, Sentinels or Cluster nodes
 	// (host:port), or the absolute path of a single server's Unix socket;
 	// placeholders such as {env.REDIS_ADDR} are resolved. Default
@@ -64,7 +70,7 @@ type RedisStoreConfig struct {
 	SentinelPassword string `json:"sentinel_password,omitempty"`
 	DB               int    `json:"db,omitempty"`
 	// TLS, when set, connects with TLS.
-	TLS *RedisTLS `json:"tls,omitempty"`
+	TLS *TLS `json:"tls,omitempty"`
 
 	DialTimeout  caddy.Duration `json:"dial_timeout,omitempty"`
 	ReadTimeout  caddy.Duration `json:"read_timeout,omitempty"`
@@ -80,7 +86,7 @@ type RedisStoreConfig struct {
 	// applies in microseconds) while Redis is pinged every Cooldown in the
 	// background, until it answers. Default 3 failures, 1s; failures 0
 	// turns it off.
-	Breaker *RedisBreaker `json:"breaker,omitempty"`
+	Breaker *Breaker `json:"breaker,omitempty"`
 	// SlotTTL is how long a concurrency slot (a `concurrent` limit) is
 	// kept without its holder renewing it: an instance renews the slots of
 	// its requests in flight every third of it, so the slots of an
@@ -97,7 +103,7 @@ type RedisStoreConfig struct {
 	// Lease, when set, decides most requests in memory on capacity leased
 	// from Redis (package lease): never more admitted than the limits,
 	// bounded under-admission, strict decisions near exhaustion.
-	Lease *RedisLease `json:"lease,omitempty"`
+	Lease *Lease `json:"lease,omitempty"`
 	// BusSecret authenticates the messages the instances sharing this
 	// Redis send each other over Pub/Sub (lease resets, held requests):
 	// each carries an HMAC-SHA256 under a key derived from it, and one
@@ -120,7 +126,7 @@ const minBusSecret = 16
 // busKey is the key that authenticates the store's Pub/Sub messages (see
 // BusSecret), nil when they are not authenticated, and how it was chosen
 // (for the log: never the secret).
-func (c *RedisStoreConfig) busKey() (key []byte, how string, err error) {
+func (c *Redis) busKey() (key []byte, how string, err error) {
 	repl := caddy.NewReplacer()
 	if c.BusSecret != "" {
 		if c.InsecureBus {
@@ -148,9 +154,9 @@ func (c *RedisStoreConfig) busKey() (key []byte, how string, err error) {
 	return nil, "", nil
 }
 
-// RedisLease configures capacity leases (see package lease for the
+// Lease configures capacity leases (see package lease for the
 // defaults and what each bounds).
-type RedisLease struct {
+type Lease struct {
 	// MaxShare is the largest fraction of what remains on a bucket that
 	// one lease takes (default 0.1).
 	MaxShare float64 `json:"max_share,omitempty"`
@@ -167,8 +173,8 @@ type RedisLease struct {
 	MaxPaths int `json:"max_paths,omitempty"`
 }
 
-// options translates the JSON config into lease.Options.
-func (l *RedisLease) options(logger *zap.Logger) (lease.Options, error) {
+// Options translates the JSON config into lease.Options.
+func (l *Lease) Options(logger *zap.Logger) (lease.Options, error) {
 	o := lease.Options{MaxShare: l.MaxShare, MinRemaining: l.MinRemaining, TTL: time.Duration(l.TTL), MaxPaths: l.MaxPaths, Logger: logger}
 	if err := o.Validate(); err != nil {
 		return o, err
@@ -176,33 +182,34 @@ func (l *RedisLease) options(logger *zap.Logger) (lease.Options, error) {
 	return o, nil
 }
 
-// RedisBreaker configures the Redis store's circuit breaker.
-type RedisBreaker struct {
+// Breaker configures the Redis store's circuit breaker.
+type Breaker struct {
 	Failures int            `json:"failures"`
 	Cooldown caddy.Duration `json:"cooldown,omitempty"`
 }
 
-// RedisTLS configures TLS to Redis.
-type RedisTLS struct {
+// TLS configures TLS to Redis.
+type TLS struct {
 	ServerName         string `json:"server_name,omitempty"`
 	InsecureSkipVerify bool   `json:"insecure_skip_verify,omitempty"`
 	// CA is a PEM file of the authorities to trust (default: the system's).
 	CA string `json:"ca,omitempty"`
 }
 
-// pooled is a store in the usage pool, with what lives as long as it: the
+// Pooled is a store in the usage pool, with what lives as long as it: the
 // runtime state kept in it (overrides and modes, package control) and the
 // most-denied keys of its buckets.
-type pooled struct {
+type Pooled struct {
 	store.Store
-	redis    *store.Redis    // the Redis store (under the leases, if any); nil for memory
-	lease    *lease.Store    // the lease store wrapping it, when leases are on
-	leaseBus *store.Bus      // tells the other instances' lease stores of resets
-	presence *store.Presence // the instances sharing the Redis store (started by on_store_error local)
+	Redis    *store.Redis    // the Redis store (under the leases, if any); nil for memory
+	Lease    *lease.Store    // the lease store wrapping it, when leases are on
+	LeaseBus *store.Bus      // tells the other instances' lease stores of resets
+	Presence *store.Presence // the instances sharing the Redis store (started by on_store_error local)
+	Runtime  *control.Runtime
+	Top      *topk.Sketch
+	Name     string // for logs, metrics and the admin API: "memory/default", "redis/host:port"
+
 	settings *memorySettings // a memory store's, per configuration
-	runtime  *control.Runtime
-	top      *topk.Sketch
-	name     string // for logs, metrics and the admin API: "memory/default", "redis/host:port"
 }
 
 // leaseChannel is the Redis Pub/Sub channel, after the key prefix, on
@@ -213,11 +220,15 @@ const leaseChannel = "leases"
 // topKeys is how many of the most-denied keys a store's sketch tracks.
 const topKeys = 1000
 
-// opened is a store as open returns it.
-type opened struct {
-	pooled
-	poolKey string
-	apply   func() // settings to apply at the first request (see memorySettings)
+// Opened is a store as Open returns it.
+type Opened struct {
+	Pooled
+	// PoolKey is its place in the pool: Release it when the configuration
+	// that opened it is cleaned up.
+	PoolKey string
+	// Apply, when not nil, applies settings at the first request (see
+	// memorySettings).
+	Apply func()
 }
 
 // memorySettings are the settings each configuration gives a shared memory
@@ -293,43 +304,43 @@ func (s *memorySettings) add(config <-chan struct{}, name string, maxKeys int, s
 	return func() { c.once.Do(func() { s.mem.Reconfigure(c.options()) }) }, nil
 }
 
-func (p pooled) Destruct() error {
-	if p.leaseBus != nil {
-		_ = p.leaseBus.Close()
+func (p Pooled) Destruct() error {
+	if p.LeaseBus != nil {
+		_ = p.LeaseBus.Close()
 	}
-	if p.presence != nil {
-		p.presence.Close()
+	if p.Presence != nil {
+		p.Presence.Close()
 	}
-	if p.runtime != nil {
-		_ = p.runtime.Close()
+	if p.Runtime != nil {
+		_ = p.Runtime.Close()
 	}
 	return p.Close()
 }
 
-// open returns the configured store from the pool, opening it if needed.
+// Open returns the configured store from the pool, opening it if needed.
 // For a memory store that a previous configuration opened (a reload), it
 // returns apply, for the handler to run at its first request (see
 // memorySettings).
-func (c *StoreConfig) open(ctx caddy.Context, sweep time.Duration) (opened, error) {
+func (c *Config) Open(ctx caddy.Context, sweep time.Duration) (Opened, error) {
 	if c.Memory != nil && c.Redis != nil {
-		return opened{}, errors.New("configure one store: memory or redis")
+		return Opened{}, errors.New("configure one store: memory or redis")
 	}
 	if c.Redis != nil {
-		opts, err := c.Redis.options(ctx.Logger())
+		opts, err := c.Redis.Options(ctx.Logger())
 		if err != nil {
-			return opened{}, err
+			return Opened{}, err
 		}
 		var leaseOpts *lease.Options
 		if c.Redis.Lease != nil {
-			lo, err := c.Redis.Lease.options(ctx.Logger())
+			lo, err := c.Redis.Lease.Options(ctx.Logger())
 			if err != nil {
-				return opened{}, err
+				return Opened{}, err
 			}
 			leaseOpts = &lo
 		}
 		busKey, busHow, err := c.Redis.busKey()
 		if err != nil {
-			return opened{}, err
+			return Opened{}, err
 		}
 		key, _ := json.Marshal(c.Redis)
 		poolKey := "redis/" + string(key)
@@ -382,8 +393,8 @@ func (c *StoreConfig) open(ctx caddy.Context, sweep time.Duration) (opened, erro
 				s.Close()
 				return nil, fmt.Errorf("runtime state: %w", err)
 			}
-			p := pooled{Store: s, redis: s, runtime: rt, top: topk.New(topKeys), name: name,
-				presence: s.NewPresence(time.Second)}
+			p := Pooled{Store: s, Redis: s, Runtime: rt, Top: topk.New(topKeys), Name: name,
+				Presence: s.NewPresence(time.Second)}
 			if leaseOpts != nil {
 				leaseOpts.Logger = logger
 				ls, err := lease.New(s, *leaseOpts)
@@ -392,11 +403,11 @@ func (c *StoreConfig) open(ctx caddy.Context, sweep time.Duration) (opened, erro
 					s.Close()
 					return nil, err
 				}
-				p.Store, p.lease = ls, ls
+				p.Store, p.Lease = ls, ls
 				// Another instance's reset revokes this one's leases on
 				// the reset buckets at once, not at their TTL.
-				p.leaseBus = s.OpenBus(leaseChannel, ls.Receive)
-				ls.Connect(p.leaseBus)
+				p.LeaseBus = s.OpenBus(leaseChannel, ls.Receive)
+				ls.Connect(p.LeaseBus)
 			} else {
 				// Without leases here, the resets made through this
 				// instance still end the leases other instances hold
@@ -406,16 +417,16 @@ func (c *StoreConfig) open(ctx caddy.Context, sweep time.Duration) (opened, erro
 			return p, nil
 		})
 		if err != nil {
-			return opened{}, err
+			return Opened{}, err
 		}
-		return opened{pooled: v.(pooled), poolKey: poolKey}, nil
+		return Opened{Pooled: v.(Pooled), PoolKey: poolKey}, nil
 	}
 	m := c.Memory
 	if m == nil {
-		m = &MemoryStoreConfig{}
+		m = &Memory{}
 	}
 	if m.MaxKeys < 0 {
-		return opened{}, fmt.Errorf("memory max_keys %d must not be negative", m.MaxKeys)
+		return Opened{}, fmt.Errorf("memory max_keys %d must not be negative", m.MaxKeys)
 	}
 	name := m.Name
 	if name == "" {
@@ -429,28 +440,28 @@ func (c *StoreConfig) open(ctx caddy.Context, sweep time.Duration) (opened, erro
 			mem.Close()
 			return nil, fmt.Errorf("runtime state: %w", err)
 		}
-		return pooled{
-			Store: mem, runtime: rt, top: topk.New(topKeys), name: poolKey,
+		return Pooled{
+			Store: mem, Runtime: rt, Top: topk.New(topKeys), Name: poolKey,
 			settings: &memorySettings{mem: mem, created: ctx.Done(), configs: map[<-chan struct{}]*configSettings{}},
 		}, nil
 	})
 	if err != nil {
-		return opened{}, err
+		return Opened{}, err
 	}
-	p := v.(pooled)
+	p := v.(Pooled)
 	if p.settings == nil { // not a memory store: the pool key says it is
-		return opened{pooled: p, poolKey: poolKey}, nil
+		return Opened{Pooled: p, PoolKey: poolKey}, nil
 	}
 	apply, err := p.settings.add(ctx.Done(), name, m.MaxKeys, sweep)
 	if err != nil {
 		stores.Delete(poolKey)
-		return opened{}, err
+		return Opened{}, err
 	}
-	return opened{pooled: p, poolKey: poolKey, apply: apply}, nil
+	return Opened{Pooled: p, PoolKey: poolKey, Apply: apply}, nil
 }
 
-// options translates the JSON config into store.RedisOptions.
-func (c *RedisStoreConfig) options(logger *zap.Logger) (store.RedisOptions, error) {
+// Options translates the JSON config into store.RedisOptions.
+func (c *Redis) Options(logger *zap.Logger) (store.RedisOptions, error) {
 	repl := caddy.NewReplacer()
 	opts := store.RedisOptions{
 		Logger:     logger,
@@ -517,4 +528,20 @@ func (c *RedisStoreConfig) options(logger *zap.Logger) (store.RedisOptions, erro
 		opts.TLS = cfg
 	}
 	return opts, nil
+}
+
+// Release gives back the configuration's hold on the store at key (an
+// Opened's PoolKey): the last to let go closes it.
+func Release(key string) error {
+	_, err := stores.Delete(key)
+	return err
+}
+
+// Each calls fn with every open store and its pool key, until fn returns
+// false.
+func Each(fn func(key string, p Pooled) bool) {
+	stores.Range(func(k, v any) bool {
+		p, ok := v.(Pooled)
+		return !ok || fn(k.(string), p)
+	})
 }
