@@ -42,22 +42,12 @@ func TestClusterFailoverThroughCaddy(t *testing.T) {
 	on_store_error deny
 `, strings.Join(c.Addrs(), " "), breaker))
 			dead := c.Masters[0]
-			var orgs, onDead []string
+			var orgs []string
 			for i := range 60 {
-				org := fmt.Sprintf("org%d", i)
-				// The tenant's hash tag: the tree and the organisation.
-				m, err := c.MasterForSlot(c.Masters[1], store.RedisKeySlot("{fo|org="+org+"}"))
-				if err != nil || m == nil {
-					t.Fatalf("who serves %s: %v %v", org, m, err)
-				}
-				orgs = append(orgs, org)
-				if m == dead {
-					onDead = append(onDead, org)
-				}
+				orgs = append(orgs, fmt.Sprintf("org%d", i))
 			}
-			if len(onDead) == 0 || len(onDead) == len(orgs) {
-				t.Fatalf("%d of %d organisations on the master to kill: the test needs both kinds", len(onDead), len(orgs))
-			}
+			// The tenant's hash tag: the tree and the organisation.
+			onDead := c.OnMaster(t, dead, orgs, func(org string) int { return store.RedisKeySlot("{fo|org=" + org + "}") })
 			type answer struct {
 				at     time.Time
 				status int

@@ -55,6 +55,23 @@ func reportEndpoint(t testing.TB) (h *Handler, serve func(r *http.Request) *http
 	}
 }
 
+// decideChat has such an endpoint decide a chat completion of org, and
+// returns the decision's id, under which it is reported.
+func decideChat(tb testing.TB, serve func(r *http.Request) *httptest.ResponseRecorder, org string) string {
+	tb.Helper()
+	r := httptest.NewRequest("POST", "http://endpoint/", strings.NewReader(`{"model":"m","max_tokens":10,"messages":[{"role":"user","content":"x"}]}`))
+	r.Header.Set("X-Forwarded-Method", "POST")
+	r.Header.Set("X-Forwarded-Uri", "/v1/chat/completions")
+	r.Header.Set("X-Org", org)
+	r.Header.Set("Content-Type", "application/json")
+	w := serve(r)
+	id := w.Header().Get(decisionHeader)
+	if w.Code != 200 || id == "" {
+		tb.Fatalf("decision: %d %q %s", w.Code, id, w.Body)
+	}
+	return id
+}
+
 // FuzzServeReport: whatever body a front end reports (JSON, an event
 // stream, gzip or not, truncated, too long), the report endpoint answers
 // without panicking, and the usage readers read it without panicking. A
@@ -63,16 +80,7 @@ func reportEndpoint(t testing.TB) (h *Handler, serve func(r *http.Request) *http
 // and their usage is read as a held decision's would be.
 func FuzzServeReport(f *testing.F) {
 	h, serve := reportEndpoint(f)
-	r := httptest.NewRequest("POST", "http://endpoint/", strings.NewReader(`{"model":"m","max_tokens":10,"messages":[{"role":"user","content":"x"}]}`))
-	r.Header.Set("X-Forwarded-Method", "POST")
-	r.Header.Set("X-Forwarded-Uri", "/v1/chat/completions")
-	r.Header.Set("X-Org", "fuzz")
-	r.Header.Set("Content-Type", "application/json")
-	w := serve(r)
-	id := w.Header().Get(decisionHeader)
-	if w.Code != 200 || id == "" {
-		f.Fatalf("decision: %d %q %s", w.Code, id, w.Body)
-	}
+	id := decideChat(f, serve, "fuzz")
 	held := &heldDecision{costs: []int{0}}
 	var reported bool
 	f.Add("application/json", "", []byte(`{"usage":{"prompt_tokens":1,"completion_tokens":2,"total_tokens":3}}`))

@@ -52,17 +52,8 @@ func TestReportGzip(t *testing.T) {
 	}
 
 	// Through the endpoint: decided, then reported gzip, 204.
-	r := httptest.NewRequest("POST", "http://endpoint/", strings.NewReader(`{"model":"m","max_tokens":10,"messages":[{"role":"user","content":"x"}]}`))
-	r.Header.Set("X-Forwarded-Method", "POST")
-	r.Header.Set("X-Forwarded-Uri", "/v1/chat/completions")
-	r.Header.Set("X-Org", "gzip")
-	r.Header.Set("Content-Type", "application/json")
-	w := serve(r)
-	id := w.Header().Get(decisionHeader)
-	if w.Code != 200 || id == "" {
-		t.Fatalf("decision: %d %q %s", w.Code, id, w.Body)
-	}
-	r = httptest.NewRequest("POST", "http://endpoint/report", bytes.NewReader(small))
+	id := decideChat(t, serve, "gzip")
+	r := httptest.NewRequest("POST", "http://endpoint/report", bytes.NewReader(small))
 	r.Header = hdr.Clone()
 	r.Header.Set(decisionHeader, id)
 	if w := serve(r); w.Code != http.StatusNoContent {

@@ -304,35 +304,15 @@ func TestTraefikPluginReconciles(t *testing.T) {
 	plugin := loadTraefikPlugin(t, upstream, map[string]any{
 		"Endpoint": endpoint, "ReportEndpoint": reports, "SendBody": true,
 	})
-	chat := func(stream, gzipped bool) *httptest.ResponseRecorder {
-		body := `{"model":"m","max_tokens":1000,"messages":[{"role":"user","content":"hello"}]}`
-		if stream {
-			body = `{"model":"m","max_tokens":1000,"stream":true,"messages":[{"role":"user","content":"hello"}]}`
-		}
-		req := httptest.NewRequest("POST", "/v1/chat/completions", strings.NewReader(body))
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("X-Org", "tokens-org")
-		req.Header.Set("X-User", "alice")
+	chat := func(stream, gzipped bool) int {
 		if gzipped {
-			req.Header.Set("Accept-Encoding", "gzip")
+			return chatLeft(t, plugin, "tokens-org", stream, "Accept-Encoding: gzip")
 		}
-		rec := httptest.NewRecorder()
-		plugin.ServeHTTP(rec, req)
-		if rec.Code != 200 {
-			t.Fatalf("chat: %d %q", rec.Code, rec.Body.String())
-		}
-		return rec
-	}
-	remaining := func(rec *httptest.ResponseRecorder) int {
-		var r int
-		if _, err := fmt.Sscanf(rec.Header().Get("RateLimit"), `"llm/org";r=%d;`, &r); err != nil {
-			t.Fatalf("RateLimit %q: %v", rec.Header().Get("RateLimit"), err)
-		}
-		return r
+		return chatLeft(t, plugin, "tokens-org", stream)
 	}
 	// Each decision shows what remains after its estimate; the report of
 	// the previous response, waited for, has given back estimate − usage.
-	first := remaining(chat(false, false))
+	first := chat(false, false)
 	estimate := 5000 - first
 	if estimate < 1000 || estimate > 1010 {
 		t.Fatalf("first estimate %d, want max_tokens and the prompt", estimate)
@@ -351,7 +331,7 @@ func TestTraefikPluginReconciles(t *testing.T) {
 			t.Fatalf("before %s: the report was answered %d", step.name, s)
 		}
 		used += step.usage
-		if got, want := remaining(chat(step.stream, step.gzipped)), 5000-used-estimate; got != want {
+		if got, want := chat(step.stream, step.gzipped), 5000-used-estimate; got != want {
 			t.Fatalf("%s, after reporting %d tokens: %d remaining, want %d", step.name, step.usage, got, want)
 		}
 	}
@@ -809,29 +789,7 @@ func TestTraefikPluginLongStreamKeepsItsStart(t *testing.T) {
 		"Endpoint": endpoint, "ReportEndpoint": reports, "SendBody": true, "MaxReportBytes": int64(4096),
 	})
 	chat := func(stream bool, headers ...string) int {
-		t.Helper()
-		body := `{"model":"m","max_tokens":1000,"messages":[{"role":"user","content":"hello"}]}`
-		if stream {
-			body = `{"model":"m","max_tokens":1000,"stream":true,"messages":[{"role":"user","content":"hello"}]}`
-		}
-		req := httptest.NewRequest("POST", "/v1/chat/completions", strings.NewReader(body))
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("X-Org", "long-stream-org")
-		req.Header.Set("X-User", "alice")
-		for _, h := range headers {
-			k, v, _ := strings.Cut(h, ": ")
-			req.Header.Set(k, v)
-		}
-		rec := httptest.NewRecorder()
-		plugin.ServeHTTP(rec, req)
-		if rec.Code != 200 {
-			t.Fatalf("chat: %d %q", rec.Code, rec.Body.String())
-		}
-		var r int
-		if _, err := fmt.Sscanf(rec.Header().Get("RateLimit"), `"llm/org";r=%d;`, &r); err != nil {
-			t.Fatalf("RateLimit %q: %v", rec.Header().Get("RateLimit"), err)
-		}
-		return r
+		return chatLeft(t, plugin, "long-stream-org", stream, headers...)
 	}
 	estimate := 5000 - chat(true)
 	if s := reported(t, statuses); s != http.StatusNoContent {
@@ -845,4 +803,33 @@ func TestTraefikPluginLongStreamKeepsItsStart(t *testing.T) {
 	if s := reported(t, statuses); s != http.StatusNoContent {
 		t.Fatalf("a request asking for an upgrade other than a WebSocket went unreported (%d)", s)
 	}
+}
+
+// chatLeft has plugin admit a chat completion (max_tokens 1000, streamed
+// or not) of org's user alice, with the given "Name: value" headers, and
+// returns what its decision left of the llm tree's org limit.
+func chatLeft(t *testing.T, plugin http.Handler, org string, stream bool, headers ...string) int {
+	t.Helper()
+	body := `{"model":"m","max_tokens":1000,"messages":[{"role":"user","content":"hello"}]}`
+	if stream {
+		body = `{"model":"m","max_tokens":1000,"stream":true,"messages":[{"role":"user","content":"hello"}]}`
+	}
+	req := httptest.NewRequest("POST", "/v1/chat/completions", strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Org", org)
+	req.Header.Set("X-User", "alice")
+	for _, h := range headers {
+		k, v, _ := strings.Cut(h, ": ")
+		req.Header.Set(k, v)
+	}
+	rec := httptest.NewRecorder()
+	plugin.ServeHTTP(rec, req)
+	if rec.Code != 200 {
+		t.Fatalf("chat: %d %q", rec.Code, rec.Body.String())
+	}
+	var r int
+	if _, err := fmt.Sscanf(rec.Header().Get("RateLimit"), `"llm/org";r=%d;`, &r); err != nil {
+		t.Fatalf("RateLimit %q: %v", rec.Header().Get("RateLimit"), err)
+	}
+	return r
 }

@@ -708,6 +708,32 @@ func Cleanup() {
 	shared.cluster.stop()
 }
 
+// OnMaster is those of names whose slot (slot tells a name's) master
+// serves now, as another master sees it. It fails tb when a name's slot
+// has no master, or when all or none of names are on master: a failover
+// test needs tenants of the master it stops and of the others.
+func (c *Cluster) OnMaster(tb testing.TB, master *Server, names []string, slot func(string) int) []string {
+	tb.Helper()
+	ask := c.Masters[0]
+	if ask == master {
+		ask = c.Masters[1]
+	}
+	var on []string
+	for _, name := range names {
+		m, err := c.MasterForSlot(ask, slot(name))
+		if err != nil || m == nil {
+			tb.Fatalf("redistest: who serves %s: %v %v", name, m, err)
+		}
+		if m == master {
+			on = append(on, name)
+		}
+	}
+	if len(on) == 0 || len(on) == len(names) {
+		tb.Fatalf("redistest: %d of %d names on master %s: the test needs both kinds", len(on), len(names), master.Addr())
+	}
+	return on
+}
+
 // Drive calls call from 8 goroutines, each every 20 ms (about 400 calls a
 // second in all), each call given the next of 0, 1, 2, …, until stop is
 // closed: steady load through a failover. The returned function waits for
