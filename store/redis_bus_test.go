@@ -425,13 +425,17 @@ func TestBusKeysMustAgree(t *testing.T) {
 	c, inc := open(store.BusKey("pw", false)) // the same text as a secret: another key
 	d, ind := open(nil)
 	waitFor(t, busWait, "the Buses to subscribe", func() error {
-		if ina.has("a") && inb.has("a") && inc.has("c") && ind.has("d") {
+		// Each Bus subscribes on its own, so a message published before one
+		// of them did is lost to it: publish until every inbox and counter
+		// shows a message published after all had subscribed.
+		if ina.has("a") && inb.has("a") && inc.has("c") && ind.has("d") &&
+			c.Stats().Unauthenticated > 0 && d.Stats().Unauthenticated > 0 {
 			return nil
 		}
 		a.Publish([]byte("a"))
 		c.Publish([]byte("c"))
 		d.Publish([]byte("d"))
-		return errors.New("not heard yet")
+		return fmt.Errorf("not all heard yet: c's stats %+v, d's %+v", c.Stats(), d.Stats())
 	})
 	for name, in := range map[string]*msgInbox{"a": ina, "b": inb, "c": inc, "d": ind} {
 		for _, got := range in.all() {
@@ -439,12 +443,6 @@ func TestBusKeysMustAgree(t *testing.T) {
 				t.Errorf("%s heard %q", name, got)
 			}
 		}
-	}
-	if st := c.Stats(); st.Unauthenticated == 0 {
-		t.Errorf("c's stats %+v: it counted none of the others' messages", st)
-	}
-	if st := d.Stats(); st.Unauthenticated == 0 {
-		t.Errorf("d's stats %+v: it counted none of the signed messages", st)
 	}
 }
 
