@@ -260,9 +260,9 @@ func BenchmarkHandlerOverrides(b *testing.B) {
 // second on a fast machine and failed the benchmark with a 429), with
 // headers none, with headers none and placeholders refused (mholt's
 // output on an admitted request: no header, no placeholder), and with the
-// default headers: load.sh's MHOLT=1 workload without the network. Each
-// is decided on the engine's single-bucket path (engine.DecideSingle, as
-// the handler does) and on the general one (Add and Decide).
+// default headers: load.sh's MHOLT=1 workload without the network, decided
+// on the engine's single-bucket path (engine.BenchmarkDecide compares it
+// with the general one).
 func BenchmarkHandlerZone(b *testing.B) {
 	off := false
 	none := map[string]any{"ietf": &off, "retry_after": &off}
@@ -271,24 +271,18 @@ func BenchmarkHandlerZone(b *testing.B) {
 		headers      any
 		placeholders string
 	}{{"headers=none", none, ""}, {"headers=none,placeholders=refused", none, "refused"}, {"headers=default", nil, ""}} {
-		for _, path := range []string{"single", "general"} {
-			b.Run(tt.name+"/path="+path, func(b *testing.B) {
-				more := map[string]any{"rate_limits": map[string]any{"users": map[string]any{
-					"key": "{http.request.header.X-T0}", "window": int64(100 * time.Millisecond), "max_events": 1000}}}
-				if tt.headers != nil {
-					more["headers"] = tt.headers
-				}
-				if tt.placeholders != "" {
-					more["placeholders"] = tt.placeholders
-				}
-				h, done := benchHandlerOf(b, 0, nil, more)
-				defer done()
-				if !h.single {
-					b.Fatal("a zone's handler is not on the single-bucket path")
-				}
-				h.single = path == "single"
-				runHandler(b, h, 1, caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error { return nil }))
-			})
-		}
+		b.Run(tt.name, func(b *testing.B) {
+			more := map[string]any{"rate_limits": map[string]any{"users": map[string]any{
+				"key": "{http.request.header.X-T0}", "window": int64(100 * time.Millisecond), "max_events": 1000}}}
+			if tt.headers != nil {
+				more["headers"] = tt.headers
+			}
+			if tt.placeholders != "" {
+				more["placeholders"] = tt.placeholders
+			}
+			h, done := benchHandlerOf(b, 0, nil, more)
+			defer done()
+			runHandler(b, h, 1, caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error { return nil }))
+		})
 	}
 }

@@ -1,6 +1,7 @@
 package cascade
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -166,135 +167,156 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if d.NextArg() {
 		return d.Errf("rate_limit takes a block, not arguments (got %q)", d.Val())
 	}
+	// Each option is parsed from its own copy of its tokens, so that a
+	// mistake in one does not hide the mistakes of the next: caddy validate
+	// names them all.
+	var errs []error
 	for d.NextBlock(0) {
-		var err error
-		switch d.Val() {
-		case "tree":
-			err = h.parseTree(d)
-		case "zone":
-			err = h.parseZone(d)
-		case "cost":
-			err = h.parseCost(d)
-		case "store":
-			err = h.parseStore(d)
-		case "route":
-			err = h.parseRoute(d)
-		case "charge_on":
-			if h.ChargeOn != nil {
-				return d.Err("charge_on given twice: write one, with every status and header it needs")
-			}
-			m := map[string]caddyhttp.ResponseMatcher{}
-			if err := caddyhttp.ParseNamedResponseMatcher(d.NewFromNextSegment(), m); err != nil {
-				return err
-			}
-			rm := m["charge_on"]
-			if len(rm.StatusCode) == 0 && len(rm.Headers) == 0 {
-				return d.Err("usage: charge_on status <code...> (e.g. charge_on status 401 403), or a block of status and header lines")
-			}
-			h.ChargeOn = &rm
-		case "on_store_error":
-			args := d.RemainingArgs()
-			switch {
-			case len(args) == 1 && (args[0] == "deny" || args[0] == "allow" || args[0] == "local"):
-				h.OnStoreError = args[0]
-			case len(args) == 2 && args[0] == "local":
-				n, cerr := strconv.Atoi(args[1])
-				if cerr != nil || n < 1 {
-					return d.Errf("on_store_error local %q: give the number of instances sharing the limits, e.g. on_store_error local 3", args[1])
-				}
-				h.OnStoreError, h.LocalInstances = "local", n
-			default:
-				return d.Errf("usage: on_store_error deny|allow|local [<instances>]")
-			}
-		case "mode":
-			h.Mode, err = caddyfileopt.OneOf(d, "enforce", "warn", "shadow")
-		case "headers":
-			err = h.parseHeaders(d)
-		case "status_code":
-			var n int
-			if n, err = caddyfileopt.Int(d); err == nil {
-				h.StatusCode = n
-			}
-		case "use_error_routes":
-			h.UseErrorRoutes = true
-		case "priority":
-			h.Priority, err = caddyfileopt.OneOf(d, "interactive", "batch", "critical")
-		case "shed_at_floor":
-			h.ShedAtFloor = true
-		case "log_key":
-			h.LogKey = true
-		case "fingerprint_secret":
-			if !d.NextArg() || d.Val() == "" {
-				return d.Err("usage: fingerprint_secret <secret>, e.g. fingerprint_secret {env.CASCADE_FP_SECRET} (at least 16 bytes; the same on every instance)")
-			}
-			h.FingerprintSecret = d.Val()
-			if d.NextArg() {
-				return d.Errf("fingerprint_secret takes one argument: quote a secret with spaces")
-			}
-		case "disable_metrics":
-			h.DisableMetrics = true
-		case "denial_log":
-			h.DenialLog, err = caddyfileopt.OneOf(d, "values", "no_values", "off")
-		case "placeholders":
-			h.Placeholders, err = caddyfileopt.OneOf(d, "all", "refused")
-		case "max_wait":
-			if !d.NextArg() {
-				return d.Err("usage: max_wait <duration>, e.g. max_wait 2s")
-			}
-			dur, err := caddy.ParseDuration(d.Val())
-			if err != nil || dur <= 0 {
-				return d.Errf("max_wait %q: give how long a request may be held for its turn, e.g. max_wait 2s", d.Val())
-			}
-			h.MaxWait = caddy.Duration(dur)
-		case "idempotency":
-			h.Idempotency, err = parseIdempotency(d)
-		case "max_queued":
-			if !d.NextArg() {
-				return d.Err("usage: max_queued <n>")
-			}
-			n, err := strconv.Atoi(d.Val())
-			if err != nil || n < 1 {
-				return d.Errf("max_queued %q: give how many requests may be held at once, at least 1", d.Val())
-			}
-			h.MaxQueued = n
-		case "jitter":
-			if !d.NextArg() {
-				return d.ArgErr()
-			}
-			j, perr := strconv.ParseFloat(d.Val(), 64)
-			if perr != nil || !(j >= 0) || math.IsInf(j, 1) {
-				return d.Errf("jitter %q: use a non-negative fraction such as 0.2 (up to 20%% more Retry-After)", d.Val())
-			}
-			h.Jitter = j
-		case "sweep_interval":
-			if !d.NextArg() {
-				return d.ArgErr()
-			}
-			dur, perr := caddy.ParseDuration(d.Val())
-			if perr != nil {
-				return d.Errf("sweep_interval %q: %v", d.Val(), perr)
-			}
-			h.SweepInterval = caddy.Duration(dur)
-		case "forwarded":
-			err = h.parseForwarded(d)
-		case "distributed":
-			h.Distributed = []byte(`{}`)
-			for nesting := d.Nesting(); d.NextBlock(nesting); {
-				d.RemainingArgs()
-			}
-		case "storage":
-			h.StorageRaw = []byte(`{}`)
-			d.RemainingArgs()
-			for nesting := d.Nesting(); d.NextBlock(nesting); {
-				d.RemainingArgs()
-			}
-		default:
-			return unknownOption(d, "rate_limit", d.Val(), handlerOptions)
-		}
-		if err != nil {
-			return err
+		opt := d.NewFromNextSegment()
+		opt.Next()
+		if err := h.unmarshalOption(opt); err != nil {
+			errs = append(errs, err)
 		}
 	}
+	if len(errs) > 0 {
+		return errors.Join(errs...)
+	}
+	return h.checkCounted()
+}
+
+// unmarshalOption parses one option of the rate_limit block, d at its
+// name.
+func (h *Handler) unmarshalOption(d *caddyfile.Dispenser) error {
+	var err error
+	switch d.Val() {
+	case "tree":
+		err = h.parseTree(d)
+	case "zone":
+		err = h.parseZone(d)
+	case "cost":
+		err = h.parseCost(d)
+	case "store":
+		err = h.parseStore(d)
+	case "route":
+		err = h.parseRoute(d)
+	case "charge_on":
+		if h.ChargeOn != nil {
+			return d.Err("charge_on given twice: write one, with every status and header it needs")
+		}
+		m := map[string]caddyhttp.ResponseMatcher{}
+		if err := caddyhttp.ParseNamedResponseMatcher(d.NewFromNextSegment(), m); err != nil {
+			return err
+		}
+		rm := m["charge_on"]
+		if len(rm.StatusCode) == 0 && len(rm.Headers) == 0 {
+			return d.Err("usage: charge_on status <code...> (e.g. charge_on status 401 403), or a block of status and header lines")
+		}
+		h.ChargeOn = &rm
+	case "on_store_error":
+		args := d.RemainingArgs()
+		switch {
+		case len(args) == 1 && (args[0] == "deny" || args[0] == "allow" || args[0] == "local"):
+			h.OnStoreError = args[0]
+		case len(args) == 2 && args[0] == "local":
+			n, cerr := strconv.Atoi(args[1])
+			if cerr != nil || n < 1 {
+				return d.Errf("on_store_error local %q: give the number of instances sharing the limits, e.g. on_store_error local 3", args[1])
+			}
+			h.OnStoreError, h.LocalInstances = "local", n
+		default:
+			return d.Errf("usage: on_store_error deny|allow|local [<instances>]")
+		}
+	case "mode":
+		h.Mode, err = caddyfileopt.OneOf(d, "enforce", "warn", "shadow")
+	case "headers":
+		err = h.parseHeaders(d)
+	case "status_code":
+		var n int
+		if n, err = caddyfileopt.Int(d); err == nil {
+			h.StatusCode = n
+		}
+	case "use_error_routes":
+		h.UseErrorRoutes = true
+	case "priority":
+		h.Priority, err = caddyfileopt.OneOf(d, "interactive", "batch", "critical")
+	case "shed_at_floor":
+		h.ShedAtFloor = true
+	case "log_key":
+		h.LogKey = true
+	case "fingerprint_secret":
+		if !d.NextArg() || d.Val() == "" {
+			return d.Err("usage: fingerprint_secret <secret>, e.g. fingerprint_secret {env.CASCADE_FP_SECRET} (at least 16 bytes; the same on every instance)")
+		}
+		h.FingerprintSecret = d.Val()
+		if d.NextArg() {
+			return d.Errf("fingerprint_secret takes one argument: quote a secret with spaces")
+		}
+	case "disable_metrics":
+		h.DisableMetrics = true
+	case "denial_log":
+		h.DenialLog, err = caddyfileopt.OneOf(d, "values", "no_values", "off")
+	case "placeholders":
+		h.Placeholders, err = caddyfileopt.OneOf(d, "all", "refused")
+	case "max_wait":
+		if !d.NextArg() {
+			return d.Err("usage: max_wait <duration>, e.g. max_wait 2s")
+		}
+		dur, err := caddy.ParseDuration(d.Val())
+		if err != nil || dur <= 0 {
+			return d.Errf("max_wait %q: give how long a request may be held for its turn, e.g. max_wait 2s", d.Val())
+		}
+		h.MaxWait = caddy.Duration(dur)
+	case "idempotency":
+		h.Idempotency, err = parseIdempotency(d)
+	case "max_queued":
+		if !d.NextArg() {
+			return d.Err("usage: max_queued <n>")
+		}
+		n, err := strconv.Atoi(d.Val())
+		if err != nil || n < 1 {
+			return d.Errf("max_queued %q: give how many requests may be held at once, at least 1", d.Val())
+		}
+		h.MaxQueued = n
+	case "jitter":
+		if !d.NextArg() {
+			return d.ArgErr()
+		}
+		j, perr := strconv.ParseFloat(d.Val(), 64)
+		if perr != nil || !(j >= 0) || math.IsInf(j, 1) {
+			return d.Errf("jitter %q: use a non-negative fraction such as 0.2 (up to 20%% more Retry-After)", d.Val())
+		}
+		h.Jitter = j
+	case "sweep_interval":
+		if !d.NextArg() {
+			return d.ArgErr()
+		}
+		dur, perr := caddy.ParseDuration(d.Val())
+		if perr != nil {
+			return d.Errf("sweep_interval %q: %v", d.Val(), perr)
+		}
+		h.SweepInterval = caddy.Duration(dur)
+	case "forwarded":
+		err = h.parseForwarded(d)
+	case "distributed":
+		h.Distributed = []byte(`{}`)
+		for nesting := d.Nesting(); d.NextBlock(nesting); {
+			d.RemainingArgs()
+		}
+	case "storage":
+		h.StorageRaw = []byte(`{}`)
+		d.RemainingArgs()
+		for nesting := d.Nesting(); d.NextBlock(nesting); {
+			d.RemainingArgs()
+		}
+	default:
+		return unknownOption(d, "rate_limit", d.Val(), handlerOptions)
+	}
+	return err
+}
+
+// checkCounted checks, once the block is parsed, that every dimension a
+// limit counts has a cost.
+func (h *Handler) checkCounted() error {
 	// A dimension counted with no cost line would cost every request 0 of
 	// it: name the limit that counts it (Provision checks JSON configs).
 	dims := make([]string, 0, len(h.counted))

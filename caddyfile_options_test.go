@@ -70,3 +70,30 @@ func TestReferenceNamesEveryOption(t *testing.T) {
 		}
 	}
 }
+
+// TestEveryMistakeNamed: a mistake in one option does not hide those of
+// the next: each is named, with its line, in order.
+func TestEveryMistakeNamed(t *testing.T) {
+	input := "rate_limit {\n" +
+		" tree api {\n  tier org {header.X-Org} {\n   mising shared\n  }\n }\n" + // line 4
+		" mode enforcing\n" + // line 7
+		" zone z {\n  key {remote_host}\n  events ten\n  window 1m\n }\n" + // line 10
+		" on_store_eror deny\n" + // line 13
+		"}"
+	_, err := parse(t, input)
+	if err == nil {
+		t.Fatal("no error")
+	}
+	msg := err.Error()
+	at := -1
+	for _, want := range []string{`"mising"`, "Testfile:4", "Testfile:7", "Testfile:10", `"on_store_eror"`, "Testfile:13"} {
+		i := strings.Index(msg, want)
+		if i < 0 {
+			t.Fatalf("error %q\ndoes not name %s", msg, want)
+		}
+		if i < at {
+			t.Fatalf("error %q\nnames %s out of order", msg, want)
+		}
+		at = i
+	}
+}

@@ -247,7 +247,7 @@ func readableEncoding(h http.Header) {
 }
 
 // reconcile reconciles d's estimates with the usage the upstream reported
-// through the taps (engine.Reconcile). No report (a stream cut short)
+// through the taps (engine.Decision.Reconcile). No report (a stream cut short)
 // leaves the estimate standing.
 func (h *Handler) reconcile(t tapped, d *decision) {
 	var usage []engine.Usage
@@ -257,5 +257,5 @@ func (h *Handler) reconcile(t tapped, d *decision) {
 			usage = append(usage, engine.Usage{Dimension: c.Dimension, Actual: c.Reconcile.Actual.Cost(u)})
 		}
 	}
-	h.engine.Reconcile(&d.Decision, usage...)
+	d.Reconcile(usage...)
 }

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"unicode"
+
+	"github.com/caddy-cascade/cascade/engine"
 )
 
 // The documentation is tested so that it cannot rot: every relative link
@@ -452,5 +454,40 @@ func TestREADMEFrontDoor(t *testing.T) {
 	}
 	if n := strings.Count(string(b), "\n"); n > 400 {
 		t.Errorf("README.md has %d lines: keep it to 400, and move reference text to docs/", n)
+	}
+}
+
+// TestDocsReasons: every reason a decision can have is listed where the
+// reference names them, the {http.rate_limit.reason} placeholder and the
+// decisions metric's result label.
+func TestDocsReasons(t *testing.T) {
+	reasons := []string{
+		engine.ReasonOK, engine.ReasonLimited, engine.ReasonImpossible, engine.ReasonPenalty,
+		engine.ReasonMissingKey, engine.ReasonStoreError, engine.ReasonReplayed, engine.ReasonInFlight,
+		reasonMatcherError, reasonBadCost, reasonBadIdempotencyKey, reasonBadForwarded, reasonReducedCapacity,
+	}
+	for _, tc := range []struct{ file, row string }{
+		{"docs/responses.md", "| `{http.rate_limit.reason}` |"},
+		{"docs/operating.md", "| `cascade_decisions_total` |"},
+	} {
+		raw, err := os.ReadFile(tc.file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var row string
+		for line := range strings.Lines(string(raw)) {
+			if strings.HasPrefix(line, tc.row) {
+				row = line
+			}
+		}
+		if row == "" {
+			t.Fatalf("%s: no row %s", tc.file, tc.row)
+		}
+		words := regexp.MustCompile(`[a-z_]+`).FindAllString(row, -1)
+		for _, r := range reasons {
+			if !slices.Contains(words, r) {
+				t.Errorf("%s: the row %s does not name the reason %s", tc.file, tc.row, r)
+			}
+		}
 	}
 }

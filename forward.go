@@ -117,7 +117,7 @@ func (h *Handler) provisionForwarded(ctx caddy.Context) error {
 		return err
 	}
 	c.logger, c.untrustedLogged = h.logger, new(atomic.Bool)
-	h.pending = &held{byID: map[string]*heldDecision{}}
+	h.reports = &pendingReports{byID: map[string]*pendingDecision{}}
 	if srv, ok := ctx.Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server); ok && srv != nil {
 		trusts, known := trustsProxies(srv)
 		switch {
@@ -341,14 +341,14 @@ func (h *Handler) serveReport(w http.ResponseWriter, r *http.Request) error {
 		}
 		return fail(http.StatusBadRequest, "bad_report", "reading the report: "+err.Error())
 	}
-	hd := h.pending.take(id, time.Now())
+	hd := h.reports.take(id, time.Now())
 	if hd == nil {
 		return fail(http.StatusNotFound, "unknown_decision", fmt.Sprintf("no decision %q waits for a report: unknown, older than report_ttl, or already reported", truncate(id, 64)))
 	}
 	usage := h.reportedUsage(hd, r.Header, body)
-	adjusted, err := h.engine.ReconcileHeld(r.Context(), hd.held, usage...)
+	adjusted, err := hd.charge.Reconcile(r.Context(), usage...)
 	if err != nil {
-		h.pending.add(hd, h.Forwarded, time.Now()) // for the front end to report again
+		h.reports.add(hd, h.Forwarded, time.Now()) // for the front end to report again
 		h.logStoreError(err)
 		w.Header().Set("Retry-After", "1")
 		return fail(http.StatusServiceUnavailable, problemUnavailable, "the rate limit store could not apply the report; report again shortly")
@@ -363,7 +363,7 @@ func (h *Handler) serveReport(w http.ResponseWriter, r *http.Request) error {
 // reportedUsage reads, with the usage reader of each reconciling cost of
 // hd, the usage a reported body shows (hdr: the report's headers, whose
 // Content-Type and Content-Encoding are the upstream's).
-func (h *Handler) reportedUsage(hd *heldDecision, hdr http.Header, body []byte) []engine.Usage {
+func (h *Handler) reportedUsage(hd *pendingDecision, hdr http.Header, body []byte) []engine.Usage {
 	var usage []engine.Usage
 	for _, i := range hd.costs {
 		c := h.Costs[i]

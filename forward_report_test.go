@@ -81,7 +81,7 @@ func decideChat(tb testing.TB, serve func(r *http.Request) *httptest.ResponseRec
 func FuzzServeReport(f *testing.F) {
 	h, serve := reportEndpoint(f)
 	id := decideChat(f, serve, "fuzz")
-	held := &heldDecision{costs: []int{0}}
+	held := &pendingDecision{costs: []int{0}}
 	var reported bool
 	f.Add("application/json", "", []byte(`{"usage":{"prompt_tokens":1,"completion_tokens":2,"total_tokens":3}}`))
 	f.Add("text/event-stream", "", []byte("data: {\"usage\":{\"input_tokens\":5}}\n\ndata: [DONE]\n\n"))

@@ -35,7 +35,7 @@ func TestReportGzip(t *testing.T) {
 	hdr := http.Header{"Content-Type": {"application/json"}, "Content-Encoding": {"gzip"}}
 	read := func(body []byte) []int64 {
 		var got []int64
-		for _, u := range h.reportedUsage(&heldDecision{costs: []int{0}}, hdr, body) {
+		for _, u := range h.reportedUsage(&pendingDecision{costs: []int{0}}, hdr, body) {
 			got = append(got, u.Actual)
 		}
 		return got

@@ -19,15 +19,13 @@ import (
 // error), with err saying why.
 func (h *Handler) decide(r *http.Request, repl *caddy.Replacer, d *decision) (int, error) {
 	h.engine.Begin(&d.Decision)
-	// One tree, tier and limit: most often decided without the general
-	// path's layers (see engine.DecideSingle).
-	var single string // with h.single, the value of its one tier's key
-	if h.single {
-		single = h.trees[0].value(r, repl, 0)
-		d.Refundable = h.refundable
-		if ok, err := h.engine.DecideSingle(r.Context(), &d.Decision, h.etrees[0], single); ok {
-			return 0, err
+	if h.direct {
+		// One tree that always applies, and nothing to decide besides its
+		// path: the steps below would add nothing.
+		if err := h.add(r, repl, d, 0); err != nil {
+			return http.StatusBadRequest, err
 		}
+		return 0, h.engine.Decide(r.Context(), &d.Decision, engine.Request{Refundable: h.refundable})
 	}
 	for i, t := range h.trees {
 		if t.matchers != nil {
@@ -37,22 +35,14 @@ func (h *Handler) decide(r *http.Request, repl *caddy.Replacer, d *decision) (in
 				// limits go unenforced (Caddy's deprecated AnyMatch would
 				// say "no match"): the request is refused, with the
 				// matcher's status if it gave one.
-				d.Reason, d.Blocked, d.Enforcing, d.Mode = "matcher_error", t.Name, true, engine.Enforce
+				d.Reason, d.Blocked, d.Enforcing, d.Mode = reasonMatcherError, t.Name, true, engine.Enforce
 				return errorStatus(err, http.StatusInternalServerError), fmt.Errorf("the matcher of tree %s could not decide on this request: %w", t.Name, err)
 			}
 			if !match {
 				continue
 			}
 		}
-		values := d.Values()
-		if h.single { // declined by DecideSingle: its value as read
-			values = append(values, single)
-		} else {
-			for j := range t.Tiers {
-				values = append(values, t.value(r, repl, j))
-			}
-		}
-		if err := h.engine.Add(&d.Decision, h.etrees[i], values); err != nil {
+		if err := h.add(r, repl, d, i); err != nil {
 			return http.StatusBadRequest, err
 		}
 	}
@@ -62,22 +52,35 @@ func (h *Handler) decide(r *http.Request, repl *caddy.Replacer, d *decision) (in
 		if estimates, err = h.estimate(r, repl, d.Buckets); err != nil {
 			var ie *cost.InputError
 			errors.As(err, &ie)
-			d.Reason, d.Buckets, d.inputErr = "bad_cost", nil, ie
+			d.Reason, d.Buckets, d.inputErr = reasonBadCost, nil, ie
 			return ie.Status, err
 		}
 	}
-	// A charge that may be refunded is not decided on a lease.
-	d.Refundable = h.refundable
-	d.Untracked = h.Forwarded != nil // a decision endpoint never sees the response
+	req := engine.Request{
+		Estimates:  estimates,
+		Refundable: h.refundable,       // a charge that may be refunded is not decided on a lease
+		Untracked:  h.Forwarded != nil, // a decision endpoint never sees the response
+	}
 	if h.Idempotency != nil && len(d.Buckets) > 0 {
 		key, err := h.Idempotency.key(r)
 		if err != nil {
-			d.Reason, d.Buckets = "bad_idempotency_key", nil
+			d.Reason, d.Buckets = reasonBadIdempotencyKey, nil
 			return http.StatusBadRequest, err
 		}
-		d.Idempotency = key
+		req.Idempotency = key
 	}
-	return 0, h.decideWaiting(r.Context(), d, estimates)
+	return 0, h.decideWaiting(r.Context(), d, req)
+}
+
+// add adds the path of tree i, by the request's values of its tiers' keys,
+// to d.
+func (h *Handler) add(r *http.Request, repl *caddy.Replacer, d *decision, i int) error {
+	t := h.trees[i]
+	values := d.Values()
+	for j := range t.Tiers {
+		values = append(values, t.value(r, repl, j))
+	}
+	return h.engine.Add(&d.Decision, h.etrees[i], values)
 }
 
 // value is the request's value of the key of tier j.

@@ -32,7 +32,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "cascade", Name: "decisions_total",
-			Help: "Rate limit decisions by result: ok, limited, penalty, impossible, missing_key, bad_cost, store_error, reduced_capacity.",
+			Help: "Rate limit decisions by result: the decision's reason (ok, limited, penalty, impossible, store_error, …).",
 		}, []string{"result"}),
 		denied: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "cascade", Name: "denied_total",
@@ -130,7 +130,7 @@ func (m *metrics) observe(d *decision, took time.Duration) {
 	if d.Local {
 		m.local.Inc()
 	}
-	if d.Reason != engine.ReasonMissingKey && d.Reason != "bad_cost" {
+	if d.Reason != engine.ReasonMissingKey && d.Reason != reasonBadCost {
 		m.duration.Observe(took.Seconds())
 	}
 }
@@ -138,7 +138,7 @@ func (m *metrics) observe(d *decision, took time.Duration) {
 // observeStore counts one decision of a handler with routes by the store
 // that decided it.
 func (m *metrics) observeStore(store string, d *decision, took time.Duration) {
-	if m == nil || d.Reason == engine.ReasonMissingKey || d.Reason == "bad_cost" || len(d.Buckets) == 0 {
+	if m == nil || d.Reason == engine.ReasonMissingKey || d.Reason == reasonBadCost || len(d.Buckets) == 0 {
 		return
 	}
 	result := d.Reason
@@ -150,7 +150,7 @@ func (m *metrics) observeStore(store string, d *decision, took time.Duration) {
 }
 
 // heldEnded counts a held request's wait, ended by outcome.
-func (m *metrics) heldEnded(outcome heldOutcome) {
+func (m *metrics) heldEnded(outcome waitOutcome) {
 	if m != nil {
 		m.held.WithLabelValues(string(outcome)).Inc()
 	}

@@ -200,40 +200,57 @@ type Handler struct {
 	Distributed json.RawMessage `json:"distributed,omitempty"`
 	StorageRaw  json.RawMessage `json:"storage,omitempty"`
 
+	// What provisioning made of the configuration, read by every request.
 	trees      []*Tree
 	etrees     []*engine.Tree // the engine's trees, in the order of trees
 	engine     *engine.Engine
 	costs      map[string]*Cost
-	counted    map[string]countedAt    // Caddyfile parsing: where each non-request dimension is first counted
-	applyStore *atomic.Pointer[func()] // store settings to apply at the first request (see StoreConfig.open)
-	controller *adaptive.Controller    // nil unless a tier is adaptive
+	controller *adaptive.Controller // nil unless a tier is adaptive
 	priority   adaptive.Priority
 	inFlight   bool // the controller has an in_flight signal: pass counts requests in flight
 	readHeader bool // the controller has a response_header signal: pass reads the response header
-	poolKey    string
 	logger     *zap.Logger
 	metrics    *metrics
-	single     bool      // the requests are decided by engine.DecideSingle first
+	direct     bool      // one tree, no matcher, nothing to decide but its path: decide skips the general steps
 	quietAdmit bool      // placeholders refused: an admitted request publishes none
 	epoch      time.Time // when provisioned: decisions are timed from it
-
 	// refundable: a charge may be refunded once the response is known
 	// (costs reconciled, reported to a decision endpoint, charge_on), so
-	// it is never decided on a lease (see Decision.Refundable).
+	// it is never decided on a lease (see engine.Request.Refundable).
 	refundable bool
-	queued     *atomic.Int64     // requests held (MaxWait)
-	waits      *waiting.Registry // the requests held by the handlers of this store (MaxWait)
-	waitsKey   string
-	batch      bool // Priority batch: gives way to interactive requests while waiting
 
+	stores        storeHandles
+	waiting       waitLine
+	reports       *pendingReports  // the decision endpoint's decisions waiting for their usage reports (Forwarded)
 	storeErrorLog *logsample.Every // store failures: one logged a second
+	config        configShare
 
-	routeKeys  []string // the pool keys of the stores routes use
-	unregister func()
-	configDone <-chan struct{} // the Done channel of this handler's configuration's context
+	counted map[string]countedAt // Caddyfile parsing: where each non-request dimension is first counted
+}
+
+// storeHandles are the stores a handler opened, in the pool shared across
+// reloads.
+type storeHandles struct {
+	poolKey   string
+	routeKeys []string                // the pool keys of the stores routes use
+	apply     *atomic.Pointer[func()] // store settings to apply at the first request (see StoreConfig.open)
+	local     *store.Memory           // on_store_error local's store
+}
+
+// waitLine is where a handler's admitted requests wait their turn
+// (MaxWait).
+type waitLine struct {
+	queued   *atomic.Int64     // requests waiting now
+	registry *waiting.Registry // the requests waiting in the handlers of this store
+	key      string            // the registry's key in its pool
+	batch    bool              // Priority batch: gives way to interactive requests while waiting
+}
+
+// configShare is what a handler shares with its configuration.
+type configShare struct {
+	unregister func()          // takes its engine out of package running's list
+	done       <-chan struct{} // the Done channel of the configuration's context
 	company    *atomic.Int32   // whether other rate_limit handlers share the configuration (see alone)
-	pending    *held           // decisions waiting for a usage report (Forwarded)
-	local      *store.Memory   // on_store_error local's store
 }
 
 // Tree is a hierarchy.Tree with optional request matchers.

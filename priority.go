@@ -35,7 +35,7 @@ func (h *Handler) provisionWaiting(redis *store.Redis) error {
 	if h.MaxWait <= 0 {
 		return nil
 	}
-	key := "waiting/" + h.poolKey
+	key := "waiting/" + h.stores.poolKey
 	v, _, err := waitlists.LoadOrNew(key, func() (caddy.Destructor, error) {
 		reg := waiting.New()
 		if redis != nil {
@@ -46,8 +46,8 @@ func (h *Handler) provisionWaiting(redis *store.Redis) error {
 	if err != nil {
 		return err
 	}
-	h.waits, h.waitsKey = v.(*waiting.Registry), key
-	h.batch = h.priority == adaptive.PriorityBatch
+	h.waiting.registry, h.waiting.key = v.(*waiting.Registry), key
+	h.waiting.batch = h.priority == adaptive.PriorityBatch
 	return nil
 }
 
@@ -59,17 +59,17 @@ func (h *Handler) provisionWaiting(redis *store.Redis) error {
 // own, and is decided again — ahead of them. An interactive request that
 // fits now, or is refused by buckets no batch request holds, makes no
 // batch request give way.
-func (h *Handler) decideWaiting(ctx context.Context, d *decision, estimates []int64) error {
-	if h.waits == nil || h.batch || !h.waits.BatchHeld() || len(d.Buckets) == 0 {
-		return h.engine.Decide(ctx, &d.Decision, estimates)
+func (h *Handler) decideWaiting(ctx context.Context, d *decision, req engine.Request) error {
+	if h.waiting.registry == nil || h.waiting.batch || !h.waiting.registry.BatchHeld() || len(d.Buckets) == 0 {
+		return h.engine.Decide(ctx, &d.Decision, req)
 	}
-	d.Tentative = true // a refusal counts as a strike only if it stands
-	err := h.engine.Decide(ctx, &d.Decision, estimates)
-	d.Tentative = false
+	req.Tentative = true // a refusal counts as a strike only if it stands
+	err := h.engine.Decide(ctx, &d.Decision, req)
+	d.Request.Tentative = false // decided again, it is struck as any other
 	held := d.Allowed && d.Wait > 0
 	refused := !d.Allowed && !d.Impossible && d.Reason == engine.ReasonLimited
 	if err != nil || d.Mode != engine.Enforce || !held && !refused {
-		h.engine.Strike(ctx, &d.Decision)
+		d.Strike(ctx)
 		return err
 	}
 	// The buckets in its way: those it would wait for, or that refused it.
@@ -80,11 +80,11 @@ func (h *Handler) decideWaiting(ctx context.Context, d *decision, estimates []in
 		}
 	}
 	var victims []*waiting.Entry
-	d.entry, victims = h.waits.Preempt(keys, time.Now().Add(time.Duration(h.MaxWait)))
+	d.entry, victims = h.waiting.registry.Preempt(keys, time.Now().Add(time.Duration(h.MaxWait)))
 	if len(victims) == 0 {
 		d.entry.Leave() // it waits (or is refused) behind no batch request
 		d.entry = nil
-		h.engine.Strike(ctx, &d.Decision)
+		d.Strike(ctx)
 		return nil
 	}
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
@@ -95,7 +95,7 @@ func (h *Handler) decideWaiting(ctx context.Context, d *decision, estimates []in
 	if held && h.giveBack(ctx, d) != nil {
 		return nil // still charged: it waits as decided (deciding again would charge twice)
 	}
-	err = h.engine.Redecide(ctx, &d.Decision, estimates)
+	err = d.Redecide(ctx)
 	if !(d.Allowed && d.Wait > 0 && d.Mode == engine.Enforce) {
 		d.entry.Leave() // not held: batch requests may wait again
 		d.entry = nil
@@ -112,7 +112,7 @@ func (h *Handler) decideWaiting(ctx context.Context, d *decision, estimates []in
 // victims are the batch requests an interactive one preempted: they were
 // held on its buckets, decided before it, so it was decided behind them.
 func (h *Handler) line(d *decision) (e *waiting.Entry, busy time.Duration, victims []*waiting.Entry) {
-	if h.waits == nil {
+	if h.waiting.registry == nil {
 		return nil, 0, nil
 	}
 	var keys, waits []string
@@ -127,7 +127,7 @@ func (h *Handler) line(d *decision) (e *waiting.Entry, busy time.Duration, victi
 		}
 	}
 	now := time.Now()
-	e, until, victims := h.waits.Hold(d.entry, h.batch, keys, waits, now.Add(d.Wait))
+	e, until, victims := h.waiting.registry.Hold(d.entry, h.waiting.batch, keys, waits, now.Add(d.Wait))
 	if e == nil {
 		return nil, max(until.Sub(now), time.Nanosecond), nil
 	}
@@ -145,7 +145,7 @@ func (h *Handler) waitKey(d *decision, key string) string {
 	if len(h.Routes) == 0 {
 		return key
 	}
-	if name := h.engine.RouteName(&d.Decision); name != "" {
+	if name := d.Route(); name != "" {
 		return name + "\x00" + key
 	}
 	return key
@@ -155,12 +155,12 @@ func (h *Handler) waitKey(d *decision, key string) string {
 // refused while they wait ("yielded"), or preempted while held. Either way
 // its reservation was given back; retry is when those interactive requests
 // will have gone.
-func (h *Handler) refuseBatch(w http.ResponseWriter, outcome heldOutcome, retry time.Duration, d *decision) error {
+func (h *Handler) refuseBatch(w http.ResponseWriter, outcome waitOutcome, retry time.Duration, d *decision) error {
 	d.Retry = max(retry, time.Second)
 	s := strconv.FormatInt(engine.CeilSeconds(d.Retry), 10)
 	w.Header().Set("Retry-After", s)
 	detail := "interactive requests are waiting for the same limits, and batch requests give way to them; retry in " + s + " s"
-	if outcome == heldPreempted {
+	if outcome == waitPreempted {
 		detail = "an interactive request took this batch request's turn; retry in " + s + " s"
 	}
 	return h.problem(w, http.StatusTooManyRequests, "preempted", "Too Many Requests", detail, d)

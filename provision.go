@@ -32,7 +32,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	// A held request that goes away gives its reservation back: refundable.
 	h.refundable = h.ChargeOn != nil || h.Forwarded != nil && h.Forwarded.Report != "" || h.MaxWait > 0 ||
 		slices.ContainsFunc(h.Costs, func(c *Cost) bool { return c.Reconcile != nil })
-	h.queued = new(atomic.Int64)
+	h.waiting.queued = new(atomic.Int64)
 	if h.Idempotency != nil {
 		if err := h.Idempotency.provision(); err != nil {
 			return fmt.Errorf("rate_limit: %w", err)
@@ -153,13 +153,13 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return fmt.Errorf("rate_limit: store: %w", err)
 	}
-	h.poolKey = o.PoolKey
+	h.stores.poolKey = o.PoolKey
 	if err := h.provisionWaiting(o.Redis); err != nil {
 		return fmt.Errorf("rate_limit: max_wait: %w", err)
 	}
-	h.applyStore = new(atomic.Pointer[func()])
+	h.stores.apply = new(atomic.Pointer[func()])
 	if o.Apply != nil {
-		h.applyStore.Store(&o.Apply)
+		h.stores.apply.Store(&o.Apply)
 	}
 	dims := make([]string, len(h.Costs))
 	for i, c := range h.Costs {
@@ -186,8 +186,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		// The handler's paths, or only routed tenants', decide in memory
 		// while their store fails: on each limit's local share, among the
 		// instances the handler's store counts, or as many as given.
-		h.local = store.NewMemory(store.MemoryOptions{Reserve: -1}) // deciding only while a store fails: nothing reserved
-		local = h.local
+		h.stores.local = store.NewMemory(store.MemoryOptions{Reserve: -1}) // deciding only while a store fails: nothing reserved
+		local = h.stores.local
 		share = 1 / float64(max(h.LocalInstances, 1))
 		if h.LocalInstances == 0 && o.Presence != nil {
 			o.Presence.Start()
@@ -209,17 +209,16 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		Idempotency: h.Idempotency.engineConfig(),
 		Logger:      h.logger, Reconciled: h.metrics.reconcile,
 	})
-	// A handler that only counts requests, with one tree of one tier and
-	// one limit on the memory store (see engine.Single).
-	h.single = len(h.trees) == 1 && h.trees[0].matchers == nil && len(h.Costs) == 0 && h.Forwarded == nil &&
-		h.engine.Single(h.etrees[0])
-	h.unregister = running.Register(h.engine, ctx.Done())
-	h.configDone, h.company = ctx.Done(), new(atomic.Int32)
+	// Only its path to decide (see decide).
+	h.direct = len(h.trees) == 1 && h.trees[0].matchers == nil && len(h.Costs) == 0 &&
+		h.Idempotency == nil && h.MaxWait == 0 && h.Forwarded == nil
+	h.config.unregister = running.Register(h.engine, ctx.Done())
+	h.config.done, h.config.company = ctx.Done(), new(atomic.Int32)
 	if srv, _ := ctx.Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server); srv != nil && len(srv.NamedRoutes) > 0 {
 		// A named route may be invoked twice in one request, running its
 		// handlers twice: as with another handler, the later decision's
 		// placeholders must show (see setPlaceholders).
-		h.company.Store(companySome)
+		h.config.company.Store(companySome)
 	}
 	return nil
 }
@@ -370,23 +369,23 @@ func (h *Handler) Validate() error {
 // Cleanup releases this config's hold on the store; the store itself lives
 // on while a newer config uses it, so limits survive reloads.
 func (h *Handler) Cleanup() error {
-	if h.unregister != nil {
-		h.unregister()
+	if h.config.unregister != nil {
+		h.config.unregister()
 	}
 	if h.engine != nil {
 		h.engine.Close()
 	}
-	if h.local != nil {
-		_ = h.local.Close()
+	if h.stores.local != nil {
+		_ = h.stores.local.Close()
 	}
-	if h.waitsKey != "" {
-		_, _ = waitlists.Delete(h.waitsKey)
+	if h.waiting.key != "" {
+		_, _ = waitlists.Delete(h.waiting.key)
 	}
-	for _, k := range h.routeKeys {
+	for _, k := range h.stores.routeKeys {
 		_ = storeconfig.Release(k)
 	}
-	if h.poolKey != "" {
-		err := storeconfig.Release(h.poolKey)
+	if h.stores.poolKey != "" {
+		err := storeconfig.Release(h.stores.poolKey)
 		return err
 	}
 	return nil

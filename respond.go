@@ -99,25 +99,25 @@ func admitted(d *decision) bool {
 // provisioned, nor one whose configuration is being unloaded (the other
 // handlers may already have left package running).
 func (h *Handler) alone() bool {
-	if h.company == nil {
+	if h.config.company == nil {
 		return false
 	}
-	switch h.company.Load() {
+	switch h.config.company.Load() {
 	case companyNone:
 		return true
 	case companySome:
 		return false
 	}
 	select {
-	case <-h.configDone:
+	case <-h.config.done:
 		return false // not remembered: the handlers may be leaving
 	default:
 	}
 	c := int32(companySome)
-	if len(running.EnginesOf(h.configDone)) == 1 {
+	if len(running.EnginesOf(h.config.done)) == 1 {
 		c = companyNone
 	}
-	h.company.Store(c)
+	h.config.company.Store(c)
 	return c == companyNone
 }
 

@@ -98,7 +98,7 @@ func (h *Handler) provisionRoutes(ctx caddy.Context) ([]engine.Route, bool, erro
 		if err != nil {
 			return nil, false, fmt.Errorf("store %s: %w", rt.Store, err)
 		}
-		h.routeKeys = append(h.routeKeys, o.PoolKey)
+		h.stores.routeKeys = append(h.stores.routeKeys, o.PoolKey)
 		routes = append(routes, engine.Route{Name: rt.Store + " (" + o.Name + ")", Store: o.Store, Tenants: tenants, OnError: rt.OnStoreError})
 	}
 	return routes, local, nil

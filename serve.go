@@ -16,6 +16,17 @@ import (
 	"github.com/caddy-cascade/cascade/waiting"
 )
 
+// The handler's own reasons for a refusal before, or instead of, the
+// engine's decision (engine.Reason* are the engine's): each is a value of
+// {http.rate_limit.reason} and of the decisions metric's result label.
+const (
+	reasonMatcherError      = "matcher_error"       // a tree's matcher could not decide on the request
+	reasonBadCost           = "bad_cost"            // the request's cost could not be read
+	reasonBadIdempotencyKey = "bad_idempotency_key" // its idempotency key is malformed
+	reasonBadForwarded      = "bad_forwarded"       // a decision endpoint's forwarded request is malformed
+	reasonReducedCapacity   = "reduced_capacity"    // shed_at_floor: the adaptive factor is at its floor
+)
+
 // decision is what ServeHTTP learned about one request: the engine's
 // decision, and why its cost could not be estimated if it could not. It
 // lives on ServeHTTP's stack, its memory pooled (see engine.Decision).
@@ -36,8 +47,8 @@ func (h *Handler) atFloor() bool {
 
 // ServeHTTP implements caddyhttp.MiddlewareHandler.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
-	if h.applyStore != nil && h.applyStore.Load() != nil {
-		if apply := h.applyStore.Swap(nil); apply != nil {
+	if h.stores.apply != nil && h.stores.apply.Load() != nil {
+		if apply := h.stores.apply.Swap(nil); apply != nil {
 			(*apply)() // this configuration is live: its store settings apply
 		}
 	}
@@ -51,7 +62,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 		next = answer
 	}
-	if h.ShedAtFloor && h.engine.ConfiguredMode() == engine.Enforce && h.atFloor() {
+	if h.ShedAtFloor && h.engine.Config().Mode == engine.Enforce && h.atFloor() {
 		return h.shed(w, r, repl)
 	}
 	// The decision's duration on the monotonic clock alone: time.Now
@@ -65,9 +76,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	took := time.Since(h.epoch) - start
 	h.metrics.observe(d, took)
 	if len(h.Routes) > 0 {
-		name := h.engine.RouteName(&d.Decision)
+		name := d.Route()
 		if name == "" {
-			name = h.engine.StoreName()
+			name = h.engine.Config().StoreName
 		}
 		h.metrics.observeStore(name, d, took)
 	}
@@ -103,7 +114,7 @@ func (h *Handler) serveDecided(w http.ResponseWriter, r *http.Request, next cadd
 		}
 	}
 	if mode != engine.Shadow {
-		h.engine.WriteHeaders(w.Header(), &d.Decision)
+		d.WriteHeaders(w.Header())
 	}
 	if h.ChargeOn != nil && d.Allowed && len(d.Limits) > 0 {
 		return h.passChargedOn(w, r, next, d)
@@ -111,7 +122,7 @@ func (h *Handler) serveDecided(w http.ResponseWriter, r *http.Request, next cadd
 	// Only a charged request has estimates to reconcile: a path with no
 	// bucket (a tree whose matcher did not apply, tiers skipped or
 	// unlimited) was charged nothing and is passed through untouched.
-	if d.Allowed && len(d.Buckets) > 0 && d.Estimates != nil && len(h.Costs) > 0 {
+	if d.Allowed && len(d.Buckets) > 0 && d.Request.Estimates != nil && len(h.Costs) > 0 {
 		if answered, err := h.passReconciled(w, r, next, d, nil); answered {
 			return err
 		}
@@ -133,7 +144,7 @@ func (h *Handler) passChargedOn(w http.ResponseWriter, r *http.Request, next cad
 	charged := new(decision)
 	*charged = *d
 	next = chargedNext{h: h, d: charged, next: next}
-	if d.Allowed && len(d.Buckets) > 0 && d.Estimates != nil && len(h.Costs) > 0 {
+	if d.Allowed && len(d.Buckets) > 0 && d.Request.Estimates != nil && len(h.Costs) > 0 {
 		if answered, err := h.passReconciled(w, r, next, d, charged); answered {
 			return err
 		}
@@ -146,7 +157,7 @@ func (h *Handler) passChargedOn(w http.ResponseWriter, r *http.Request, next cad
 //
 //go:noinline
 func (h *Handler) badForwarded(w http.ResponseWriter, err error) error {
-	d := &decision{Decision: engine.Decision{Reason: "bad_forwarded", Closest: -1}}
+	d := &decision{Decision: engine.Decision{Reason: reasonBadForwarded, Closest: -1}}
 	h.metrics.observe(d, 0)
 	return h.problem(w, http.StatusBadRequest, d.Reason, "Bad Request", err.Error(), d)
 }
@@ -160,7 +171,7 @@ func (h *Handler) badForwarded(w http.ResponseWriter, err error) error {
 //
 //go:noinline
 func (h *Handler) shed(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer) error {
-	d := &decision{Decision: engine.Decision{Reason: "reduced_capacity", Closest: -1}}
+	d := &decision{Decision: engine.Decision{Reason: reasonReducedCapacity, Closest: -1}}
 	h.metrics.observe(d, 0)
 	h.setPlaceholders(r, repl, d)
 	w.Header().Set("Retry-After", strconv.FormatInt(engine.CeilSeconds(h.controller.Config().Interval), 10))
@@ -192,7 +203,7 @@ func (h *Handler) passReconciled(w http.ResponseWriter, r *http.Request, next ca
 	if h.Forwarded != nil {
 		// The upstream's response is the front end's to report.
 		if h.Forwarded.Report != "" {
-			h.hold(w.Header(), d)
+			h.awaitReport(w.Header(), d)
 		}
 		return true, h.pass(w, r, next)
 	}
@@ -213,7 +224,7 @@ func (h *Handler) passReconciled(w http.ResponseWriter, r *http.Request, next ca
 //
 //go:noinline
 func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, d *decision, mode string) error {
-	h.engine.NoteDenial(&d.Decision, r.URL.Path)
+	d.NoteDenial(r.URL.Path)
 	if mode == engine.Shadow || mode == engine.Warn {
 		return h.pass(w, r, next)
 	}
@@ -237,14 +248,14 @@ func (h *Handler) done(r *http.Request, d *decision) {
 	}
 	// Not cancelled with the request (its client may be gone); the store
 	// bounds its own calls (Redis's timeout).
-	h.engine.Done(context.WithoutCancel(r.Context()), &d.Decision)
+	d.Done(context.WithoutCancel(r.Context()))
 }
 
 // giveBack refunds a reservation that will not be used.
 func (h *Handler) giveBack(ctx context.Context, d *decision) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	err := h.engine.Refund(ctx, &d.Decision)
+	err := d.Refund(ctx)
 	if err != nil {
 		h.logger.Warn("rate limit: giving back a reservation failed; it stays charged", zap.Error(h.engine.ShowError(err, d.Buckets)))
 	}

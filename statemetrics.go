@@ -113,7 +113,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	})
 	seen := map[string]bool{}
 	for _, e := range running.Engines() {
-		for _, t := range e.Trees() {
+		for _, t := range e.Config().Trees {
 			if seen[t.Name] {
 				continue
 			}

@@ -17,18 +17,18 @@ import (
 //
 //go:noinline
 func (h *Handler) wait(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, d *decision) (answered bool, err error) {
-	outcome, retry := h.holdUntil(r, d)
+	outcome, retry := h.waitTurn(r, d)
 	h.metrics.heldEnded(outcome)
 	switch outcome {
-	case heldGone:
+	case waitGone:
 		return true, nil // the client went away while held: nothing to answer
-	case heldPreempted, heldYielded:
+	case waitPreempted, waitYielded:
 		return true, h.refuseBatch(w, outcome, retry, d)
-	case heldRedecided: // decided again: answered as any decision
+	case waitRedecided: // decided again: answered as any decision
 		if d.Reason == engine.ReasonStoreError {
 			return true, h.storeFailed(w, r, next, d)
 		}
-	case heldQueueFull:
+	case waitQueueFull:
 		retry := strconv.FormatInt(engine.CeilSeconds(d.Wait), 10)
 		w.Header().Set("Retry-After", retry)
 		return true, h.problem(w, http.StatusTooManyRequests, "queue_full", "Too Many Requests",
@@ -37,40 +37,40 @@ func (h *Handler) wait(w http.ResponseWriter, r *http.Request, next caddyhttp.Ha
 	return false, nil
 }
 
-// heldOutcome is how a held request's wait ended; it labels
+// waitOutcome is how a held request's wait ended; it labels
 // cascade_held_requests_total.
-type heldOutcome string
+type waitOutcome string
 
 const (
-	heldReleased  heldOutcome = "released"   // its time came: it goes on
-	heldQueueFull heldOutcome = "queue_full" // MaxQueued requests were already held
-	heldGone      heldOutcome = "gone"       // its client went away
-	// heldYielded: a batch request refused while interactive ones wait on
-	// its buckets; heldPreempted: a held batch request whose place an
+	waitReleased  waitOutcome = "released"   // its time came: it goes on
+	waitQueueFull waitOutcome = "queue_full" // MaxQueued requests were already held
+	waitGone      waitOutcome = "gone"       // its client went away
+	// waitYielded: a batch request refused while interactive ones wait on
+	// its buckets; waitPreempted: a held batch request whose place an
 	// interactive one took.
-	heldYielded   heldOutcome = "yielded"
-	heldPreempted heldOutcome = "preempted"
-	// heldRedecided: an interactive request decided again once the batch
+	waitYielded   waitOutcome = "yielded"
+	waitPreempted waitOutcome = "preempted"
+	// waitRedecided: an interactive request decided again once the batch
 	// reservations it preempted were given back, and not admitted to wait.
-	heldRedecided heldOutcome = "redecided"
+	waitRedecided waitOutcome = "redecided"
 )
 
-// holdUntil keeps an admitted request until its reserved time (d.Wait), and
-// says how its wait ended (see heldOutcome). Unless released, its
+// waitTurn keeps an admitted request until its reserved time (d.Wait), and
+// says how its wait ended (see waitOutcome). Unless released, its
 // reservation is given back, exactly once; retry is when a batch request
 // refused may come back.
-func (h *Handler) holdUntil(r *http.Request, d *decision) (outcome heldOutcome, retry time.Duration) {
-	if h.queued.Add(1) > int64(h.MaxQueued) {
-		h.queued.Add(-1)
+func (h *Handler) waitTurn(r *http.Request, d *decision) (outcome waitOutcome, retry time.Duration) {
+	if h.waiting.queued.Add(1) > int64(h.MaxQueued) {
+		h.waiting.queued.Add(-1)
 		d.entry.Leave()
 		h.giveBack(r.Context(), d)
-		return heldQueueFull, 0
+		return waitQueueFull, 0
 	}
-	defer h.queued.Add(-1)
+	defer h.waiting.queued.Add(-1)
 	e, busy, victims := h.line(d)
 	if busy > 0 {
 		h.giveBack(r.Context(), d)
-		return heldYielded, busy
+		return waitYielded, busy
 	}
 	defer h.metrics.holdingNow()()
 	if len(victims) > 0 {
@@ -87,14 +87,14 @@ func (h *Handler) holdUntil(r *http.Request, d *decision) (outcome heldOutcome, 
 		}
 		var err error
 		if victims != nil {
-			err = h.engine.Redecide(r.Context(), &d.Decision, d.Estimates)
+			err = d.Redecide(r.Context())
 		}
 		if victims != nil && (err != nil || !(d.Allowed && d.Wait > 0)) {
 			e.Leave()
 			if err != nil {
 				h.logStoreError(err)
 			}
-			return heldRedecided, 0
+			return waitRedecided, 0
 		}
 	}
 	var preempted <-chan struct{}
@@ -106,13 +106,13 @@ func (h *Handler) holdUntil(r *http.Request, d *decision) (outcome heldOutcome, 
 	select {
 	case <-t.C:
 		if e.Go() {
-			return heldReleased, 0
+			return waitReleased, 0
 		}
 	case <-preempted:
 	case <-r.Context().Done():
 		if e.Go() {
 			h.giveBack(r.Context(), d)
-			return heldGone, 0
+			return waitGone, 0
 		}
 	}
 	// Preempted (perhaps just as its time came or its client left): its
@@ -121,5 +121,5 @@ func (h *Handler) holdUntil(r *http.Request, d *decision) (outcome heldOutcome, 
 	e.GaveBack()
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 	defer cancel()
-	return heldPreempted, time.Until(e.Retry(ctx)) // when the interactive requests will have gone
+	return waitPreempted, time.Until(e.Retry(ctx)) // when the interactive requests will have gone
 }

@@ -287,7 +287,7 @@ func segments(r *http.Request, prefix string) ([]string, error) {
 func runtimes(es []*engine.Engine) []*control.Runtime {
 	var out []*control.Runtime
 	for _, e := range es {
-		if rt := e.Runtime(); rt != nil && !slices.Contains(out, rt) {
+		if rt := e.Config().Runtime; rt != nil && !slices.Contains(out, rt) {
 			out = append(out, rt)
 		}
 	}
@@ -545,7 +545,7 @@ func handleTop(w http.ResponseWriter, r *http.Request) error {
 	var sketches []*topk.Sketch
 	var users [][]*engine.Engine
 	for _, e := range active() {
-		s := e.Top()
+		s := e.Config().Top
 		if s == nil {
 			continue
 		}

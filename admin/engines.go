@@ -32,12 +32,12 @@ func active() []*engine.Engine { return running.Engines() }
 // describe describes e's trees, with the overrides and modes in force.
 func describe(e *engine.Engine) []Tree {
 	var snap *control.Snapshot
-	if rt := e.Runtime(); rt != nil {
+	if rt := e.Config().Runtime; rt != nil {
 		snap = rt.Snapshot()
 	}
-	out := make([]Tree, 0, len(e.Trees()))
-	for _, t := range e.Trees() {
-		at := Tree{Name: t.Name, Store: e.StoreName(), Mode: e.Mode(t), ConfiguredMode: e.ConfiguredMode()}
+	out := make([]Tree, 0, len(e.Config().Trees))
+	for _, t := range e.Config().Trees {
+		at := Tree{Name: t.Name, Store: e.Config().StoreName, Mode: e.Mode(t), ConfiguredMode: e.Config().Mode}
 		if snap != nil {
 			at.ModeOverride = snap.Mode(t.Name)
 		}
@@ -139,7 +139,7 @@ func inspect(r *http.Request, e *engine.Engine, tree string, given map[string]st
 	if err != nil {
 		return nil, caddy.APIError{HTTPStatus: http.StatusServiceUnavailable, Err: e.ShowError(err, pathBuckets(t, values))}
 	}
-	out.Store = e.StoreName()
+	out.Store = e.Config().StoreName
 	if p.Store != "" {
 		out.Store = p.Store
 	}

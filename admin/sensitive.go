@@ -36,7 +36,7 @@ func showValue(es []*engine.Engine, tree, tier, v string) string {
 	case len(es) == 0:
 		return engine.Unknown
 	}
-	return es[0].Fingerprints().Value(v)
+	return es[0].Config().Fingerprints.Value(v)
 }
 
 // showOverride returns o as the API shows it: a copy with its value
@@ -67,7 +67,7 @@ func showError(e *engine.Engine, tree, tier, v string, err error) error {
 func enginesOf(es []*engine.Engine, rt *control.Runtime) []*engine.Engine {
 	var out []*engine.Engine
 	for _, e := range es {
-		if e.Runtime() == rt {
+		if e.Config().Runtime == rt {
 			out = append(out, e)
 		}
 	}

@@ -197,7 +197,7 @@ func (c *RLSConfig) routes(engines []*engine.Engine, logger *zap.Logger) (map[st
 		return found, n
 	}
 	for _, e := range engines {
-		for _, t := range e.Trees() {
+		for _, t := range e.Config().Trees {
 			if !slices.Contains(all, t.Name) {
 				all = append(all, t.Name)
 			}

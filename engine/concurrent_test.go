@@ -36,7 +36,7 @@ func TestConcurrencySlots(t *testing.T) {
 		if err := e.Add(d, e.Tree("api"), []string{"ann"}); err != nil {
 			t.Fatal(err)
 		}
-		if err := e.Decide(ctx, d, []int64{tokens}); err != nil {
+		if err := e.Decide(ctx, d, Request{Estimates: []int64{tokens}}); err != nil {
 			t.Fatal(err)
 		}
 		return d
@@ -44,7 +44,7 @@ func TestConcurrencySlots(t *testing.T) {
 	slotsLeft := func() int64 {
 		t.Helper()
 		d := decide(0) // looks at the tokens, takes a slot: given back at once
-		defer e.Done(ctx, d)
+		defer d.Done(ctx)
 		if !d.Allowed {
 			return 0
 		}
@@ -67,31 +67,31 @@ func TestConcurrencySlots(t *testing.T) {
 		t.Fatalf("the refused third charged tokens: %d left, want 80", third.Results[0].Remaining)
 	}
 	// A refund gives the tokens back, not the slot.
-	if err := e.Refund(ctx, a); err != nil {
+	if err := a.Refund(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if n := slotsLeft(); n != 0 {
 		t.Fatalf("a refund gave a slot back: %d free", n)
 	}
 	// A reconciled cost touches the tokens only.
-	e.Reconcile(b, Usage{Dimension: "tokens", Actual: 0})
+	b.Reconcile(Usage{Dimension: "tokens", Actual: 0})
 	e.Close() // waits for the reconciliation
 	if n := slotsLeft(); n != 0 {
 		t.Fatalf("a reconciliation gave a slot back: %d free", n)
 	}
-	if err := e.Done(ctx, a); err != nil {
+	if err := a.Done(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if a.NeedsDone() {
 		t.Fatal("a decision still holds its slot after Done")
 	}
-	if err := e.Done(ctx, a); err != nil { // twice is once
+	if err := a.Done(ctx); err != nil { // twice is once
 		t.Fatal(err)
 	}
 	if n := slotsLeft(); n != 1 {
 		t.Fatalf("after one Done (called twice): %d slots free, want 1", n)
 	}
-	e.Done(ctx, b)
+	b.Done(ctx)
 	if n := slotsLeft(); n != 2 {
 		t.Fatalf("after both are done: %d slots free, want 2", n)
 	}
@@ -134,14 +134,14 @@ func TestConcurrencyMixedModes(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		if err := e.Decide(ctx, d, nil); err != nil {
+		if err := e.Decide(ctx, d, Request{}); err != nil {
 			t.Fatal(err)
 		}
 		t.Logf("request %d: allowed %v, holds slots %v", i+1, d.Allowed, d.NeedsDone())
 		if !d.Allowed {
 			t.Fatalf("request %d, sequential (each Done before the next), refused by %s: slots leaked", i+1, d.Blocked)
 		}
-		e.Done(ctx, d) // the response ended
+		d.Done(ctx) // the response ended
 	}
 }
 
@@ -161,7 +161,7 @@ func TestConcurrencyRefusalsAreNoStrikes(t *testing.T) {
 		d := decideUsers(t, e, [2]string{"api", "ann"})
 		t.Logf("retry %d: allowed %v reason %s retry %v", i+1, d.Allowed, d.Reason, d.Retry)
 	}
-	e.Done(ctx, &long) // the long request ends
+	long.Done(ctx) // the long request ends
 	c.now += int64(time.Second / time.Microsecond)
 	d := decideUsers(t, e, [2]string{"api", "ann"})
 	if !d.Allowed {
@@ -194,11 +194,10 @@ func TestReplayRefusedForSlotNotCounted(t *testing.T) {
 		t.Helper()
 		d := new(Decision)
 		e.Begin(d)
-		d.Idempotency = key
 		if err := e.Add(d, e.Tree("api"), []string{"ann"}); err != nil {
 			t.Fatal(err)
 		}
-		if err := e.Decide(ctx, d, nil); err != nil {
+		if err := e.Decide(ctx, d, Request{Idempotency: key}); err != nil {
 			t.Fatal(err)
 		}
 		return d
@@ -207,7 +206,7 @@ func TestReplayRefusedForSlotNotCounted(t *testing.T) {
 	if !first.Allowed || first.Replayed {
 		t.Fatalf("first request: allowed %v replayed %v", first.Allowed, first.Replayed)
 	}
-	e.Done(ctx, first)
+	first.Done(ctx)
 	other := decide("") // takes the only slot
 	if !other.Allowed {
 		t.Fatal("another request refused")
@@ -215,12 +214,12 @@ func TestReplayRefusedForSlotNotCounted(t *testing.T) {
 	if retry := decide("k"); retry.Allowed || retry.Replayed {
 		t.Fatalf("a retry while the slot is taken: allowed %v replayed %v, want refused", retry.Allowed, retry.Replayed)
 	}
-	e.Done(ctx, other)
+	other.Done(ctx)
 	retry := decide("k")
 	if !retry.Allowed || !retry.Replayed {
 		t.Fatalf("the retry once the slot is back: allowed %v replayed %v, want replayed (the refused one was not counted)", retry.Allowed, retry.Replayed)
 	}
-	e.Done(ctx, retry)
+	retry.Done(ctx)
 	if again := decide("k"); !again.Allowed || again.Replayed {
 		t.Fatalf("the next: allowed %v replayed %v, want a new request (its one retry used)", again.Allowed, again.Replayed)
 	}

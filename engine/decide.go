@@ -35,21 +35,50 @@ const (
 	ReasonInFlight = "idempotency_in_flight"
 )
 
+// Request is what a front end says of a request besides its path (Add):
+// what it costs and how it is to be decided. It goes into Decide whole.
+type Request struct {
+	// Estimates are its costs per Config.Dimensions; a bucket of any other
+	// dimension (requests) costs 1.
+	Estimates []int64
+	// Costs, when set, are each bucket's cost instead, one per bucket of
+	// the path: for a front end that says them itself (Envoy's
+	// hits_addend). Decide may lower one (a penalty box is only looked
+	// at; a concurrency limit takes one slot).
+	Costs []int64
+	// Refundable is true when the charge may be refunded later (a cost
+	// reconciled with the response, charge_on): a store that leases
+	// capacity decides it without a lease, since a refund cannot reach
+	// beneath a lease taken after the charge (see rate's Leases).
+	Refundable bool
+	// Idempotency is the request's idempotency key (with
+	// Config.Idempotency): the record of the request, kept with its
+	// path's keys, is decided in the same store call as its charges. A
+	// retry is then admitted without a charge (Decision.Replayed); a
+	// duplicate of one still in flight is refused with Reason
+	// ReasonInFlight. Local decisions keep no records.
+	Idempotency string
+	// Tentative, for a front end that may take the decision back and
+	// decide again (Refund, Redecide), keeps a refusal from counting
+	// towards a penalty box; Strike counts it if it stands.
+	Tentative bool
+	// Untracked, for a front end that never learns when a request ends
+	// (Envoy's rate limit service, a decision endpoint), makes the path's
+	// concurrency limits only looked at: a request refused when they are
+	// full, never taking a slot it could not give back.
+	Untracked bool
+}
+
 // Decision is what the engine decided about one request. A front end keeps
 // it on its stack between Begin and Release: its slices point into pooled
 // memory that Release recycles, so nothing may keep them beyond that.
 type Decision struct {
 	// Buckets are the path's buckets, of every tree that applies.
 	Buckets []hierarchy.Bucket
+	// Request is the request as given to Decide.
+	Request Request
 	// Costs are what the request costs each bucket, in its dimension.
 	Costs []int64
-	// Estimates are the costs given to Decide, per Config.Dimensions.
-	Estimates []int64
-	// Refundable is true when the charge may be refunded later (a cost
-	// reconciled with the response, charge_on): a store that leases
-	// capacity decides it without a lease, since a refund cannot reach
-	// beneath a lease taken after the charge (see rate's Leases).
-	Refundable bool
 	// Limits are the buckets as decided: their effective limits (scaled by
 	// the adaptive factor) and costs.
 	Limits []store.Bucket
@@ -80,28 +109,16 @@ type Decision struct {
 	// Local is true when the store could not decide and Config.Local did,
 	// on each limit's local share.
 	Local bool
-	// Idempotency is the request's idempotency key, set by the front end
-	// before Decide (with Config.Idempotency): the record of the request,
-	// kept with its path's keys, is decided in the same store call as its
-	// charges. Replayed then says the request repeats one admitted before,
-	// and was admitted without a charge (nothing to refund, reconcile or
-	// give back); a duplicate of one still in flight is refused with
-	// Reason ReasonInFlight. Local decisions keep no records.
-	Idempotency string
-	Replayed    bool
-	// Tentative, set by a front end that may take the decision back and
-	// decide again (Refund, Redecide), keeps a refusal from counting
-	// towards a penalty box; Strike counts it if it stands.
-	Tentative bool
+	// Replayed says the request repeats one admitted before (the same
+	// Request.Idempotency key and path), and was admitted without a
+	// charge: nothing to refund, reconcile or give back.
+	Replayed bool
 	// OnStoreError, when the store of the path's route failed, is that
 	// route's failure policy ("deny" or "allow"; "" the front end's own).
 	OnStoreError string
-	// Untracked, set by a front end that never learns when a request ends
-	// (Envoy's rate limit service, a decision endpoint), makes the path's
-	// concurrency limits only looked at: a request refused when they are
-	// full, never taking a slot it could not give back.
-	Untracked bool
 
+	e          *Engine            // the engine that began d
+	single     bool               // the path is one bucket of the engine's single tree (see decideSingle)
 	lenient    string             // the mode of the trees that apply and do not enforce (warn over shadow)
 	localShare float64            // with Local, the share of each limit decided on
 	unwidened  []rate.Limit       // with Config.MaxWait, the limits before reserve widened them
@@ -128,7 +145,7 @@ var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
 
 // Begin readies d for a decision.
 func (e *Engine) Begin(d *Decision) {
-	d.Closest = -1
+	d.e, d.Closest = e, -1
 	d.scratch = scratchPool.Get().(*scratch)
 	d.Buckets = d.scratch.buckets[:0]
 }
@@ -196,31 +213,33 @@ func (e *Engine) Add(d *Decision, t *Tree, values []string) error {
 	} else if d.lenient != Warn {
 		d.lenient = mode
 	}
+	// An override (one set at runtime a moment ago included) makes a path
+	// of other limits, or of none: only the configured one is single.
+	d.single = t == e.single && before == 0 && len(d.Buckets) == 1 && d.Buckets[0].Limit == e.singleLimit && mode == Enforce
 	return nil
 }
 
-// Decide charges the request to every bucket of d's path, all or nothing,
-// in one store call. estimates are its costs per Config.Dimensions; a
-// bucket of another dimension (requests) costs 1. A store error is
-// returned (and d's Reason is store_error); a denial is not an error.
-func (e *Engine) Decide(ctx context.Context, d *Decision, estimates []int64) error {
-	d.Estimates = estimates
-	d.Costs = sized(d.scratch.costs[:], len(d.Buckets))
-	for i, b := range d.Buckets {
-		d.Costs[i] = 1
-		for j, dim := range e.cfg.Dimensions {
-			if dim == b.Limit.Dimension && j < len(estimates) {
-				d.Costs[i] = estimates[j]
+// Decide charges req to every bucket of d's path, all or nothing, in one
+// store call. A store error is returned (and d's Reason is store_error); a
+// denial is not an error.
+func (e *Engine) Decide(ctx context.Context, d *Decision, req Request) error {
+	d.Request = req
+	if req.Costs != nil {
+		d.Costs = req.Costs
+	} else {
+		if d.single {
+			return e.decideSingle(ctx, d)
+		}
+		d.Costs = sized(d.scratch.costs[:], len(d.Buckets))
+		for i, b := range d.Buckets {
+			d.Costs[i] = 1
+			for j, dim := range e.cfg.Dimensions {
+				if dim == b.Limit.Dimension && j < len(req.Estimates) {
+					d.Costs[i] = req.Estimates[j]
+				}
 			}
 		}
 	}
-	return e.DecideCosts(ctx, d)
-}
-
-// DecideCosts is Decide with each bucket's cost already in d.Costs (one
-// per bucket of d.Buckets): for front ends that say the costs themselves
-// (Envoy's hits_addend).
-func (e *Engine) DecideCosts(ctx context.Context, d *Decision) error {
 	d.Mode = Enforce
 	if !d.Enforcing && d.lenient != "" {
 		d.Mode = d.lenient
@@ -241,7 +260,7 @@ func (e *Engine) DecideCosts(ctx context.Context, d *Decision) error {
 			// request alone (see store.Bucket.Holder); only looked at
 			// when nothing will say the request has ended.
 			d.Costs[i], sb[i].Cost, sb[i].Holder = 1, 1, e.holders.Add(1)
-			if d.Untracked {
+			if d.Request.Untracked {
 				d.Costs[i], sb[i].Cost = 0, 0
 			}
 		}
@@ -250,7 +269,7 @@ func (e *Engine) DecideCosts(ctx context.Context, d *Decision) error {
 	d.Limits = sb
 	d.route = e.routeOf(d.Buckets)
 	d.record = store.Bucket{}
-	if d.Idempotency != "" && e.cfg.Idempotency.TTL > 0 {
+	if d.Request.Idempotency != "" && e.cfg.Idempotency.TTL > 0 {
 		d.record = e.recordOf(d)
 	}
 	if e.cfg.MaxWait > 0 {
@@ -283,31 +302,33 @@ func (e *Engine) DecideCosts(ctx context.Context, d *Decision) error {
 	// Whatever decided last (the path, or its enforcing trees alone): the
 	// slots an admitted path took are given back by Done.
 	d.slots = d.Allowed && tookSlots(d.Limits)
-	if !d.Tentative {
-		e.Strike(ctx, d)
+	if !d.Request.Tentative {
+		d.Strike(ctx)
 	}
 	return nil
 }
 
 // Strike counts d's refusal towards its tiers' penalty boxes, if it is an
-// enforced refusal by the limits: Decide does, unless d is Tentative.
-func (e *Engine) Strike(ctx context.Context, d *Decision) {
+// enforced refusal by the limits: Decide does, unless d's request is
+// Tentative.
+func (d *Decision) Strike(ctx context.Context) {
 	if !d.Allowed && d.Reason == ReasonLimited && d.Mode == Enforce && !d.Local {
-		e.strike(ctx, d)
+		d.e.strike(ctx, d)
 	}
 }
 
-// Redecide decides d's path again, from scratch: for a caller that gave
-// back what d's decision charged (Refund) because the path's capacity
-// changed meanwhile (held requests gave their reservations back).
-func (e *Engine) Redecide(ctx context.Context, d *Decision, estimates []int64) error {
+// Redecide decides d's path again, from scratch, for the same request: for
+// a caller that gave back what d's decision charged (Refund) because the
+// path's capacity changed meanwhile (held requests gave their reservations
+// back).
+func (d *Decision) Redecide(ctx context.Context) error {
 	if d.full != nil { // the whole path again, not its enforcing trees alone
 		d.Buckets, d.full = d.full, nil
 	}
 	d.Decision = store.Decision{}
 	d.Wait, d.Retry, d.Reason, d.Blocked, d.Closest = 0, 0, "", "", -1
 	d.Replayed, d.slots, d.recorded, d.Scaled, d.Local, d.unwidened = false, false, false, false, false, nil
-	return e.Decide(ctx, d, estimates)
+	return d.e.Decide(ctx, d, d.Request)
 }
 
 // tookSlots reports whether an admitted path took a concurrency slot.
@@ -566,7 +587,7 @@ func (e *Engine) decideIn(ctx context.Context, d *Decision, limits []store.Bucke
 
 // unleased reports whether d must be decided without a lease: its charge
 // may be refunded, or it carries an idempotency record.
-func (d *Decision) unleased() bool { return d.Refundable || d.record.Key != "" }
+func (d *Decision) unleased() bool { return d.Request.Refundable || d.record.Key != "" }
 
 // recordOf is the idempotency record of d's path and key: in the hash tag
 // of the path's last bucket, named by a hash of the path's values (its
@@ -587,7 +608,7 @@ func (e *Engine) recordOf(d *Decision) store.Bucket {
 			last = path
 		}
 	}
-	h.Write([]byte(d.Idempotency))
+	h.Write([]byte(d.Request.Idempotency))
 	leaf := d.Buckets[len(d.Buckets)-1].Key
 	tag := leaf
 	if i := strings.IndexByte(leaf, '}'); i >= 0 {

@@ -12,14 +12,15 @@
 //	var d engine.Decision
 //	e.Begin(&d)
 //	defer d.Release()
-//	for each tree that applies: e.Add(&d, tree, values)  // the tiers' key values
-//	e.Decide(ctx, &d, estimates)                        // one store call
-//	e.WriteHeaders(header, &d)
+//	for each tree that applies: e.Add(&d, tree, values) // the tiers' key values
+//	e.Decide(ctx, &d, engine.Request{Estimates: …})   // one store call
+//	d.WriteHeaders(header)
 //
-// and answers d.Allowed, or the refusal that d describes. A front end with
-// one tree of one tier and one limit (Single) may decide a request with
-// e.DecideSingle(ctx, &d, tree, value) instead of Add and Decide, which it
-// still calls when DecideSingle declines.
+// and answers d.Allowed, or the refusal that d describes. What it does
+// after, the decision's methods do: Refund (the response says the request
+// should not count), Reconcile (its actual usage is known), Done (it has
+// ended: its concurrency slots go back), Charge (keep what reconciling
+// later needs, beyond Release).
 package engine
 
 import (
@@ -163,8 +164,10 @@ type Tree struct {
 // concurrent use.
 type Engine struct {
 	cfg         Config
-	into        decideInto // the store, when it can decide into reused memory
-	unleased    unleased   // the store, when it leases capacity (package lease)
+	into        decideInto       // the store, when it can decide into reused memory
+	single      *Tree            // the tree whose paths may be decided by decideSingle (nil for none)
+	singleLimit *hierarchy.Limit // its one limit
+	unleased    unleased         // the store, when it leases capacity (package lease)
 	policies    map[*hierarchy.Limit]string
 	headerCache *headerCache
 	denials     *logsample.Sampler
@@ -209,6 +212,9 @@ func New(cfg Config) *Engine {
 	e.holders.Store(rand.Int64N(1 << 52))
 	e.into, _ = cfg.Store.(decideInto)
 	e.unleased, _ = cfg.Store.(unleased)
+	if e.single = e.singleTree(); e.single != nil {
+		e.singleLimit = e.single.Tiers[0].Limits[0]
+	}
 	e.policies = policyItems(cfg.Trees)
 	e.headerCache = &headerCache{policies: e.policies}
 	if cfg.DenialLog != "off" {
@@ -235,32 +241,13 @@ func (e *Engine) Close() {
 	e.adjusting.Wait()
 }
 
-// Config is the engine's configuration: change a copy to make another
-// engine.
-func (e *Engine) Config() Config { return e.cfg }
-
 // Apply installs a snapshot of the store's runtime state (the runtime's
 // subscription does, at every change).
 func (e *Engine) Apply(snap *control.Snapshot) { e.applyRuntime(snap) }
 
-// Store is the engine's store.
-func (e *Engine) Store() store.Store { return e.cfg.Store }
-
-// StoreName names the engine's store.
-func (e *Engine) StoreName() string { return e.cfg.StoreName }
-
-// Runtime is the runtime state of the engine's store (nil for none), where
-// overrides and modes are written.
-func (e *Engine) Runtime() *control.Runtime { return e.cfg.Runtime }
-
-// Top is the most-denied keys of the engine's store (nil for none).
-func (e *Engine) Top() *topk.Sketch { return e.cfg.Top }
-
-// Logger is the engine's logger.
-func (e *Engine) Logger() *zap.Logger { return e.cfg.Logger }
-
-// Trees are the engine's trees, in the configuration's order.
-func (e *Engine) Trees() []*Tree { return e.cfg.Trees }
+// Config is the engine's configuration, as New completed it (its Mode,
+// Logger and Fingerprints set): change a copy to make another engine.
+func (e *Engine) Config() Config { return e.cfg }
 
 // Tree is the engine's tree of that name, or nil.
 func (e *Engine) Tree(name string) *Tree {
@@ -281,9 +268,6 @@ func (e *Engine) treeOf(t *hierarchy.Tree) *Tree {
 	}
 	return nil
 }
-
-// ConfiguredMode is the mode of the configuration.
-func (e *Engine) ConfiguredMode() string { return e.cfg.Mode }
 
 // Mode is the mode in force for tree t: the runtime mode set through the
 // admin API, else the configured one.

@@ -56,7 +56,7 @@ func decide(t *testing.T, e *Engine, tokens int64, values ...string) (Decision, 
 	if err := e.Add(&d, e.Tree("api"), append(d.Values(), values...)); err != nil {
 		return d, err
 	}
-	err := e.Decide(context.Background(), &d, []int64{tokens})
+	err := e.Decide(context.Background(), &d, Request{Estimates: []int64{tokens}})
 	return d, err
 }
 
@@ -178,17 +178,17 @@ func TestRetryAdmits(t *testing.T) {
 	}
 }
 
-// TestHoldReconcile: a held decision reconciles to its actual usage, once
-// per call, synchronously.
-func TestHoldReconcile(t *testing.T) {
+// TestChargeReconcile: a decision's charge, kept beyond the decision,
+// reconciles to its actual usage, once per call, synchronously.
+func TestChargeReconcile(t *testing.T) {
 	e, _ := newEngine(t, "")
 	d, _ := decide(t, e, 500, "acme", "alice")
-	h := e.Hold(&d)
+	c := d.Charge()
 	d.Release()
-	if h == nil {
-		t.Fatal("an admitted decision with an estimate was not held")
+	if c == nil {
+		t.Fatal("an admitted decision with an estimate kept no charge")
 	}
-	adjusted, err := e.ReconcileHeld(context.Background(), h, Usage{Dimension: "tokens", Actual: 120})
+	adjusted, err := c.Reconcile(context.Background(), Usage{Dimension: "tokens", Actual: 120})
 	if err != nil || len(adjusted) != 1 || adjusted[0].Cost != 120-500 {
 		t.Fatalf("corrections %+v, %v: want one refund of 380 to org's tokens", adjusted, err)
 	}
@@ -199,10 +199,10 @@ func TestHoldReconcile(t *testing.T) {
 	if d, _ := decide(t, e, 880, "acme", "alice"); !d.Allowed {
 		t.Fatal("880 tokens refused with 880 left")
 	}
-	// A refused decision holds nothing: nothing was charged.
+	// A refused decision keeps no charge: nothing was charged.
 	d, _ = decide(t, e, 1, "acme", "alice")
-	if e.Hold(&d) != nil {
-		t.Fatal("a refused decision was held")
+	if d.Charge() != nil {
+		t.Fatal("a refused decision kept a charge")
 	}
 }
 
@@ -211,7 +211,7 @@ func TestWriteHeaders(t *testing.T) {
 	d, _ := decide(t, e, 1, "acme", "bob")
 	defer d.Release()
 	hdr := http.Header{}
-	e.WriteHeaders(hdr, &d)
+	d.WriteHeaders(hdr)
 	if p := hdr.Get("RateLimit-Policy"); !strings.Contains(p, `"user";q=2;w=60`) {
 		t.Fatalf("RateLimit-Policy %q lacks bob's own limit", p)
 	}
@@ -223,7 +223,7 @@ func TestWriteHeaders(t *testing.T) {
 	defer d2.Release()
 	defer d3.Release()
 	hdr = http.Header{}
-	e.WriteHeaders(hdr, &d3)
+	d3.WriteHeaders(hdr)
 	if hdr.Get("Retry-After") == "" {
 		t.Fatalf("a refusal without Retry-After: %v", hdr)
 	}
@@ -277,8 +277,7 @@ func TestRefundableNotLeased(t *testing.T) {
 		if err := e.Add(&d, e.Tree("api"), []string{"acme"}); err != nil {
 			t.Fatal(err)
 		}
-		d.Refundable = refundable
-		if err := e.Decide(context.Background(), &d, nil); err != nil || !d.Allowed {
+		if err := e.Decide(context.Background(), &d, Request{Refundable: refundable}); err != nil || !d.Allowed {
 			t.Fatalf("decide: %v, allowed %v", err, d.Allowed)
 		}
 		c.now += 1000
@@ -309,7 +308,7 @@ func TestReleaseClears(t *testing.T) {
 	if err := e.Add(&d, e.Tree("api"), append(d.Values(), "acme", "ann", "a1")); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.Decide(context.Background(), &d, []int64{1}); err != nil || !d.Allowed {
+	if err := e.Decide(context.Background(), &d, Request{Estimates: []int64{1}}); err != nil || !d.Allowed {
 		t.Fatal(err, d.Allowed)
 	}
 	d.Release()

@@ -132,9 +132,6 @@ func (f *Fingerprints) Of(escaped string) string {
 // Value returns the fingerprint of a value as resolved (unescaped).
 func (f *Fingerprints) Value(v string) string { return f.Of(hierarchy.Escape(v)) }
 
-// Fingerprints are the engine's fingerprints of sensitive values.
-func (e *Engine) Fingerprints() *Fingerprints { return e.cfg.Fingerprints }
-
 // Show is what logs and the admin API show of value v of tier: v, or its
 // fingerprint when the tier is sensitive.
 func (e *Engine) Show(tier *hierarchy.Tier, v string) string {

@@ -27,10 +27,11 @@ const ProblemBase = "https://github.com/caddy-cascade/cascade#"
 // exhaustion, or on a denial the policy that denied. t is the wait (in
 // whole seconds, rounded up) until that policy's bucket is full again, or
 // on a denial until this request could be admitted.
-func (e *Engine) WriteHeaders(hdr http.Header, d *Decision) {
+func (d *Decision) WriteHeaders(hdr http.Header) {
 	if d.Buckets == nil || d.Closest < 0 {
 		return
 	}
+	e := d.e
 	cfg := &e.cfg.Headers
 	ietf, xrl := cfg.IETF, cfg.XRateLimit
 	retry := !d.Allowed && !d.Impossible && cfg.RetryAfter

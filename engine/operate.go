@@ -196,10 +196,11 @@ func (e *Engine) Reset(ctx context.Context, t *Tree, values []string, below bool
 // and logs it: the first denial of its key each minute at INFO, the others
 // counted into one line a minute (see logsample). what names the request
 // in the line (its URL path).
-func (e *Engine) NoteDenial(d *Decision, what string) {
+func (d *Decision) NoteDenial(what string) {
 	if d.Closest < 0 || d.Closest >= len(d.Buckets) {
 		return
 	}
+	e := d.e
 	b := d.Buckets[d.Closest]
 	key := b.Key
 	if i := strings.LastIndexByte(key, '#'); i >= 0 {

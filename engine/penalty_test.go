@@ -58,7 +58,7 @@ func decideUsers(t *testing.T, e *Engine, paths ...[2]string) Decision {
 			t.Fatal(err)
 		}
 	}
-	if err := e.Decide(context.Background(), &d, nil); err != nil {
+	if err := e.Decide(context.Background(), &d, Request{}); err != nil {
 		t.Fatal(err)
 	}
 	return d
@@ -81,7 +81,7 @@ func TestPenalty(t *testing.T) {
 						t.Fatalf("round %d: request %d refused", round, i)
 					}
 					hdr := http.Header{}
-					e.WriteHeaders(hdr, &d)
+					d.WriteHeaders(hdr)
 					if p := hdr.Get("RateLimit-Policy"); p != `"user";q=2;w=60` {
 						t.Fatalf("RateLimit-Policy %q, want the user limit alone", p)
 					}
@@ -113,7 +113,7 @@ func TestPenalty(t *testing.T) {
 					t.Fatalf("round %d: a minute on: allowed %v reason %s retry %v, want the 9 minutes left of the penalty", round, d.Allowed, d.Reason, d.Retry)
 				}
 				hdr := http.Header{}
-				e.WriteHeaders(hdr, &d)
+				d.WriteHeaders(hdr)
 				if hdr.Get("Retry-After") != "541" || hdr.Get("RateLimit") != "" { // 540 s and a µs, rounded up
 					t.Fatalf("headers %v, want Retry-After 541 and no RateLimit", hdr)
 				}
@@ -224,7 +224,7 @@ func TestPenaltyClientHangsUp(t *testing.T) {
 		if err := e.Add(&d, e.Tree("api"), []string{"bob"}); err != nil {
 			t.Fatal(err)
 		}
-		if err := e.Decide(ctx, &d, nil); err != nil {
+		if err := e.Decide(ctx, &d, Request{}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -27,14 +27,15 @@ type Usage struct {
 // to the window, or the very charge, that held it (see
 // store.Bucket.Charged). It does nothing for a decision that charged
 // nothing. It returns the corrections it made (nil if none).
-func (e *Engine) Reconcile(d *Decision, usage ...Usage) []store.Bucket {
-	h := e.Hold(d)
-	if h == nil {
+func (d *Decision) Reconcile(usage ...Usage) []store.Bucket {
+	c := d.Charge()
+	if c == nil {
 		return nil
 	}
-	adjust := h.corrections(e.cfg.Dimensions, usage)
+	e := d.e
+	adjust := c.corrections(usage)
 	if len(adjust) > 0 {
-		e.adjustIn(e.storeFor(h.local, h.route), adjust)
+		e.adjustIn(e.storeFor(c.local, c.route), adjust)
 	}
 	return adjust
 }
@@ -78,19 +79,20 @@ func (e *Engine) routeOf(buckets []hierarchy.Bucket) int {
 	return 0
 }
 
-// RouteName is the name of the store that decides d's path (Config.Routes),
+// Route is the name of the store that decides d's path (Config.Routes),
 // "" for Config.Store.
-func (e *Engine) RouteName(d *Decision) string {
+func (d *Decision) Route() string {
 	if d.route == 0 {
 		return ""
 	}
-	return e.cfg.Routes[d.route-1].Name
+	return d.e.cfg.Routes[d.route-1].Name
 }
 
-// Held is what reconciling a decision later needs, kept apart from the
-// decision's pooled memory: for a front end that learns the usage after
-// the decision is gone (a usage report from another proxy).
-type Held struct {
+// Charge is what d charged that reconciling may correct, kept apart from
+// the decision's pooled memory: for a front end that learns the usage
+// after the decision is gone (a usage report from another proxy).
+type Charge struct {
+	e         *Engine
 	buckets   []store.Bucket // each charged bucket, its Cost unset
 	dims      []string       // each bucket's dimension
 	estimates []int64        // per Config.Dimensions
@@ -98,16 +100,17 @@ type Held struct {
 	route     int            // else by this route's store
 }
 
-// Hold keeps what reconciling d needs, or returns nil when d has nothing
+// Charge keeps what reconciling d needs, or returns nil when d has nothing
 // that could be reconciled. A retry admitted without a charge
 // (Decision.Replayed) still reaches the upstream: its actual usage is all
 // debt, as if its estimate had been 0, so that retrying with one key buys
 // no usage for free.
-func (e *Engine) Hold(d *Decision) *Held {
-	if !d.Allowed || len(d.Estimates) != len(e.cfg.Dimensions) || len(e.cfg.Dimensions) == 0 {
+func (d *Decision) Charge() *Charge {
+	e := d.e
+	if !d.Allowed || len(d.Request.Estimates) != len(e.cfg.Dimensions) || len(e.cfg.Dimensions) == 0 {
 		return nil // nothing was estimated, so nothing was charged
 	}
-	h := &Held{estimates: slices.Clone(d.Estimates), local: d.Local, route: d.route}
+	h := &Charge{e: e, estimates: slices.Clone(d.Request.Estimates), local: d.Local, route: d.route}
 	if d.Replayed {
 		clear(h.estimates)
 	}
@@ -120,15 +123,16 @@ func (e *Engine) Hold(d *Decision) *Held {
 	return h
 }
 
-// ReconcileHeld reconciles a held decision like Reconcile, but at once:
+// Reconcile corrects the charge like Decision.Reconcile, but at once:
 // when it returns without an error, the store has applied the corrections
 // it returns.
-func (e *Engine) ReconcileHeld(ctx context.Context, h *Held, usage ...Usage) ([]store.Bucket, error) {
-	adjust := h.corrections(e.cfg.Dimensions, usage)
+func (c *Charge) Reconcile(ctx context.Context, usage ...Usage) ([]store.Bucket, error) {
+	adjust := c.corrections(usage)
 	if len(adjust) == 0 {
 		return nil, nil
 	}
-	err := e.storeFor(h.local, h.route).Adjust(ctx, adjust)
+	e := c.e
+	err := e.storeFor(c.local, c.route).Adjust(ctx, adjust)
 	if e.cfg.Reconciled != nil {
 		e.cfg.Reconciled(err)
 	}
@@ -138,21 +142,21 @@ func (e *Engine) ReconcileHeld(ctx context.Context, h *Held, usage ...Usage) ([]
 	return adjust, nil
 }
 
-// corrections are the adjustments of h's buckets for usage: actual −
+// corrections are the adjustments of c's buckets for usage: actual −
 // estimate, per dimension reported.
-func (h *Held) corrections(dims []string, usage []Usage) []store.Bucket {
+func (c *Charge) corrections(usage []Usage) []store.Bucket {
 	var adjust []store.Bucket
 	for _, u := range usage {
-		j := slices.Index(dims, u.Dimension)
+		j := slices.Index(c.e.cfg.Dimensions, u.Dimension)
 		if j < 0 {
 			continue
 		}
-		delta := u.Actual - h.estimates[j]
+		delta := u.Actual - c.estimates[j]
 		if delta == 0 {
 			continue
 		}
-		for i, b := range h.buckets {
-			if h.dims[i] == u.Dimension {
+		for i, b := range c.buckets {
+			if c.dims[i] == u.Dimension {
 				b.Cost = delta
 				adjust = append(adjust, b)
 			}
@@ -189,7 +193,7 @@ func (e *Engine) adjustIn(st store.Store, adjust []store.Bucket) {
 // the store that charged it, each bucket to the window or the very charge
 // that holds it: for a request that, once answered, should not count
 // (charge_on). It does nothing for a decision that charged nothing.
-func (e *Engine) Refund(ctx context.Context, d *Decision) error {
+func (d *Decision) Refund(ctx context.Context) error {
 	if !d.Allowed || len(d.Limits) == 0 {
 		return nil
 	}
@@ -211,6 +215,7 @@ func (e *Engine) Refund(ctx context.Context, d *Decision) error {
 	if len(adjust) == 0 {
 		return nil
 	}
+	e := d.e
 	err := e.storeFor(d.Local, d.route).Adjust(ctx, adjust)
 	if e.cfg.Reconciled != nil {
 		e.cfg.Reconciled(err)
@@ -227,7 +232,7 @@ func (e *Engine) Refund(ctx context.Context, d *Decision) error {
 // back (the store is unreachable) stays taken until the store drops it: a
 // Redis store's after its slot TTL, when it is no longer renewed; a record
 // whose flight cannot be ended ends after Idempotency.InFlight.
-func (e *Engine) Done(ctx context.Context, d *Decision) error {
+func (d *Decision) Done(ctx context.Context) error {
 	if !d.NeedsDone() {
 		return nil
 	}
@@ -248,6 +253,7 @@ func (e *Engine) Done(ctx context.Context, d *Decision) error {
 		end = append(end, r)
 	}
 	d.slots, d.recorded = false, false
+	e := d.e
 	err := e.storeFor(d.Local, d.route).Adjust(ctx, end)
 	if err != nil {
 		e.cfg.Logger.Warn("rate limit: ending a request in the store failed; its concurrency slots stay taken until the store drops them, its idempotency record in flight until its time is up", zap.Error(e.ShowError(err, d.Buckets)))
@@ -263,13 +269,14 @@ func (d *Decision) NeedsDone() bool { return d.slots || d.recorded }
 // holdsSlot reports whether a decided bucket took a concurrency slot.
 func holdsSlot(b store.Bucket) bool { return b.Limit.Algorithm == rate.Concurrent && b.Cost > 0 }
 
-// AdjustPath corrects each bucket of d's path (built with Add, not decided)
+// Adjust corrects each bucket of d's path (built with Add, not decided)
 // by costs[i] — negative gives back, positive adds debt — at once, in one
 // store call, without deciding anything: for a front end that returns what
 // an earlier call charged (Envoy's is_negative_hits). Buckets whose cost
 // is 0 are left alone. The correction goes to the bucket's current window
 // (the earlier charge's time is not known).
-func (e *Engine) AdjustPath(ctx context.Context, d *Decision, costs []int64) error {
+func (d *Decision) Adjust(ctx context.Context, costs []int64) error {
+	e := d.e
 	adjust := make([]store.Bucket, 0, len(d.Buckets))
 	for i, b := range d.Buckets {
 		if costs[i] == 0 || b.Limit.Rate().Algorithm == rate.Concurrent {

@@ -41,7 +41,7 @@ func TestResetUnroutedTenantIgnoresOtherStores(t *testing.T) {
 	if err := e.Add(&d, e.Tree("api"), append(d.Values(), "acme")); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.Decide(context.Background(), &d, nil); err != nil || !d.Allowed {
+	if err := e.Decide(context.Background(), &d, Request{}); err != nil || !d.Allowed {
 		t.Fatalf("acme's first request: %v, allowed %v", err, d.Allowed)
 	}
 	n, err := e.Reset(context.Background(), e.Tree("api"), []string{"acme"}, false)

@@ -65,7 +65,7 @@ func TestRouteOnError(t *testing.T) {
 			if err := e.Add(&d, e.Tree("api"), append(d.Values(), tt.org)); err != nil {
 				t.Fatal(err)
 			}
-			err := e.Decide(context.Background(), &d, nil)
+			err := e.Decide(context.Background(), &d, Request{})
 			if tt.wantLocal {
 				if err != nil || !d.Local || !d.Allowed {
 					t.Fatalf("err %v, local %v, allowed %v: want decided in memory", err, d.Local, d.Allowed)

@@ -18,7 +18,7 @@ import (
 // a tree of one tier (key {user}) with limit l and the missing policy
 // missing: bob has an override of 3 a minute, carl one of two limits, vip
 // is unlimited; mode is the tree's mode set at runtime ("" for none).
-func singleEngine(t *testing.T, l hierarchy.Limit, missing hierarchy.Missing, mode string, c *clock) (*Engine, *Tree) {
+func singleEngine(t testing.TB, l hierarchy.Limit, missing hierarchy.Missing, mode string, c *clock) (*Engine, *Tree) {
 	t.Helper()
 	tree := &hierarchy.Tree{Name: "api", Tiers: []*hierarchy.Tier{{
 		Name: "user", Key: "{user}", Missing: missing, Limits: []*hierarchy.Limit{&l},
@@ -43,10 +43,10 @@ func singleEngine(t *testing.T, l hierarchy.Limit, missing hierarchy.Missing, mo
 }
 
 // TestDecideSingleAsTheGeneralPath decides the same requests of single-
-// bucket trees on two engines, one through DecideSingle (falling back to
-// Add and Decide when it declines, as the handler does) and one through
-// Add and Decide alone, on one clock, and finds the same decisions: the
-// verdicts, the reasons, the results, the limits as decided, the retry.
+// bucket trees on two engines, one that decides single paths with
+// decideSingle and one made to take the general path for all, on one
+// clock, and finds the same decisions: the verdicts, the reasons, the
+// results, the limits as decided, the retry.
 func TestDecideSingleAsTheGeneralPath(t *testing.T) {
 	limits := []hierarchy.Limit{
 		{Count: 5, Per: "10s"},
@@ -63,9 +63,10 @@ func TestDecideSingleAsTheGeneralPath(t *testing.T) {
 					c := &clock{now: time.Date(2026, 11, 25, 0, 0, 0, 0, time.UTC).UnixMicro()}
 					single, st := singleEngine(t, l, missing, mode, c)
 					general, gt := singleEngine(t, l, missing, mode, c)
-					if !single.Single(st) {
-						t.Fatal("Single refuses a tree of one tier with one limit")
+					if single.single != st {
+						t.Fatal("a tree of one tier with one limit is not single")
 					}
+					general.single = nil
 					rng := rand.New(rand.NewPCG(uint64(len(name)), 7))
 					users := []string{"alice", "carol", "bob", "carl", "vip", ""} // overrides, and "" missing
 					singles := 0
@@ -87,22 +88,21 @@ func TestDecideSingleAsTheGeneralPath(t *testing.T) {
 						v := users[rng.IntN(len(users))]
 						var ds, dg Decision
 						single.Begin(&ds)
-						ok, errS := single.DecideSingle(context.Background(), &ds, st, v)
+						errS := single.Add(&ds, st, append(ds.Values(), v))
+						ok := ds.single
 						if ok {
 							singles++
-						} else {
-							if !reflect.DeepEqual(ds, Decision{Closest: -1, scratch: ds.scratch, Buckets: ds.Buckets}) || len(ds.Buckets) != 0 {
-								t.Fatalf("request %d (%q): DecideSingle declined but changed the decision: %+v", i, v, ds)
-							}
-							errS = single.Add(&ds, st, append(ds.Values(), v))
-							if errS == nil {
-								errS = single.Decide(context.Background(), &ds, nil)
-							}
+						}
+						if errS == nil {
+							errS = single.Decide(context.Background(), &ds, Request{})
 						}
 						general.Begin(&dg)
 						errG := general.Add(&dg, gt, append(dg.Values(), v))
+						if dg.single {
+							t.Fatalf("request %d (%q): the general engine marked a single path", i, v)
+						}
 						if errG == nil {
-							errG = general.Decide(context.Background(), &dg, nil)
+							errG = general.Decide(context.Background(), &dg, Request{})
 						}
 						if fmt.Sprint(errS) != fmt.Sprint(errG) {
 							t.Fatalf("request %d (%q): errors %v and %v", i, v, errS, errG)
@@ -114,7 +114,7 @@ func TestDecideSingleAsTheGeneralPath(t *testing.T) {
 						dg.Release()
 					}
 					if mode == "" && singles == 0 {
-						t.Fatal("no request decided by DecideSingle")
+						t.Fatal("no request decided by decideSingle")
 					}
 				})
 			}
@@ -172,16 +172,19 @@ func TestDecideSingleWhileOverridden(t *testing.T) {
 	for i := range 20_000 {
 		var d Decision
 		e.Begin(&d)
-		ok, err := e.DecideSingle(context.Background(), &d, tree, "alice")
-		if err != nil {
+		if err := e.Add(&d, tree, append(d.Values(), "alice")); err != nil {
+			t.Fatal(err)
+		}
+		ok := d.single
+		if err := e.Decide(context.Background(), &d, Request{}); err != nil {
 			t.Fatal(err)
 		}
 		if ok && (len(d.Buckets) != 1 || len(d.Limits) != 1 || len(d.Results) != 1 || d.Buckets[0].Limit != tree.Tiers[0].Limits[0]) {
 			t.Fatalf("decision %d: a path of %d buckets, %d limits, %d results, on the tier's own limit: %v",
 				i, len(d.Buckets), len(d.Limits), len(d.Results), d.Buckets[0].Limit == tree.Tiers[0].Limits[0])
 		}
-		if !ok && (len(d.Buckets) != 0 || d.Reason != "") {
-			t.Fatalf("decision %d: declined, but left %d buckets and reason %q", i, len(d.Buckets), d.Reason)
+		if !ok && len(d.Limits) != len(d.Buckets) {
+			t.Fatalf("decision %d: the general path decided %d limits of %d buckets", i, len(d.Limits), len(d.Buckets))
 		}
 		d.Release()
 	}
@@ -201,7 +204,8 @@ func view(d Decision) map[string]any {
 	}
 }
 
-// TestSingleRefuses: the trees and engines DecideSingle does not decide.
+// TestSingleRefuses: the trees and engines whose paths decideSingle does
+// not decide.
 func TestSingleRefuses(t *testing.T) {
 	c := &clock{}
 	one := func(mod func(*hierarchy.Tier)) *hierarchy.Tree {
@@ -257,8 +261,35 @@ func TestSingleRefuses(t *testing.T) {
 			}
 			e := New(cfg)
 			defer e.Close()
-			if got := e.Single(et); got != tc.want {
-				t.Fatalf("Single: %v, want %v", got, tc.want)
+			if got := e.single == et; got != tc.want {
+				t.Fatalf("single: %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+// BenchmarkDecide decides requests of a tree of one tier with one limit,
+// on the single-bucket path and on the general one.
+func BenchmarkDecide(b *testing.B) {
+	for _, path := range []string{"single", "general"} {
+		b.Run("path="+path, func(b *testing.B) {
+			c := &clock{now: time.Date(2026, 11, 25, 0, 0, 0, 0, time.UTC).UnixMicro()}
+			e, tree := singleEngine(b, hierarchy.Limit{Count: 1 << 40, Per: "s"}, hierarchy.MissingDeny, "", c)
+			if path == "general" {
+				e.single = nil
+			}
+			ctx := context.Background()
+			b.ReportAllocs()
+			for b.Loop() {
+				var d Decision
+				e.Begin(&d)
+				if err := e.Add(&d, tree, append(d.Values(), "alice")); err != nil {
+					b.Fatal(err)
+				}
+				if err := e.Decide(ctx, &d, Request{}); err != nil || !d.Allowed {
+					b.Fatalf("decided %v, %v", d.Allowed, err)
+				}
+				d.Release()
 			}
 		})
 	}

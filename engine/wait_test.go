@@ -33,7 +33,7 @@ func TestMaxWait(t *testing.T) {
 		if err := e.Add(&d, e.Tree("api"), []string{"bob"}); err != nil {
 			t.Fatal(err)
 		}
-		if err := e.Decide(context.Background(), &d, nil); err != nil {
+		if err := e.Decide(context.Background(), &d, Request{}); err != nil {
 			t.Fatal(err)
 		}
 		return d
@@ -65,7 +65,7 @@ func TestMaxWait(t *testing.T) {
 	if !d.Allowed || d.Wait < 2*time.Second-time.Millisecond {
 		t.Fatalf("after 0.5s: allowed %v wait %v, want admitted after 2s", d.Allowed, d.Wait)
 	}
-	if err := e.Refund(context.Background(), &d); err != nil {
+	if err := d.Refund(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	if d := decideOne(); !d.Allowed || d.Wait < 2*time.Second-time.Millisecond || d.Wait > 2*time.Second+time.Millisecond {
@@ -111,7 +111,7 @@ func TestMaxWaitOnly(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		if err := e.Decide(context.Background(), &d, []int64{tokens}); err != nil {
+		if err := e.Decide(context.Background(), &d, Request{Estimates: []int64{tokens}}); err != nil {
 			t.Fatal(err)
 		}
 		return d
@@ -157,7 +157,7 @@ func TestRedecide(t *testing.T) {
 		if err := e.Add(d, e.Tree("api"), []string{"bob"}); err != nil {
 			t.Fatal(err)
 		}
-		if err := e.Decide(ctx, d, nil); err != nil {
+		if err := e.Decide(ctx, d, Request{}); err != nil {
 			t.Fatal(err)
 		}
 		return d
@@ -171,13 +171,13 @@ func TestRedecide(t *testing.T) {
 	}
 	// The batch request gives its place back; the interactive one gives
 	// back its own and is decided again: it goes at 0.5s.
-	if err := e.Refund(ctx, batch); err != nil {
+	if err := batch.Refund(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.Refund(ctx, interactive); err != nil {
+	if err := interactive.Refund(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.Redecide(ctx, interactive, interactive.Estimates); err != nil {
+	if err := interactive.Redecide(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if !interactive.Allowed || interactive.Wait < 499*time.Millisecond || interactive.Wait > 501*time.Millisecond {

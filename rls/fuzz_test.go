@@ -61,16 +61,16 @@ func FuzzTranslate(f *testing.F) {
 		defer d.Release()
 		rt.Engine.Begin(&refund)
 		defer refund.Release()
-		spans, idx, refunds, err := translate(rt, &req, &d, &refund, nil, nil, nil)
+		spans, idx, costs, refunds, err := translate(rt, &req, &d, &refund, nil, nil, nil)
 		if err != nil {
 			if status.Code(err) != codes.InvalidArgument {
 				t.Fatalf("%v: want InvalidArgument", err)
 			}
 			return
 		}
-		if len(spans) != len(req.GetDescriptors()) || len(d.Costs) != len(d.Buckets) || len(refunds) != len(refund.Buckets) {
+		if len(spans) != len(req.GetDescriptors()) || len(costs) != len(d.Buckets) || len(refunds) != len(refund.Buckets) {
 			t.Fatalf("%d spans of %d descriptors, %d costs of %d buckets, %d refunds of %d", len(spans), len(req.GetDescriptors()),
-				len(d.Costs), len(d.Buckets), len(refunds), len(refund.Buckets))
+				len(costs), len(d.Buckets), len(refunds), len(refund.Buckets))
 		}
 		for i, sp := range spans {
 			if sp.negative && !allowRefunds {
@@ -93,7 +93,7 @@ func FuzzTranslate(f *testing.F) {
 				t.Fatalf("bucket %s charged twice", b.Key)
 			}
 			seen[b.Key] = true
-			if c := d.Costs[i]; c < 0 || c > limit {
+			if c := costs[i]; c < 0 || c > limit {
 				t.Fatalf("bucket %s costs %d", b.Key, c)
 			}
 		}

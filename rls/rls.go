@@ -200,12 +200,12 @@ func (s *Server) decide(ctx context.Context, routes map[string]Route, req *rlsv3
 	var spanBuf [8]span
 	var idxBuf [32]int
 	var costBuf [32]int64
-	spans, idx, refunds, err := translate(rt, req, &d, &refund, spanBuf[:0], idxBuf[:0], costBuf[:0])
+	spans, idx, costs, refunds, err := translate(rt, req, &d, &refund, spanBuf[:0], idxBuf[:0], costBuf[:0])
 	if err != nil {
 		return nil, err
 	}
 	if len(refund.Buckets) > 0 {
-		if err := e.AdjustPath(ctx, &refund, refunds); err != nil {
+		if err := refund.Adjust(ctx, refunds); err != nil {
 			err = e.ShowError(err, refund.Buckets) // a store error may quote a key
 			s.logStoreError("rls: giving back hits failed", req.GetDomain(), err)
 			return nil, status.Errorf(codes.Unavailable, "cascade: the rate limit store could not give the hits back: %v", err)
@@ -220,8 +220,8 @@ func (s *Server) decide(ctx context.Context, routes map[string]Route, req *rlsv3
 	if len(d.Buckets) == 0 {
 		return res, nil // refunds only, or paths with no limit (unlimited values)
 	}
-	d.Untracked = true // Envoy never says when a request ends
-	if err := e.DecideCosts(ctx, &d); err != nil {
+	// Untracked: Envoy never says when a request ends.
+	if err := e.Decide(ctx, &d, engine.Request{Costs: costs, Untracked: true}); err != nil {
 		err = e.ShowError(err, d.Buckets) // a store error may quote a key
 		s.logStoreError("rls: the rate limit store failed", req.GetDomain(), err)
 		return nil, status.Errorf(codes.Unavailable, "cascade: the rate limit store could not decide: %v", err)
@@ -237,10 +237,10 @@ func (s *Server) decide(ctx context.Context, routes map[string]Route, req *rlsv3
 		return res, nil // recorded; nothing shows
 	}
 	hdr := http.Header{}
-	e.WriteHeaders(hdr, &d)
+	d.WriteHeaders(hdr)
 	res.ResponseHeadersToAdd = headersOf(hdr)
 	if !d.Allowed {
-		e.NoteDenial(&d, "rls:"+req.GetDomain())
+		d.NoteDenial("rls:" + req.GetDomain())
 		if mode == engine.Enforce {
 			res.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 			p := engine.NewProblem(http.StatusTooManyRequests, d.Reason, "Too Many Requests", d.Detail(), &d)
@@ -259,19 +259,19 @@ type span struct {
 }
 
 // translate turns a call on route rt into what the store is asked, and
-// touches no store: d's Buckets and Costs (each bucket once, charged the
-// largest addend any descriptor asks of it), refund's Buckets and what
+// touches no store: d's Buckets and their costs (each bucket once, charged
+// the largest addend any descriptor asks of it), refund's Buckets and what
 // each gets back (refunds, negative), each descriptor's span, and idx, the
 // position in d.Buckets of each bucket of a charging span. spans, idx and
 // costs are buffers to append to. Any bad descriptor is an InvalidArgument
 // error, before anything is asked.
-func translate(rt Route, req *rlsv3.RateLimitRequest, d, refund *engine.Decision, spans []span, idx []int, costs []int64) ([]span, []int, []int64, error) {
+func translate(rt Route, req *rlsv3.RateLimitRequest, d, refund *engine.Decision, spans []span, idx []int, costs []int64) (_ []span, _ []int, _, refunds []int64, _ error) {
 	descs := req.GetDescriptors()
 	if len(descs) == 0 {
-		return nil, nil, nil, invalid("a call needs at least one descriptor")
+		return nil, nil, nil, nil, invalid("a call needs at least one descriptor")
 	}
 	if len(descs) > MaxDescriptors {
-		return nil, nil, nil, invalid("%d descriptors in one call, at most %d", len(descs), MaxDescriptors)
+		return nil, nil, nil, nil, invalid("%d descriptors in one call, at most %d", len(descs), MaxDescriptors)
 	}
 	e, t := rt.Engine, rt.Tree
 	dim := rt.Dimension
@@ -282,18 +282,17 @@ func translate(rt Route, req *rlsv3.RateLimitRequest, d, refund *engine.Decision
 	if limit <= 0 {
 		limit = DefaultMaxAddend
 	}
-	var refunds []int64
 	for i, desc := range descs {
 		if desc.GetIsNegativeHits() && !rt.AllowRefunds {
-			return nil, nil, nil, invalid("descriptor %d has is_negative_hits, but domain %s does not take refunds: a caller that may refund can reset any bucket it names (allow them with allow_refunds on the domain: rls { domain %s allow_refunds })",
+			return nil, nil, nil, nil, invalid("descriptor %d has is_negative_hits, but domain %s does not take refunds: a caller that may refund can reset any bucket it names (allow them with allow_refunds on the domain: rls { domain %s allow_refunds })",
 				i, truncate(req.GetDomain(), 128), truncate(req.GetDomain(), 128))
 		}
 		addend, err := addendOf(req, desc, limit)
 		if err != nil {
-			return nil, nil, nil, invalid("descriptor %d: %v", i, err)
+			return nil, nil, nil, nil, invalid("descriptor %d: %v", i, err)
 		}
 		if desc.GetLimit() != nil {
-			return nil, nil, nil, invalid("descriptor %d carries a limit: Cascade's limits are its configuration's (a runtime override through the admin API changes one)", i)
+			return nil, nil, nil, nil, invalid("descriptor %d carries a limit: Cascade's limits are its configuration's (a runtime override through the admin API changes one)", i)
 		}
 		into := d
 		if desc.GetIsNegativeHits() {
@@ -301,11 +300,11 @@ func translate(rt Route, req *rlsv3.RateLimitRequest, d, refund *engine.Decision
 		}
 		values, err := pathOf(t, desc.GetEntries(), into.Values())
 		if err != nil {
-			return nil, nil, nil, invalid("descriptor %d: %v", i, err)
+			return nil, nil, nil, nil, invalid("descriptor %d: %v", i, err)
 		}
 		from := len(into.Buckets)
 		if err := e.Add(into, t, values); err != nil {
-			return nil, nil, nil, invalid("descriptor %d: %v", i, err)
+			return nil, nil, nil, nil, invalid("descriptor %d: %v", i, err)
 		}
 		to := len(into.Buckets)
 		spans = append(spans, span{from: from, to: to, addend: addend, negative: desc.GetIsNegativeHits()})
@@ -341,8 +340,7 @@ func translate(rt Route, req *rlsv3.RateLimitRequest, d, refund *engine.Decision
 		}
 	}
 	d.Buckets = d.Buckets[:merged]
-	d.Costs = costs
-	return spans, idx, refunds, nil
+	return spans, idx, costs, refunds, nil
 }
 
 // addendOf is a descriptor's hits_addend: its own when set, else the

@@ -112,9 +112,9 @@ func TestForwardedHeldPerTenant(t *testing.T) {
 func TestHeldBounds(t *testing.T) {
 	c := &ForwardedConfig{MaxHeld: 20, MaxHeldPerTenant: 8}
 	const ttl = 150 * time.Millisecond
-	p := &held{}
+	p := &pendingReports{}
 	now := time.Unix(0, 0)
-	live := map[string]*heldDecision{} // what the model holds
+	live := map[string]*pendingDecision{} // what the model holds
 	rng := rand.New(rand.NewPCG(1, 2))
 	for i := range 20000 {
 		now = now.Add(time.Millisecond)
@@ -141,7 +141,7 @@ func TestHeldBounds(t *testing.T) {
 			counts[tenant]--
 		}
 		full := sum(counts) >= c.MaxHeld
-		hd := &heldDecision{id: fmt.Sprint(i), tenant: tenant, expires: now.Add(ttl)}
+		hd := &pendingDecision{id: fmt.Sprint(i), tenant: tenant, expires: now.Add(ttl)}
 		p.add(hd, c, now)
 		for id, l := range live {
 			if p.byID[id] != nil {

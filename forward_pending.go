@@ -14,41 +14,42 @@ import (
 	"github.com/caddy-cascade/cascade/hierarchy"
 )
 
-// held are the decisions of one endpoint waiting for their reports,
+// pendingReports are the decisions of one endpoint waiting for their
+// usage reports,
 // bounded in age, in number, and in number per tenant. A tenant at its
 // bound drops its own oldest; when all are at the bound, the tenant
 // holding the most drops its oldest. So a tenant's flood drops only its
 // own decisions, and a tenant holding fewer than any other keeps its own.
-type held struct {
+type pendingReports struct {
 	mu      sync.Mutex
-	byID    map[string]*heldDecision
-	all     heldQueue // every held decision, oldest first
-	tenants map[string]*heldTenant
+	byID    map[string]*pendingDecision
+	all     pendingQueue // every pending decision, oldest first
+	tenants map[string]*pendingTenant
 	largest tenantHeap // the tenants, the one holding the most first
 }
 
-type heldDecision struct {
+type pendingDecision struct {
 	id      string
-	held    *engine.Held
+	charge  *engine.Charge
 	costs   []int // the reconciling costs counted on the path (h.Costs indices)
 	expires time.Time
 	tenant  string
-	links   [2]heldLinks // in held.all, and in its tenant's queue
+	links   [2]pendingLinks // in pendingReports.all, and in its tenant's queue
 }
 
-// heldLinks are a decision's neighbours in one queue.
-type heldLinks struct{ older, newer *heldDecision }
+// pendingLinks are a decision's neighbours in one queue.
+type pendingLinks struct{ older, newer *pendingDecision }
 
-// heldQueue is a queue of held decisions linked through their links[k],
+// pendingQueue is a queue of pending decisions linked through their links[k],
 // from which any may be removed.
-type heldQueue struct {
+type pendingQueue struct {
 	k              int
-	oldest, newest *heldDecision
+	oldest, newest *pendingDecision
 	n              int
 }
 
-func (q *heldQueue) push(hd *heldDecision) {
-	hd.links[q.k] = heldLinks{older: q.newest}
+func (q *pendingQueue) push(hd *pendingDecision) {
+	hd.links[q.k] = pendingLinks{older: q.newest}
 	if q.newest != nil {
 		q.newest.links[q.k].newer = hd
 	} else {
@@ -58,7 +59,7 @@ func (q *heldQueue) push(hd *heldDecision) {
 	q.n++
 }
 
-func (q *heldQueue) remove(hd *heldDecision) {
+func (q *pendingQueue) remove(hd *pendingDecision) {
 	l := hd.links[q.k]
 	if l.older != nil {
 		l.older.links[q.k].newer = l.newer
@@ -70,20 +71,20 @@ func (q *heldQueue) remove(hd *heldDecision) {
 	} else {
 		q.newest = l.older
 	}
-	hd.links[q.k] = heldLinks{}
+	hd.links[q.k] = pendingLinks{}
 	q.n--
 }
 
-// heldTenant is one tenant's held decisions.
-type heldTenant struct {
+// pendingTenant is one tenant's pending decisions.
+type pendingTenant struct {
 	name  string
-	queue heldQueue
-	index int // in held.largest
+	queue pendingQueue
+	index int // in pendingReports.largest
 }
 
 // tenantHeap orders tenants by how many decisions they hold, most first
 // (container/heap).
-type tenantHeap []*heldTenant
+type tenantHeap []*pendingTenant
 
 func (t tenantHeap) Len() int           { return len(t) }
 func (t tenantHeap) Less(i, j int) bool { return t[i].queue.n > t[j].queue.n }
@@ -91,7 +92,10 @@ func (t tenantHeap) Swap(i, j int) {
 	t[i], t[j] = t[j], t[i]
 	t[i].index, t[j].index = i, j
 }
-func (t *tenantHeap) Push(x any) { x.(*heldTenant).index = len(*t); *t = append(*t, x.(*heldTenant)) }
+func (t *tenantHeap) Push(x any) {
+	x.(*pendingTenant).index = len(*t)
+	*t = append(*t, x.(*pendingTenant))
+}
 func (t *tenantHeap) Pop() any {
 	old := *t
 	x := old[len(old)-1]
@@ -102,12 +106,12 @@ func (t *tenantHeap) Pop() any {
 
 // add holds hd until its expiry, within c's bounds (dropping expired
 // decisions first, then as the type says).
-func (p *held) add(hd *heldDecision, c *ForwardedConfig, now time.Time) {
+func (p *pendingReports) add(hd *pendingDecision, c *ForwardedConfig, now time.Time) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.tenants == nil {
-		p.tenants = map[string]*heldTenant{}
-		p.all.k, p.byID = 0, map[string]*heldDecision{}
+		p.tenants = map[string]*pendingTenant{}
+		p.all.k, p.byID = 0, map[string]*pendingDecision{}
 	}
 	for p.all.oldest != nil && now.After(p.all.oldest.expires) {
 		p.remove(p.all.oldest)
@@ -124,7 +128,7 @@ func (p *held) add(hd *heldDecision, c *ForwardedConfig, now time.Time) {
 	}
 	t := p.tenants[hd.tenant]
 	if t == nil {
-		t = &heldTenant{name: hd.tenant, queue: heldQueue{k: 1}}
+		t = &pendingTenant{name: hd.tenant, queue: pendingQueue{k: 1}}
 		p.tenants[hd.tenant] = t
 		heap.Push(&p.largest, t)
 	}
@@ -134,8 +138,8 @@ func (p *held) add(hd *heldDecision, c *ForwardedConfig, now time.Time) {
 	heap.Fix(&p.largest, t.index)
 }
 
-// remove drops hd (held); the lock is held.
-func (p *held) remove(hd *heldDecision) {
+// remove drops hd (pending); the lock is held.
+func (p *pendingReports) remove(hd *pendingDecision) {
 	delete(p.byID, hd.id)
 	p.all.remove(hd)
 	t := p.tenants[hd.tenant]
@@ -148,9 +152,9 @@ func (p *held) remove(hd *heldDecision) {
 	}
 }
 
-// take removes the held decision id and returns it, or nil when it is
+// take removes the pending decision id and returns it, or nil when it is
 // unknown, expired or already reported.
-func (p *held) take(id string, now time.Time) *heldDecision {
+func (p *pendingReports) take(id string, now time.Time) *pendingDecision {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	hd := p.byID[id]
@@ -164,9 +168,9 @@ func (p *held) take(id string, now time.Time) *heldDecision {
 	return hd
 }
 
-// hold keeps d for its report and names it in the answer's
+// awaitReport keeps d's charge for its report and names it in the answer's
 // Cascade-Decision header, when some cost on d's path reconciles.
-func (h *Handler) hold(hdr http.Header, d *decision) {
+func (h *Handler) awaitReport(hdr http.Header, d *decision) {
 	var costs []int
 	for i, c := range h.Costs {
 		if c.Reconcile != nil && slices.ContainsFunc(d.Buckets, func(b hierarchy.Bucket) bool { return b.Limit.Dimension == c.Dimension }) {
@@ -176,15 +180,15 @@ func (h *Handler) hold(hdr http.Header, d *decision) {
 	if len(costs) == 0 || len(d.Buckets) == 0 {
 		return
 	}
-	hd := h.engine.Hold(&d.Decision)
-	if hd == nil {
+	c := d.Charge()
+	if c == nil {
 		return
 	}
 	var b [18]byte
 	_, _ = rand.Read(b[:])
 	id := base64.RawURLEncoding.EncodeToString(b[:])
 	now := time.Now()
-	h.pending.add(&heldDecision{id: id, held: hd, costs: costs, tenant: tenantOf(d.Buckets),
+	h.reports.add(&pendingDecision{id: id, charge: c, costs: costs, tenant: tenantOf(d.Buckets),
 		expires: now.Add(time.Duration(h.Forwarded.ReportTTL))}, h.Forwarded, now)
 	hdr.Set(decisionHeader, id)
 }
