@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -283,6 +284,62 @@ func BenchmarkHandlerZone(b *testing.B) {
 			h, done := benchHandlerOf(b, 0, nil, more)
 			defer done()
 			runHandler(b, h, 1, caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error { return nil }))
+		})
+	}
+}
+
+// BenchmarkHandlerLLM is the handler's own cost per admitted LLM call (a
+// 150-byte chat body) counted in tokens by the llm estimator; with the
+// model as a second tier's key ({http.rate_limit.model}); and in money at
+// the model's price (cost usd llm { price … }).
+func BenchmarkHandlerLLM(b *testing.B) {
+	user := map[string]any{"name": "user", "key": "{http.request.header.X-T0}", "limits": []map[string]any{
+		{"count": int64(1) << 40, "per": "h", "dimension": "tokens"}}}
+	model := map[string]any{"name": "model", "key": "{http.rate_limit.model}", "limits": []map[string]any{
+		{"count": int64(1) << 40, "per": "h", "dimension": "tokens"}}}
+	usd := map[string]any{"name": "user", "key": "{http.request.header.X-T0}", "limits": []map[string]any{
+		{"amount": "1000000", "per": "h", "dimension": "usd"}}}
+	tokens := map[string]any{"dimension": "tokens", "llm": map[string]any{}}
+	priced := map[string]any{"dimension": "usd", "llm": map[string]any{}, "pricing": map[string]any{
+		"prices": []map[string]any{{"model": "gpt-4o-mini*", "input": "0.15", "output": "0.60"}, {"model": "gpt-4o", "input": "2.50", "output": "10"}}}}
+	for _, tc := range []struct {
+		name  string
+		tiers []map[string]any
+		cost  map[string]any
+	}{
+		{"tokens", []map[string]any{user}, tokens},
+		{"tokens,model_key", []map[string]any{user, model}, tokens},
+		{"usd", []map[string]any{usd}, priced},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			h, done := benchHandlerOf(b, 0, nil, map[string]any{
+				"trees": []any{map[string]any{"name": "bench", "tiers": tc.tiers}}, "costs": []any{tc.cost}})
+			defer done()
+			next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error { return nil })
+			body := `{"model":"gpt-4o","max_tokens":50,"messages":[{"role":"user","content":"What is the Pythagorean theorem? Answer in one sentence."}]}`
+			const batch = 1000
+			reqs := make([]*http.Request, batch)
+			ws := make([]headerWriter, batch)
+			b.ReportAllocs()
+			b.ResetTimer()
+			for n := 0; n < b.N; n++ {
+				k := n % batch
+				if k == 0 {
+					b.StopTimer()
+					for j := range reqs {
+						r := httptest.NewRequest("POST", "/v1/chat/completions", strings.NewReader(body))
+						r.Header.Set("X-T0", fmt.Sprintf("v%d", j))
+						repl := caddy.NewReplacer()
+						repl.Map(func(string) (any, bool) { return nil, false })
+						reqs[j] = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, repl))
+						ws[j] = headerWriter{hdr: http.Header{}}
+					}
+					b.StartTimer()
+				}
+				if err := h.ServeHTTP(&ws[k], reqs[k], next); err != nil || ws[k].code == http.StatusTooManyRequests {
+					b.Fatal(err, ws[k].code)
+				}
+			}
 		})
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
+	"github.com/caddy-cascade/cascade/hierarchy"
 	"github.com/caddy-cascade/cascade/internal/caddyfileopt"
 )
 
@@ -174,14 +175,20 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	for d.NextBlock(0) {
 		opt := d.NewFromNextSegment()
 		opt.Next()
+		name := opt.Val()
 		if err := h.unmarshalOption(opt); err != nil {
 			errs = append(errs, err)
+		} else if opt.Next() { // what the option's parser left: not an option of its
+			errs = append(errs, opt.Errf("rate_limit: %s: unexpected %q: see the option's syntax in docs/caddyfile.md", name, opt.Val()))
 		}
 	}
 	if len(errs) > 0 {
 		return errors.Join(errs...)
 	}
-	return h.checkCounted()
+	if err := h.checkCounted(); err != nil {
+		return err
+	}
+	return h.checkMoney()
 }
 
 // unmarshalOption parses one option of the rate_limit block, d at its
@@ -339,6 +346,25 @@ func (h *Handler) checkCounted() error {
 				c.at.file, c.at.line, c.Dimension, c.Dimension, c.Dimension))
 		}
 	}
+	return nil
+}
+
+// checkMoney checks, once the block is parsed, that only a money
+// dimension's limits have decimal counts, and keeps the amounts of money
+// limits alone (Provision turns them into micro-units).
+func (h *Handler) checkMoney() error {
+	money := h.moneyDimensions()
+	for _, c := range h.decimals {
+		if !money[c.dim] {
+			return c.pos.errorf("tree %s: limit %s %s: only money takes a decimal count, and no cost prices %s: use a whole number, or price it (cost %s llm { price <model> input <per 1M tokens> output <per 1M tokens> })",
+				c.tree, c.amount, c.dim, c.dim, c.dim)
+		}
+	}
+	eachLimit(h.Trees, func(l *hierarchy.Limit) {
+		if !money[l.Dimension] {
+			l.Amount = "" // a whole count as written
+		}
+	})
 	return nil
 }
 

@@ -1,6 +1,7 @@
 package cascade
 
 import (
+	"slices"
 	"strconv"
 	"strings"
 
@@ -54,6 +55,8 @@ func (h *Handler) parseCost(d *caddyfile.Dispenser) error {
 		}
 		var err error
 		switch {
+		case c.LLM != nil && (opt == "price" || opt == "default"):
+			err = parsePrice(d, c)
 		case c.LLM != nil:
 			err = parseLLMOption(d, c.LLM)
 		case c.GraphQL != nil:
@@ -66,6 +69,67 @@ func (h *Handler) parseCost(d *caddyfile.Dispenser) error {
 		}
 	}
 	h.Costs = append(h.Costs, c)
+	return nil
+}
+
+// parsePrice parses `price <model> input <x> output <y> [cached_input <z>]`
+// or `default input <x> output <y> [cached_input <z>]`: a model's price per
+// million tokens, which makes c's dimension money.
+func parsePrice(d *caddyfile.Dispenser, c *Cost) error {
+	const usage = "usage: price <model or pattern> input <per 1M tokens> output <per 1M tokens> [cached_input <per 1M tokens>], or default input … output …; e.g. price gpt-4o* input 2.50 output 10"
+	isDefault := d.Val() == "default"
+	args := d.RemainingArgs()
+	var p cost.ModelPrice
+	if !isDefault {
+		if len(args) == 0 {
+			return d.Errf("%s", usage)
+		}
+		p.Model, args = args[0], args[1:]
+	}
+	for len(args) > 0 {
+		if len(args) < 2 {
+			return d.Errf("price %s: %s needs an amount; %s", p.Model, args[0], usage)
+		}
+		var dst *string
+		switch args[0] {
+		case "input":
+			dst = &p.Input
+		case "output":
+			dst = &p.Output
+		case "cached_input":
+			dst = &p.CachedInput
+		default:
+			return d.Errf("price %s: unexpected %q; %s", p.Model, args[0], usage)
+		}
+		if _, err := cost.ParseAmount(args[1]); err != nil {
+			return d.Errf("price %s: %s: %v", p.Model, args[0], err)
+		}
+		*dst, args = args[1], args[2:]
+	}
+	if p.Input == "" || p.Output == "" {
+		return d.Errf("price %s: give both input and output prices; %s", p.Model, usage)
+	}
+	check := cost.Pricing{Default: &p}
+	if !isDefault {
+		check = cost.Pricing{Prices: []cost.ModelPrice{p}}
+	}
+	if err := check.Provision(); err != nil {
+		return d.Errf("cost %s: %v", c.Dimension, err)
+	}
+	if c.Pricing == nil {
+		c.Pricing = &cost.Pricing{}
+	}
+	if isDefault {
+		if c.Pricing.Default != nil {
+			return d.Errf("cost %s: default price given twice", c.Dimension)
+		}
+		c.Pricing.Default = &p
+		return nil
+	}
+	if slices.ContainsFunc(c.Pricing.Prices, func(q cost.ModelPrice) bool { return q.Model == p.Model }) {
+		return d.Errf("cost %s: price %s given twice", c.Dimension, p.Model)
+	}
+	c.Pricing.Prices = append(c.Pricing.Prices, p)
 	return nil
 }
 

@@ -21,7 +21,7 @@ var (
 	valueOptions       = []string{"limit"}
 	zoneOptions        = []string{"key", "events", "window", "match", "ipv4_prefix", "ipv6_prefix", "sensitive"}
 	costOptions        = []string{"reconcile"}
-	llmOptions         = []string{"provider", "chars_per_token", "default_max_tokens", "image_tokens", "max_body_bytes", "on_malformed", "default_cost", "reconcile"}
+	llmOptions         = []string{"provider", "chars_per_token", "default_max_tokens", "image_tokens", "max_body_bytes", "on_malformed", "default_cost", "price", "default", "reconcile"}
 	graphqlOptions     = []string{"model", "default_list_size", "slicing_arguments", "max_body_bytes", "max_tokens", "max_depth", "max_aliases", "max_directives", "max_batch", "max_cost", "schema", "on_malformed", "default_cost", "reconcile"}
 	reconcileOptions   = []string{"provider", "format", "header", "actual"}
 	memoryOptions      = []string{"name", "max_keys"}

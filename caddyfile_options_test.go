@@ -97,3 +97,17 @@ func TestEveryMistakeNamed(t *testing.T) {
 		at = i
 	}
 }
+
+// TestOptionLeftovers: what an option's parser does not read is an error,
+// not a flag silently set (shed_at_floor off turning it on).
+func TestOptionLeftovers(t *testing.T) {
+	for _, opt := range []string{"shed_at_floor off", "use_error_routes false", "max_wait 2s extra", "jitter 0.2 0.3",
+		"max_queued 5 6", "status_code 429 430", "disable_metrics now", "log_key {\n  x\n }"} {
+		t.Run(opt, func(t *testing.T) {
+			_, err := parse(t, "rate_limit {\n zone z {\n  key {remote_host}\n  events 5\n  window 1m\n }\n "+opt+"\n}")
+			if err == nil || !strings.Contains(err.Error(), "unexpected") || !strings.Contains(err.Error(), "Testfile:7") {
+				t.Fatalf("error %v: want the leftover named, at line 7", err)
+			}
+		})
+	}
+}

@@ -1,6 +1,7 @@
 package cascade
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -10,6 +11,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
+	"github.com/caddy-cascade/cascade/cost"
 	"github.com/caddy-cascade/cascade/hierarchy"
 	"github.com/caddy-cascade/cascade/internal/caddyfileopt"
 	"github.com/caddy-cascade/cascade/rate"
@@ -245,16 +247,22 @@ func (h *Handler) parseLimitOf(d *caddyfile.Dispenser, tree string) (*hierarchy.
 	if h.counted == nil {
 		h.counted = map[string]countedAt{}
 	}
+	if strings.Contains(l.Amount, ".") {
+		h.decimals = append(h.decimals, countedAt{tree: tree, pos: pos, dim: l.Dimension, amount: l.Amount})
+	}
 	if _, seen := h.counted[l.Dimension]; !seen {
-		h.counted[l.Dimension] = countedAt{tree, pos}
+		h.counted[l.Dimension] = countedAt{tree: tree, pos: pos}
 	}
 	return l, nil
 }
 
-// countedAt is where a tree first counts a dimension.
+// countedAt is where a tree counts a dimension (for a decimal count, the
+// amount).
 type countedAt struct {
-	tree string
-	pos  position
+	tree   string
+	pos    position
+	dim    string
+	amount string
 }
 
 // parseLimit parses `limit <count>[ <dimension>]/<per> [burst <n>] [algorithm] [tz <zone>]`
@@ -293,11 +301,22 @@ func parseLimit(d *caddyfile.Dispenser) (*hierarchy.Limit, error) {
 			return nil, d.Errf("limit %s %s: no period; %s", rateArg, dimPer, usage)
 		}
 	}
-	n, err := strconv.ParseInt(strings.ReplaceAll(countStr, "_", ""), 10, 64)
+	countStr = strings.ReplaceAll(countStr, "_", "")
+	n, err := strconv.ParseInt(countStr, 10, 64)
+	if strings.Contains(countStr, ".") && l.Dimension != "" {
+		// A decimal amount of money ("0.50 usd/h"): only a money dimension
+		// takes one, which is known once the costs are read (checkMoney).
+		if n, err = cost.ParseAmount(countStr); err == nil && n == 0 {
+			err = errors.New("zero")
+		}
+	}
 	if err != nil || n <= 0 {
-		return nil, d.Errf("limit: count %q must be a positive whole number", countStr)
+		return nil, d.Errf("limit: count %q must be a positive whole number (or, for money, a decimal amount such as 0.50)", countStr)
 	}
 	l.Count, l.Per = n, per
+	if l.Dimension != "" && l.Dimension != hierarchy.Requests {
+		l.Amount = countStr // kept for a money dimension only (checkMoney)
+	}
 	for len(rest) > 0 {
 		switch w := rest[0]; w {
 		case "burst":

@@ -32,6 +32,12 @@ type Cost struct {
 	// LLM estimates tokens from an OpenAI or Anthropic request body:
 	// input characters / 4 plus the maximum output tokens.
 	LLM *cost.LLM `json:"llm,omitempty"`
+	// Pricing, with LLM, makes the dimension money: a request costs its
+	// tokens at the price of the model its body names (input estimate ×
+	// input price + max output × output price up front; the reported
+	// usage × the prices when reconciled), in micro-units. A model with no
+	// price is refused (400) unless Pricing has a default.
+	Pricing *cost.Pricing `json:"pricing,omitempty"`
 	// GraphQL estimates the complexity of a GraphQL query.
 	GraphQL *cost.GraphQL `json:"graphql,omitempty"`
 	// BodySize charges the request body's size in bytes.
@@ -71,6 +77,9 @@ func (c *Cost) provision() error {
 	if set != 1 {
 		return fmt.Errorf("cost %s: give exactly one of a number or placeholder, llm, graphql or body_size", c.Dimension)
 	}
+	if c.Pricing != nil && c.LLM == nil {
+		return fmt.Errorf("cost %s: prices are for llm costs: cost %s llm { price … }", c.Dimension, c.Dimension)
+	}
 	if c.Default != nil && *c.Default < 0 {
 		return fmt.Errorf("cost %s: default %d must not be negative", c.Dimension, *c.Default)
 	}
@@ -86,6 +95,14 @@ func (c *Cost) provision() error {
 			return fmt.Errorf("cost %s: llm: %w", c.Dimension, err)
 		}
 		c.estimator = c.LLM
+		if c.Pricing != nil {
+			if err := c.Pricing.Provision(); err != nil {
+				return fmt.Errorf("cost %s: %w", c.Dimension, err)
+			}
+			if len(c.Pricing.Prices) == 0 && c.Pricing.Default == nil {
+				return fmt.Errorf("cost %s: pricing has no price: add price <model> input <per 1M tokens> output <per 1M tokens>", c.Dimension)
+			}
+		}
 	case c.GraphQL != nil:
 		if strings.HasPrefix(c.GraphQL.Schema, "@") { // schema from a file: "@schema.graphql"
 			sdl, err := os.ReadFile(strings.TrimPrefix(c.GraphQL.Schema, "@"))
@@ -117,7 +134,8 @@ func (c *Cost) provision() error {
 // Only the costs of dimensions that some bucket of the path counts are
 // estimated (the others are 0): a route whose limits count no tokens never
 // has its body read as a chat request, nor refused for not being one.
-func (h *Handler) estimate(r *http.Request, repl *caddy.Replacer, buckets []hierarchy.Bucket) ([]int64, error) {
+func (h *Handler) estimate(r *http.Request, repl *caddy.Replacer, d *decision) ([]int64, error) {
+	buckets := d.Buckets
 	out := make([]int64, len(h.Costs))
 	if len(h.Costs) == 0 {
 		return out, nil
@@ -143,17 +161,10 @@ func (h *Handler) estimate(r *http.Request, repl *caddy.Replacer, buckets []hier
 	}
 	req := &cost.Request{HTTP: r}
 	if peek > 0 {
-		body, truncated, err := cost.PeekBody(r, peek)
-		if err != nil {
-			var mbe *http.MaxBytesError
-			if errors.As(err, &mbe) {
-				return nil, &cost.InputError{Status: http.StatusRequestEntityTooLarge, Type: cost.TypeBodyTooLarge,
-					Title: "Request body too large", Detail: err.Error(), Err: err}
-			}
-			return nil, &cost.InputError{Status: http.StatusBadRequest, Type: cost.TypeBodyRead,
-				Title: "Could not read the request body", Detail: err.Error(), Err: err}
+		if err := d.peek(r, peek); err != nil {
+			return nil, err
 		}
-		req.Body, req.Truncated = body, truncated
+		req.Body, req.Truncated = d.body.bytes, d.body.truncated
 	}
 	for i, c := range h.Costs {
 		var n int64
@@ -166,6 +177,12 @@ func (h *Handler) estimate(r *http.Request, repl *caddy.Replacer, buckets []hier
 			if err != nil {
 				err = &cost.InputError{Status: http.StatusBadRequest, Type: "bad-cost", Title: "Bad Request",
 					Detail: fmt.Sprintf("cost %s: %v", c.Dimension, err)}
+			}
+		case c.Pricing != nil:
+			var u cost.Usage
+			if u, err = c.LLM.EstimateUsage(req); err == nil {
+				d.model = cost.Model(req.Body)
+				n, err = c.priced(u, d.model)
 			}
 		case c.LLM != nil && c.Reconcile != nil:
 			// Count the estimate as the usage will be counted (input only,
@@ -187,6 +204,35 @@ func (h *Handler) estimate(r *http.Request, repl *caddy.Replacer, buckets []hier
 		out[i] = n
 	}
 	return out, nil
+}
+
+// peeked is the start of a request's body, read once for whatever needs it
+// (the costs, the model a key names).
+type peeked struct {
+	bytes     []byte
+	truncated bool  // the body is longer than bytes
+	max       int64 // the most that was asked for: 0 when nothing was peeked
+}
+
+// peek reads the first max bytes of r's body into d.body, unless as many
+// were read already; the upstream still gets every byte (cost.PeekBody). A
+// failure to read is a client error.
+func (d *decision) peek(r *http.Request, max int64) error {
+	if d.body.max >= max || d.body.max > 0 && !d.body.truncated {
+		return nil
+	}
+	body, truncated, err := cost.PeekBody(r, max)
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return &cost.InputError{Status: http.StatusRequestEntityTooLarge, Type: cost.TypeBodyTooLarge,
+				Title: "Request body too large", Detail: err.Error(), Err: err}
+		}
+		return &cost.InputError{Status: http.StatusBadRequest, Type: cost.TypeBodyRead,
+			Title: "Could not read the request body", Detail: err.Error(), Err: err}
+	}
+	d.body = peeked{bytes: body, truncated: truncated, max: max}
+	return nil
 }
 
 // tapped is a response writer that reads usage reports on the way through,
@@ -246,6 +292,32 @@ func readableEncoding(h http.Header) {
 	}
 }
 
+// priced is what usage u of model costs, in micro-units; a model with no
+// price is a client error that names it.
+func (c *Cost) priced(u cost.Usage, model string) (int64, error) {
+	rate, ok := c.Pricing.Lookup(model)
+	if !ok {
+		what := fmt.Sprintf("the model %q", truncate(model, 64))
+		if model == "" {
+			what = "a request that names no model"
+		}
+		return 0, &cost.InputError{Status: http.StatusBadRequest, Type: "unpriced-model", Title: "No price for this model",
+			Detail: fmt.Sprintf("cost %s: %s has no price here: use a priced model, or ask the operator to add 'price %s input <per 1M tokens> output <per 1M tokens>' (or a default price)", c.Dimension, what, truncate(model, 64))}
+	}
+	return rate.Cost(u), nil
+}
+
+// actual is what reported usage u counts in c's dimension, for a request
+// that asked for model.
+func (c *Cost) actual(u cost.Usage, model string) int64 {
+	if c.Pricing != nil {
+		if rate, ok := c.Pricing.Lookup(model); ok {
+			return rate.Cost(u)
+		}
+	}
+	return c.Reconcile.Actual.Cost(u)
+}
+
 // reconcile reconciles d's estimates with the usage the upstream reported
 // through the taps (engine.Decision.Reconcile). No report (a stream cut short)
 // leaves the estimate standing.
@@ -254,7 +326,7 @@ func (h *Handler) reconcile(t tapped, d *decision) {
 	for k, tp := range t.taps {
 		c := h.Costs[t.idx[k]]
 		if u := tp.Usage(); u.Found {
-			usage = append(usage, engine.Usage{Dimension: c.Dimension, Actual: c.Reconcile.Actual.Cost(u)})
+			usage = append(usage, engine.Usage{Dimension: c.Dimension, Actual: c.actual(u, d.model)})
 		}
 	}
 	d.Reconcile(usage...)

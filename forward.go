@@ -66,7 +66,7 @@ type ForwardedConfig struct {
 	untrustedLogged *atomic.Bool // the first refusal of an untrusted peer is logged (set at provision)
 }
 
-// decisionHeader names a held decision, in the endpoint's answer and in a
+// decisionHeader names a pending decision, in the endpoint's answer and in a
 // report.
 const decisionHeader = "Cascade-Decision"
 
@@ -317,7 +317,7 @@ var answer = caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) 
 	return nil
 })
 
-// serveReport reconciles a held decision with the upstream's response a
+// serveReport reconciles a pending decision with the upstream's response a
 // front end reports: the body as the upstream sent it (JSON or an event
 // stream, as its Content-Type says), read by the costs' usage readers.
 func (h *Handler) serveReport(w http.ResponseWriter, r *http.Request) error {
@@ -371,7 +371,7 @@ func (h *Handler) reportedUsage(hd *pendingDecision, hdr http.Header, body []byt
 		tp.WriteHeader(http.StatusOK)
 		_, _ = tp.Write(body)
 		if u := tp.Usage(); u.Found {
-			usage = append(usage, engine.Usage{Dimension: c.Dimension, Actual: c.Reconcile.Actual.Cost(u)})
+			usage = append(usage, engine.Usage{Dimension: c.Dimension, Actual: c.actual(u, hd.model)})
 		}
 	}
 	return usage

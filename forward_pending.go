@@ -31,7 +31,8 @@ type pendingReports struct {
 type pendingDecision struct {
 	id      string
 	charge  *engine.Charge
-	costs   []int // the reconciling costs counted on the path (h.Costs indices)
+	costs   []int  // the reconciling costs counted on the path (h.Costs indices)
+	model   string // the model the request asked for (priced costs)
 	expires time.Time
 	tenant  string
 	links   [2]pendingLinks // in pendingReports.all, and in its tenant's queue
@@ -188,7 +189,7 @@ func (h *Handler) awaitReport(hdr http.Header, d *decision) {
 	_, _ = rand.Read(b[:])
 	id := base64.RawURLEncoding.EncodeToString(b[:])
 	now := time.Now()
-	h.reports.add(&pendingDecision{id: id, charge: c, costs: costs, tenant: tenantOf(d.Buckets),
+	h.reports.add(&pendingDecision{id: id, charge: c, costs: costs, model: d.model, tenant: tenantOf(d.Buckets),
 		expires: now.Add(time.Duration(h.Forwarded.ReportTTL))}, h.Forwarded, now)
 	hdr.Set(decisionHeader, id)
 }

@@ -246,6 +246,37 @@ func TestHeaderCacheMatchesFormatting(t *testing.T) {
 	}
 }
 
+// TestDirectHandlers: which handlers decide with nothing but their one
+// tree's path (decide's direct shortcut): any matcher, cost, idempotency
+// key, wait, decision endpoint or model to read takes the general steps.
+func TestDirectHandlers(t *testing.T) {
+	user := `{"name": "user", "key": "{http.request.header.X-User}", "limits": [{"count": 2, "per": "min"}]}`
+	tree := `{"name": "api", "tiers": [` + user + `]}`
+	for _, tc := range []struct {
+		name, cfg string
+		direct    bool
+	}{
+		{"one tree", `"trees": [` + tree + `]`, true},
+		{"two tiers", `"trees": [{"name": "api", "tiers": [{"name": "org", "key": "{http.request.header.X-Org}", "limits": [{"count": 9, "per": "min"}]}, ` + user + `]}]`, true},
+		{"an mholt zone", `"rate_limits": {"users": {"key": "{http.request.header.X-User}", "window": 60000000000, "max_events": 2}}`, true},
+		{"charged by outcome", `"trees": [` + tree + `], "charge_on": {"status": [200]}`, true},
+		{"two trees", `"trees": [` + tree + `, {"name": "other", "tiers": [` + user + `]}]`, false},
+		{"a matcher", `"trees": [{"name": "api", "match": [{"path": ["/a*"]}], "tiers": [` + user + `]}]`, false},
+		{"waiting", `"trees": [` + tree + `], "max_wait": 1000000000`, false},
+		{"a cost", `"trees": [` + tree + `], "costs": [{"dimension": "tokens", "value": "{http.request.header.X-Tokens}"}]`, false},
+		{"idempotency keys", `"trees": [` + tree + `], "idempotency": {"ttl": 600000000000}`, false},
+		{"a decision endpoint", `"trees": [` + tree + `], "forwarded": {}`, false},
+		{"a model key", `"trees": [{"name": "api", "tiers": [{"name": "model", "key": "{http.rate_limit.model}", "limits": [{"count": 2, "per": "min"}]}]}]`, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := provisionJSON(t, fmt.Sprintf(`{%s, "store": {"memory": {"name": %q}}}`, tc.cfg, t.Name()))
+			if h.direct != tc.direct {
+				t.Fatalf("direct: %v, want %v", h.direct, tc.direct)
+			}
+		})
+	}
+}
+
 // TestOneTierHandlers: a handler of one tree of one tier with one limit
 // (the engine decides its paths on its single-bucket path, see
 // engine.decideSingle; TestSingleRefuses says which) decides by the

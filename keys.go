@@ -19,6 +19,14 @@ import (
 // error), with err saying why.
 func (h *Handler) decide(r *http.Request, repl *caddy.Replacer, d *decision) (int, error) {
 	h.engine.Begin(&d.Decision)
+	if h.readsModel {
+		if err := h.readModel(r, repl, d); err != nil {
+			var ie *cost.InputError
+			errors.As(err, &ie)
+			d.Reason, d.inputErr = reasonBadCost, ie
+			return ie.Status, err
+		}
+	}
 	if h.direct {
 		// One tree that always applies, and nothing to decide besides its
 		// path: the steps below would add nothing.
@@ -49,7 +57,7 @@ func (h *Handler) decide(r *http.Request, repl *caddy.Replacer, d *decision) (in
 	var estimates []int64
 	if len(d.Buckets) > 0 {
 		var err error
-		if estimates, err = h.estimate(r, repl, d.Buckets); err != nil {
+		if estimates, err = h.estimate(r, repl, d); err != nil {
 			var ie *cost.InputError
 			errors.As(err, &ie)
 			d.Reason, d.Buckets, d.inputErr = reasonBadCost, nil, ie
@@ -70,6 +78,32 @@ func (h *Handler) decide(r *http.Request, repl *caddy.Replacer, d *decision) (in
 		req.Idempotency = key
 	}
 	return 0, h.decideWaiting(r.Context(), d, req)
+}
+
+// modelPlaceholder is the model a request's body asks for (OpenAI chat
+// completions and responses, Anthropic messages: the body's top-level
+// model), "" when it names none or is not such a body.
+const modelPlaceholder = "{http.rate_limit.model}"
+
+// readModel reads the model the request's body names, for the trees'
+// keys and matchers, within the largest body an llm cost reads (8 MiB by
+// default).
+func (h *Handler) readModel(r *http.Request, repl *caddy.Replacer, d *decision) error {
+	var limit int64
+	for _, c := range h.Costs {
+		if c.LLM != nil {
+			limit = max(limit, cost.BodyLimit(c.estimator, 1<<20))
+		}
+	}
+	if limit == 0 {
+		limit = cost.DefaultLLMMaxBodyBytes
+	}
+	if err := d.peek(r, limit); err != nil {
+		return err
+	}
+	d.model = cost.Model(d.body.bytes)
+	repl.Set(modelPlaceholder[1:len(modelPlaceholder)-1], d.model)
+	return nil
 }
 
 // add adds the path of tree i, by the request's values of its tiers' keys,

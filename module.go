@@ -212,6 +212,8 @@ type Handler struct {
 	logger     *zap.Logger
 	metrics    *metrics
 	direct     bool      // one tree, no matcher, nothing to decide but its path: decide skips the general steps
+	storeName  string    // the engine's store, in metrics (Config().StoreName)
+	readsModel bool      // a tier's key or a tree's matcher reads {http.rate_limit.model}: decide reads the body's model first
 	quietAdmit bool      // placeholders refused: an admitted request publishes none
 	epoch      time.Time // when provisioned: decisions are timed from it
 	// refundable: a charge may be refunded once the response is known
@@ -225,7 +227,8 @@ type Handler struct {
 	storeErrorLog *logsample.Every // store failures: one logged a second
 	config        configShare
 
-	counted map[string]countedAt // Caddyfile parsing: where each non-request dimension is first counted
+	counted  map[string]countedAt // Caddyfile parsing: where each non-request dimension is first counted
+	decimals []countedAt          // Caddyfile parsing: the limits with a decimal count (money only)
 }
 
 // storeHandles are the stores a handler opened, in the pool shared across

@@ -1,6 +1,7 @@
 package cascade
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"math"
@@ -61,6 +62,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if len(h.trees) == 0 {
 		return errors.New("rate_limit: no limits configured: add a tree { tier ... } or a zone")
 	}
+	if err := h.provisionMoney(); err != nil {
+		return err
+	}
 	seen := map[string]bool{}
 	for _, t := range h.trees {
 		if seen[t.Name] {
@@ -88,6 +92,14 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			if name, ok := strings.CutPrefix(tier.Key, "{http.request.header."); ok && strings.HasSuffix(name, "}") &&
 				!strings.ContainsAny(name[:len(name)-1], "{}:") {
 				t.header[i] = http.CanonicalHeaderKey(name[:len(name)-1])
+			}
+		}
+		for _, tier := range t.Tiers {
+			h.readsModel = h.readsModel || strings.Contains(tier.Key, modelPlaceholder)
+		}
+		for _, set := range t.MatcherSetsRaw {
+			for _, raw := range set {
+				h.readsModel = h.readsModel || bytes.Contains(raw, []byte(modelPlaceholder[1:len(modelPlaceholder)-1]))
 			}
 		}
 		if t.MatcherSetsRaw != nil {
@@ -198,6 +210,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return err
 	}
+	h.storeName = o.Name
 	h.engine = engine.New(engine.Config{
 		Local: local, LocalShare: share, LocalInstances: instances, Routes: routes, OnError: h.onStoreError(),
 		Trees: h.etrees, Dimensions: dims,
@@ -210,7 +223,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		Logger:      h.logger, Reconciled: h.metrics.reconcile,
 	})
 	// Only its path to decide (see decide).
-	h.direct = len(h.trees) == 1 && h.trees[0].matchers == nil && len(h.Costs) == 0 &&
+	h.direct = !h.readsModel && len(h.trees) == 1 && h.trees[0].matchers == nil && len(h.Costs) == 0 &&
 		h.Idempotency == nil && h.MaxWait == 0 && h.Forwarded == nil
 	h.config.unregister = running.Register(h.engine, ctx.Done())
 	h.config.done, h.config.company = ctx.Done(), new(atomic.Int32)

@@ -33,6 +33,8 @@ const (
 type decision struct {
 	engine.Decision
 	inputErr *cost.InputError
+	model    string         // the model the request's body names, when a cost or key reads it
+	body     peeked         // the start of the body, when a cost or key reads it
 	refunded bool           // charge_on gave back its charges: nothing to reconcile (set on charge_on's copy)
 	entry    *waiting.Entry // an interactive request registered as waiting while it is decided (priority)
 }
@@ -62,7 +64,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 		next = answer
 	}
-	if h.ShedAtFloor && h.engine.Config().Mode == engine.Enforce && h.atFloor() {
+	if h.ShedAtFloor && h.Mode != engine.Warn && h.Mode != engine.Shadow && h.atFloor() {
 		return h.shed(w, r, repl)
 	}
 	// The decision's duration on the monotonic clock alone: time.Now
@@ -78,7 +80,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if len(h.Routes) > 0 {
 		name := d.Route()
 		if name == "" {
-			name = h.engine.Config().StoreName
+			name = h.storeName
 		}
 		h.metrics.observeStore(name, d, took)
 	}

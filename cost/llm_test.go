@@ -181,7 +181,7 @@ func TestLLMMalformed(t *testing.T) {
 		if n, err := d.Estimate(llmReq(b)); n != 777 || err != nil {
 			t.Errorf("%.40q with default: %d, %v", b, n, err)
 		}
-		if u, _ := d.EstimateUsage(llmReq(b)); u != (Usage{777, 777, 777, true}) {
+		if u, _ := d.EstimateUsage(llmReq(b)); u != (Usage{Input: 777, Output: 777, Total: 777, Found: true}) {
 			t.Errorf("%.40q with default: usage %+v", b, u)
 		}
 	}

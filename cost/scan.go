@@ -32,6 +32,7 @@ const (
 	nodeUsageFinal       // root.usage, root.response.usage
 	nodeUsageStart       // root.message.usage: provisional, not final
 	nodeCost             // root.extensions.cost
+	nodeDetails          // {root,root.response}.usage.{prompt,input}_tokens_details (OpenAI)
 )
 
 // Usage fields.
@@ -43,6 +44,7 @@ const (
 	fOutputTokens
 	fCacheCreation
 	fCacheRead
+	fCachedTokens // OpenAI's cached_tokens, part of prompt_tokens or input_tokens
 	fGQLActual
 	fGQLRequested
 	fGQLCost // extensions.cost given as a bare number
@@ -68,7 +70,7 @@ const (
 )
 
 const (
-	maxFrames = 4 // root + response/message/extensions + usage/cost
+	maxFrames = 4 // root + response/message/extensions + usage/cost + usage details
 	maxKey    = 32
 )
 
@@ -156,6 +158,9 @@ func (s *usageScanner) usage() Usage {
 			u.Input = s.vals[fInputTokens]
 		}
 		u.Input = satAdd(u.Input, satAdd(s.vals[fCacheCreation], s.vals[fCacheRead]))
+		// Anthropic's cache reads are added to Input above; OpenAI's cached
+		// tokens are already inside it. A provider reports one or the other.
+		u.CachedInput = min(satAdd(s.vals[fCacheRead], s.vals[fCachedTokens]), u.Input)
 		u.Output = s.vals[fCompletionTokens]
 		if has(fOutputTokens) {
 			u.Output = s.vals[fOutputTokens]
@@ -211,6 +216,15 @@ func (s *usageScanner) child() uint8 {
 		if string(k) == "usage" {
 			return nodeUsageFinal
 		}
+	case nodeUsageFinal:
+		// Chat Completions' prompt_tokens_details, the Responses API's
+		// input_tokens_details: where OpenAI counts cached input.
+		switch string(k) {
+		case "prompt_tokens_details", "input_tokens_details":
+			if s.prov&provOpenAI != 0 {
+				return nodeDetails
+			}
+		}
 	case nodeMessage:
 		if string(k) == "usage" {
 			return nodeUsageStart
@@ -254,6 +268,10 @@ func (s *usageScanner) numberField() int {
 			if an {
 				return fCacheRead
 			}
+		}
+	case nodeDetails:
+		if string(k) == "cached_tokens" {
+			return fCachedTokens
 		}
 	case nodeCost:
 		switch string(k) {

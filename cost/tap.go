@@ -33,9 +33,9 @@ type TapConfig struct {
 	Format string `json:"format,omitempty"`
 	// Provider restricts which reports count: "openai" (usage with
 	// prompt/completion or input/output tokens, at the top level or under
-	// response), "anthropic" (usage at the top level or under message,
-	// cache tokens included), "graphql" (extensions.cost) or "auto"
-	// (default: all of them).
+	// response, cached tokens from its details), "anthropic" (usage at the
+	// top level or under message, cache tokens included), "graphql"
+	// (extensions.cost) or "auto" (default: all of them).
 	Provider string `json:"provider,omitempty"`
 	// MaxDecodedBytes bounds the decompressed bytes of a gzip-encoded body
 	// that the side parser reads (default 64 MiB); the client always gets
@@ -85,7 +85,8 @@ func (c TapConfig) Validate() error {
 // through, so streams are neither buffered nor delayed. The tap then feeds
 // the written bytes to an incremental scanner: a JSON state machine that
 // follows object keys only along the paths where reports live (usage,
-// response.usage, message.usage, extensions.cost) and skips every other
+// response.usage, message.usage, their cached-token details,
+// extensions.cost) and skips every other
 // value by counting brackets outside strings — one pass, constant memory,
 // a report found wherever it sits in the document. For server-sent events,
 // each event's data is first gathered in a 4 KiB buffer and scanned only if

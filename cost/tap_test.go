@@ -54,25 +54,25 @@ func TestUsageFromBodies(t *testing.T) {
 		body     string
 		want     Usage
 	}{
-		{"openai chat json", FormatJSON, "", openAIChatJSON, Usage{19, 10, 29, true}},
-		{"openai chat sse", FormatSSE, "", openAIChatSSE, Usage{12, 7, 19, true}},
-		{"openai responses json", FormatJSON, "", openAIResponsesJSON, Usage{36, 87, 123, true}},
-		{"openai responses sse", FormatSSE, "", openAIResponsesSSE, Usage{36, 87, 123, true}},
-		{"anthropic json (cache counted as input)", FormatJSON, "", anthropicJSON, Usage{2245, 503, 2748, true}},
-		{"anthropic sse (last cumulative value wins)", FormatSSE, "", anthropicSSE, Usage{25, 15, 40, true}},
-		{"anthropic sse, provider set", FormatSSE, ProviderAnthropic, anthropicSSE, Usage{25, 15, 40, true}},
+		{"openai chat json", FormatJSON, "", openAIChatJSON, Usage{Input: 19, Output: 10, Total: 29, Found: true}},
+		{"openai chat sse", FormatSSE, "", openAIChatSSE, Usage{Input: 12, Output: 7, Total: 19, Found: true}},
+		{"openai responses json", FormatJSON, "", openAIResponsesJSON, Usage{Input: 36, Output: 87, Total: 123, Found: true}},
+		{"openai responses sse", FormatSSE, "", openAIResponsesSSE, Usage{Input: 36, Output: 87, Total: 123, Found: true}},
+		{"anthropic json (cache counted as input)", FormatJSON, "", anthropicJSON, Usage{Input: 2245, Output: 503, CachedInput: 50, Total: 2748, Found: true}},
+		{"anthropic sse (last cumulative value wins)", FormatSSE, "", anthropicSSE, Usage{Input: 25, Output: 15, Total: 40, Found: true}},
+		{"anthropic sse, provider set", FormatSSE, ProviderAnthropic, anthropicSSE, Usage{Input: 25, Output: 15, Total: 40, Found: true}},
 		{"anthropic delta repeating input", FormatSSE, "", strings.Replace(anthropicSSE, `"usage":{"output_tokens":15}`,
-			`"usage":{"input_tokens":30,"cache_creation_input_tokens":0,"cache_read_input_tokens":4,"output_tokens":15}`, 1), Usage{34, 15, 49, true}},
-		{"graphql extensions.cost", FormatJSON, "", graphQLCostJSON, Usage{0, 0, 46, true}},
-		{"graphql requested only", FormatJSON, ProviderGraphQL, `{"data":{},"extensions":{"cost":{"requestedQueryCost":12}}}`, Usage{0, 0, 12, true}},
-		{"graphql bare cost", FormatJSON, ProviderGraphQL, `{"extensions":{"cost":7},"data":null}`, Usage{0, 0, 7, true}},
+			`"usage":{"input_tokens":30,"cache_creation_input_tokens":0,"cache_read_input_tokens":4,"output_tokens":15}`, 1), Usage{Input: 34, Output: 15, CachedInput: 4, Total: 49, Found: true}},
+		{"graphql extensions.cost", FormatJSON, "", graphQLCostJSON, Usage{Input: 0, Output: 0, Total: 46, Found: true}},
+		{"graphql requested only", FormatJSON, ProviderGraphQL, `{"data":{},"extensions":{"cost":{"requestedQueryCost":12}}}`, Usage{Input: 0, Output: 0, Total: 12, Found: true}},
+		{"graphql bare cost", FormatJSON, ProviderGraphQL, `{"extensions":{"cost":7},"data":null}`, Usage{Input: 0, Output: 0, Total: 7, Found: true}},
 		{"provider filter ignores other shapes", FormatJSON, ProviderGraphQL, openAIChatJSON, Usage{}},
-		{"openai provider ignores anthropic message_start", FormatSSE, ProviderOpenAI, anthropicSSE, Usage{0, 15, 15, true}},
-		{"crlf line endings", FormatSSE, "", strings.ReplaceAll(anthropicSSE, "\n", "\r\n"), Usage{25, 15, 40, true}},
-		{"cr line endings", FormatSSE, "", strings.ReplaceAll(openAIChatSSE, "\n", "\r"), Usage{12, 7, 19, true}},
-		{"multi-line data", FormatSSE, "", "data: {\"usage\":\ndata: {\"input_tokens\":3,\ndata: \"output_tokens\":4}}\n\n", Usage{3, 4, 7, true}},
-		{"usage first in the object", FormatJSON, "", `{"usage":{"prompt_tokens":1,"completion_tokens":2},"choices":[{"message":{"content":"x"}}]}`, Usage{1, 2, 3, true}},
-		{"ndjson: last document wins", FormatJSON, "", `{"usage":{"input_tokens":1,"output_tokens":1}}` + "\n" + `{"usage":{"input_tokens":5,"output_tokens":6}}`, Usage{5, 6, 11, true}},
+		{"openai provider ignores anthropic message_start", FormatSSE, ProviderOpenAI, anthropicSSE, Usage{Input: 0, Output: 15, Total: 15, Found: true}},
+		{"crlf line endings", FormatSSE, "", strings.ReplaceAll(anthropicSSE, "\n", "\r\n"), Usage{Input: 25, Output: 15, Total: 40, Found: true}},
+		{"cr line endings", FormatSSE, "", strings.ReplaceAll(openAIChatSSE, "\n", "\r"), Usage{Input: 12, Output: 7, Total: 19, Found: true}},
+		{"multi-line data", FormatSSE, "", "data: {\"usage\":\ndata: {\"input_tokens\":3,\ndata: \"output_tokens\":4}}\n\n", Usage{Input: 3, Output: 4, Total: 7, Found: true}},
+		{"usage first in the object", FormatJSON, "", `{"usage":{"prompt_tokens":1,"completion_tokens":2},"choices":[{"message":{"content":"x"}}]}`, Usage{Input: 1, Output: 2, Total: 3, Found: true}},
+		{"ndjson: last document wins", FormatJSON, "", `{"usage":{"input_tokens":1,"output_tokens":1}}` + "\n" + `{"usage":{"input_tokens":5,"output_tokens":6}}`, Usage{Input: 5, Output: 6, Total: 11, Found: true}},
 		{"nested usage is not a report", FormatJSON, "", `{"choices":[{"usage":{"prompt_tokens":9}}],"data":{"usage":{"input_tokens":9}}}`, Usage{}},
 		{"error body", FormatJSON, "", `{"error":{"message":"Rate limit reached","type":"requests","code":"rate_limit_exceeded"}}`, Usage{}},
 		{"not json", FormatJSON, "", `<html>Bad gateway</html>`, Usage{}},
@@ -80,12 +80,12 @@ func TestUsageFromBodies(t *testing.T) {
 		{"anthropic stream cut after message_start", FormatSSE, "", anthropicSSE[:strings.Index(anthropicSSE, "event: message_delta")], Usage{}},
 		{"cut in the middle of the usage event", FormatSSE, "", openAIChatSSE[:strings.Index(openAIChatSSE, "\"total_tokens\":19")+16], Usage{}},
 		{"cut in the middle of a json body", FormatJSON, "", openAIChatJSON[:len(openAIChatJSON)-30], Usage{}},
-		{"fractions truncate, negatives are zero", FormatJSON, "", `{"usage":{"input_tokens":12.7,"output_tokens":-3}}`, Usage{12, 0, 12, true}},
-		{"exponents are ignored", FormatJSON, "", `{"usage":{"input_tokens":1e3,"output_tokens":2}}`, Usage{0, 2, 2, true}},
+		{"fractions truncate, negatives are zero", FormatJSON, "", `{"usage":{"input_tokens":12.7,"output_tokens":-3}}`, Usage{Input: 12, Output: 0, Total: 12, Found: true}},
+		{"exponents are ignored", FormatJSON, "", `{"usage":{"input_tokens":1e3,"output_tokens":2}}`, Usage{Input: 0, Output: 2, Total: 2, Found: true}},
 		{"escaped keys are never usage keys", FormatJSON, "", `{"us\u0061ge":{"input_tokens":5,"output_tokens":1}}`, Usage{}},
-		{"escapes everywhere", FormatJSON, "", `{"a\"b":"\\","c":{"d\\":"x\"y"},"usage":{"input_tokens":5,"output_tokens":1}}`, Usage{5, 1, 6, true}},
-		{"escape-heavy content (linear time)", FormatJSON, "", `{"choices":[{"message":{"content":"` + strings.Repeat(`line\n`, 40000) + `"}}],"usage":{"input_tokens":1,"output_tokens":2}}`, Usage{1, 2, 3, true}},
-		{"huge numbers saturate", FormatJSON, "", `{"usage":{"input_tokens":99999999999999999999999,"output_tokens":1}}`, Usage{1<<63 - 1, 1, 1<<63 - 1, true}},
+		{"escapes everywhere", FormatJSON, "", `{"a\"b":"\\","c":{"d\\":"x\"y"},"usage":{"input_tokens":5,"output_tokens":1}}`, Usage{Input: 5, Output: 1, Total: 6, Found: true}},
+		{"escape-heavy content (linear time)", FormatJSON, "", `{"choices":[{"message":{"content":"` + strings.Repeat(`line\n`, 40000) + `"}}],"usage":{"input_tokens":1,"output_tokens":2}}`, Usage{Input: 1, Output: 2, Total: 3, Found: true}},
+		{"huge numbers saturate", FormatJSON, "", `{"usage":{"input_tokens":99999999999999999999999,"output_tokens":1}}`, Usage{Input: 1<<63 - 1, Output: 1, Total: 1<<63 - 1, Found: true}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -163,7 +163,7 @@ func TestTapPassesThroughUnbuffered(t *testing.T) {
 	if rec.Body.String() != anthropicSSE {
 		t.Fatal("client body differs")
 	}
-	if u := tap.Usage(); u != (Usage{25, 15, 40, true}) {
+	if u := tap.Usage(); u != (Usage{Input: 25, Output: 15, Total: 40, Found: true}) {
 		t.Fatalf("usage %+v", u)
 	}
 	if tap.Status() != 200 || tap.Written() != int64(len(anthropicSSE)) || tap.Unwrap() != log {
@@ -213,8 +213,8 @@ func TestTapGzip(t *testing.T) {
 		ct, body string
 		want     Usage
 	}{
-		{"application/json", openAIChatJSON, Usage{19, 10, 29, true}},
-		{"text/event-stream", anthropicSSE, Usage{25, 15, 40, true}},
+		{"application/json", openAIChatJSON, Usage{Input: 19, Output: 10, Total: 29, Found: true}},
+		{"text/event-stream", anthropicSSE, Usage{Input: 25, Output: 15, Total: 40, Found: true}},
 	} {
 		z := gzipped(tt.body)
 		for _, chunk := range []int{1, 13, len(z)} {
@@ -288,12 +288,12 @@ func TestTapThroughReverseProxy(t *testing.T) {
 		gzip           bool
 		want           Usage
 	}{
-		{"openai json", "application/json", openAIChatJSON, false, Usage{19, 10, 29, true}},
-		{"openai sse", "text/event-stream", openAIChatSSE, false, Usage{12, 7, 19, true}},
-		{"openai responses sse", "text/event-stream; charset=utf-8", openAIResponsesSSE, false, Usage{36, 87, 123, true}},
-		{"anthropic json gzip", "application/json", anthropicJSON, true, Usage{2245, 503, 2748, true}},
-		{"anthropic sse", "text/event-stream", anthropicSSE, false, Usage{25, 15, 40, true}},
-		{"graphql", "application/json", graphQLCostJSON, false, Usage{0, 0, 46, true}},
+		{"openai json", "application/json", openAIChatJSON, false, Usage{Input: 19, Output: 10, Total: 29, Found: true}},
+		{"openai sse", "text/event-stream", openAIChatSSE, false, Usage{Input: 12, Output: 7, Total: 19, Found: true}},
+		{"openai responses sse", "text/event-stream; charset=utf-8", openAIResponsesSSE, false, Usage{Input: 36, Output: 87, Total: 123, Found: true}},
+		{"anthropic json gzip", "application/json", anthropicJSON, true, Usage{Input: 2245, Output: 503, CachedInput: 50, Total: 2748, Found: true}},
+		{"anthropic sse", "text/event-stream", anthropicSSE, false, Usage{Input: 25, Output: 15, Total: 40, Found: true}},
+		{"graphql", "application/json", graphQLCostJSON, false, Usage{Input: 0, Output: 0, Total: 46, Found: true}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -418,7 +418,7 @@ func TestTapStreamsEventByEvent(t *testing.T) {
 			read <- struct{}{}
 		}
 	}
-	if u := <-gw.usage; u != (Usage{25, 15, 40, true}) {
+	if u := <-gw.usage; u != (Usage{Input: 25, Output: 15, Total: 40, Found: true}) {
 		t.Fatalf("usage %+v", u)
 	}
 }
@@ -510,12 +510,104 @@ func TestSSELargeEventStreams(t *testing.T) {
 	text := strings.Repeat("All work and no play. ", 2000)
 	ev := `data: {"type":"response.completed","response":{"output":[{"type":"message","content":[{"type":"output_text","text":"` + text + `"}]}],"usage":{"input_tokens":7,"output_tokens":11000,"total_tokens":11007}}}` + "\n\n"
 	for _, chunk := range []int{1, 100, len(ev)} {
-		if got := scanBody(FormatSSE, "", ev, chunk); got != (Usage{7, 11000, 11007, true}) {
+		if got := scanBody(FormatSSE, "", ev, chunk); got != (Usage{Input: 7, Output: 11000, Total: 11007, Found: true}) {
 			t.Fatalf("chunk %d: %+v", chunk, got)
 		}
 	}
 	// No blank line at the end: the complete document is still read.
-	if got := scanBody(FormatSSE, "", strings.TrimSuffix(openAIChatSSE, "\n\ndata: [DONE]\n\n"), 10); got != (Usage{12, 7, 19, true}) {
+	if got := scanBody(FormatSSE, "", strings.TrimSuffix(openAIChatSSE, "\n\ndata: [DONE]\n\n"), 10); got != (Usage{Input: 12, Output: 7, Total: 19, Found: true}) {
 		t.Fatalf("unterminated last event: %+v", got)
+	}
+}
+
+// Payloads of calls that hit the providers' prompt caches.
+const (
+	openAIChatCachedJSON = `{"id":"chatcmpl-BQ4Zq1","object":"chat.completion","created":1745840000,"model":"gpt-4o-2024-08-06","choices":[{"index":0,"message":{"role":"assistant","content":"Sure.","refusal":null,"annotations":[]},"logprobs":null,"finish_reason":"stop"}],"usage":{"prompt_tokens":2006,"completion_tokens":300,"total_tokens":2306,"prompt_tokens_details":{"cached_tokens":1920,"audio_tokens":0},"completion_tokens_details":{"reasoning_tokens":0,"audio_tokens":0,"accepted_prediction_tokens":0,"rejected_prediction_tokens":0}},"service_tier":"default","system_fingerprint":"fp_f5bdcc3276"}`
+
+	openAIChatCachedSSE = "data: {\"id\":\"chatcmpl-2\",\"object\":\"chat.completion.chunk\",\"created\":1745840000,\"model\":\"gpt-4o-mini\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"logprobs\":null,\"finish_reason\":null}],\"usage\":null}\n\n" +
+		"data: {\"id\":\"chatcmpl-2\",\"object\":\"chat.completion.chunk\",\"created\":1745840000,\"model\":\"gpt-4o-mini\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Sure.\"},\"logprobs\":null,\"finish_reason\":null}],\"usage\":null}\n\n" +
+		"data: {\"id\":\"chatcmpl-2\",\"object\":\"chat.completion.chunk\",\"created\":1745840000,\"model\":\"gpt-4o-mini\",\"choices\":[{\"index\":0,\"delta\":{},\"logprobs\":null,\"finish_reason\":\"stop\"}],\"usage\":null}\n\n" +
+		"data: {\"id\":\"chatcmpl-2\",\"object\":\"chat.completion.chunk\",\"created\":1745840000,\"model\":\"gpt-4o-mini\",\"choices\":[],\"usage\":{\"prompt_tokens\":1200,\"completion_tokens\":2,\"total_tokens\":1202,\"prompt_tokens_details\":{\"cached_tokens\":1024,\"audio_tokens\":0},\"completion_tokens_details\":{\"reasoning_tokens\":0,\"audio_tokens\":0,\"accepted_prediction_tokens\":0,\"rejected_prediction_tokens\":0}}}\n\n" +
+		"data: [DONE]\n\n"
+
+	openAIResponsesCachedJSON = `{"id":"resp_6810a1","object":"response","created_at":1745840000,"status":"completed","error":null,"model":"gpt-4.1-2025-04-14","output":[{"type":"message","id":"msg_6810a1","status":"completed","role":"assistant","content":[{"type":"output_text","text":"Sure.","annotations":[]}]}],"parallel_tool_calls":true,"usage":{"input_tokens":1536,"input_tokens_details":{"cached_tokens":1280},"output_tokens":87,"output_tokens_details":{"reasoning_tokens":0},"total_tokens":1623},"user":null,"metadata":{}}`
+
+	openAIResponsesCachedSSE = "event: response.created\ndata: {\"type\":\"response.created\",\"sequence_number\":0,\"response\":{\"id\":\"resp_2\",\"object\":\"response\",\"status\":\"in_progress\",\"output\":[],\"usage\":null}}\n\n" +
+		"event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"sequence_number\":1,\"item_id\":\"msg_2\",\"output_index\":0,\"content_index\":0,\"delta\":\"Sure.\"}\n\n" +
+		"event: response.completed\ndata: {\"type\":\"response.completed\",\"sequence_number\":5,\"response\":{\"id\":\"resp_2\",\"object\":\"response\",\"status\":\"completed\",\"output\":[{\"type\":\"message\",\"content\":[{\"type\":\"output_text\",\"text\":\"Sure.\"}]}],\"usage\":{\"input_tokens\":1536,\"input_tokens_details\":{\"cached_tokens\":1280},\"output_tokens\":87,\"output_tokens_details\":{\"reasoning_tokens\":0},\"total_tokens\":1623}}}\n\n"
+
+	anthropicCachedJSON = `{"id":"msg_01XFDUDYJgAACzvnptvVoYEL","type":"message","role":"assistant","model":"claude-sonnet-4-5","content":[{"type":"text","text":"Sure."}],"stop_reason":"end_turn","stop_sequence":null,"usage":{"input_tokens":10,"cache_creation_input_tokens":100,"cache_read_input_tokens":2000,"cache_creation":{"ephemeral_5m_input_tokens":100,"ephemeral_1h_input_tokens":0},"output_tokens":20,"service_tier":"standard"}}`
+
+	anthropicCachedSSE = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_2\",\"type\":\"message\",\"role\":\"assistant\",\"content\":[],\"model\":\"claude-sonnet-4-5\",\"stop_reason\":null,\"stop_sequence\":null,\"usage\":{\"input_tokens\":25,\"cache_creation_input_tokens\":0,\"cache_read_input_tokens\":1800,\"output_tokens\":1}}}\n\n" +
+		"event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n" +
+		"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Sure.\"}}\n\n" +
+		"event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}\n\n" +
+		"event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\",\"stop_sequence\":null},\"usage\":{\"output_tokens\":15}}\n\n" +
+		"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"
+)
+
+func TestUsageCachedInput(t *testing.T) {
+	large := strings.Repeat("All work and no play. ", 400) // > the SSE filter's buffer
+	tests := []struct {
+		name     string
+		format   string
+		provider string
+		body     string
+		want     Usage
+	}{
+		{"openai chat json", FormatJSON, "", openAIChatCachedJSON, Usage{Input: 2006, Output: 300, CachedInput: 1920, Total: 2306, Found: true}},
+		{"openai chat json, provider set", FormatJSON, ProviderOpenAI, openAIChatCachedJSON, Usage{Input: 2006, Output: 300, CachedInput: 1920, Total: 2306, Found: true}},
+		{"openai chat sse", FormatSSE, "", openAIChatCachedSSE, Usage{Input: 1200, Output: 2, CachedInput: 1024, Total: 1202, Found: true}},
+		{"openai responses json", FormatJSON, "", openAIResponsesCachedJSON, Usage{Input: 1536, Output: 87, CachedInput: 1280, Total: 1623, Found: true}},
+		{"openai responses sse", FormatSSE, "", openAIResponsesCachedSSE, Usage{Input: 1536, Output: 87, CachedInput: 1280, Total: 1623, Found: true}},
+		{"openai responses sse, event larger than the filter buffer", FormatSSE, "",
+			strings.Replace(openAIResponsesCachedSSE, `\"text\":\"Sure.\"}]}]`, `\"text\":\"`+large+`\"}]}]`, 1),
+			Usage{Input: 1536, Output: 87, CachedInput: 1280, Total: 1623, Found: true}},
+		{"anthropic json: creation is plain input, reads are cached", FormatJSON, "", anthropicCachedJSON, Usage{Input: 2110, Output: 20, CachedInput: 2000, Total: 2130, Found: true}},
+		{"anthropic sse: message_start's cache reads stand", FormatSSE, "", anthropicCachedSSE, Usage{Input: 1825, Output: 15, CachedInput: 1800, Total: 1840, Found: true}},
+		{"anthropic sse: message_delta repeats the cumulative counts", FormatSSE, ProviderAnthropic,
+			strings.Replace(anthropicCachedSSE, `\"usage\":{\"output_tokens\":15}`,
+				`\"usage\":{\"input_tokens\":25,\"cache_creation_input_tokens\":0,\"cache_read_input_tokens\":1800,\"output_tokens\":15}`, 1),
+			Usage{Input: 1825, Output: 15, CachedInput: 1800, Total: 1840, Found: true}},
+		{"no cache hit", FormatJSON, "", openAIChatJSON, Usage{Input: 19, Output: 10, Total: 29, Found: true}},
+		{"details before the counts", FormatJSON, "", `{"usage":{"prompt_tokens_details":{"cached_tokens":64},"prompt_tokens":100,"completion_tokens":5}}`, Usage{Input: 100, Output: 5, CachedInput: 64, Total: 105, Found: true}},
+		{"cached tokens elsewhere do not count", FormatJSON, "",
+			`{"choices":[{"usage":{"prompt_tokens_details":{"cached_tokens":9}}}],"cached_tokens":9,"usage":{"prompt_tokens":10,"completion_tokens":1,"completion_tokens_details":{"cached_tokens":9},"cached_tokens":9}}`,
+			Usage{Input: 10, Output: 1, Total: 11, Found: true}},
+		{"null details", FormatJSON, "", `{"usage":{"input_tokens":10,"input_tokens_details":null,"output_tokens":1}}`, Usage{Input: 10, Output: 1, Total: 11, Found: true}},
+		{"escaped key is never read", FormatJSON, "", `{"usage":{"prompt_tokens":10,"completion_tokens":1,"prompt_tokens_details":{"cached\u005ftokens":8}}}`, Usage{Input: 10, Output: 1, Total: 11, Found: true}},
+		{"cached capped at input", FormatJSON, "", `{"usage":{"prompt_tokens":10,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":50}}}`, Usage{Input: 10, Output: 1, CachedInput: 10, Total: 11, Found: true}},
+		{"negative cached is zero", FormatJSON, "", `{"usage":{"prompt_tokens":10,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":-5}}}`, Usage{Input: 10, Output: 1, Total: 11, Found: true}},
+		{"anthropic provider ignores openai details", FormatJSON, ProviderAnthropic, openAIResponsesCachedJSON, Usage{Input: 1536, Output: 87, Total: 1623, Found: true}},
+		{"openai provider ignores anthropic cache fields", FormatJSON, ProviderOpenAI, anthropicCachedJSON, Usage{Input: 10, Output: 20, Total: 30, Found: true}},
+		{"cut inside the details: no report", FormatJSON, "", openAIChatCachedJSON[:strings.Index(openAIChatCachedJSON, `"cached_tokens":1920`)+18], Usage{}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			for _, chunk := range []int{len(tt.body) + 1, 1, 2, 3, 7, 64, 1000} {
+				got := scanBody(tt.format, tt.provider, tt.body, chunk)
+				if got != tt.want {
+					t.Fatalf("chunk %d: got %+v, want %+v", chunk, got, tt.want)
+				}
+			}
+			// The reconciled amount does not depend on the cached split.
+			noCache := tt.want
+			noCache.CachedInput = 0
+			if a := (Actual{}); a.Cost(tt.want) != a.Cost(noCache) {
+				t.Fatal("Actual.Cost must ignore CachedInput")
+			}
+		})
+	}
+}
+
+func TestTapGzipCachedInput(t *testing.T) {
+	z := gzipped(openAIResponsesCachedJSON)
+	rec := httptest.NewRecorder()
+	rec.Header().Set("Content-Type", "application/json")
+	rec.Header().Set("Content-Encoding", "gzip")
+	tap := NewTap(rec, TapConfig{})
+	_, _ = tap.Write(z)
+	if u := tap.Usage(); u != (Usage{Input: 1536, Output: 87, CachedInput: 1280, Total: 1623, Found: true}) {
+		t.Fatalf("usage %+v", u)
 	}
 }

@@ -13,6 +13,12 @@ type Usage struct {
 	// are included in Input: they are input the model processed, and they
 	// count against Anthropic's input-token rate limits.
 	Input, Output int64
+	// CachedInput is the part of Input the provider read from its prompt
+	// cache, which it prices lower: OpenAI's cached_tokens (under
+	// prompt_tokens_details or input_tokens_details) and Anthropic's
+	// cache_read_input_tokens. It is never more than Input. Actual ignores
+	// it; [Rate.Cost] prices it.
+	CachedInput int64
 	// Total is the upstream's total when it reports one, else Input+Output.
 	// For GraphQL it is the query's actual cost.
 	Total int64

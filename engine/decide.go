@@ -188,6 +188,7 @@ func (err *MissingKeyError) Error() string {
 // enforcing tree, a missing key of a tier that refuses requests without it
 // is a *MissingKeyError, and d is refused (its Reason is missing_key).
 func (e *Engine) Add(d *Decision, t *Tree, values []string) error {
+	d.single = false
 	if t.IPv4Prefix != 0 || t.IPv6Prefix != 0 {
 		for i, v := range values {
 			values[i] = t.value(v)

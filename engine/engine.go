@@ -96,7 +96,7 @@ type Config struct {
 	// to hold it before it may go (see Decision.Wait).
 	MaxWait time.Duration
 	// Idempotency, when its TTL is positive, keeps a record of each
-	// request that carries an idempotency key (Decision.Idempotency), so
+	// request that carries an idempotency key (Request.Idempotency), so
 	// that its retries are not charged again (see Decision.Replayed).
 	Idempotency Idempotency
 	// DenialLog is "values" (default), "no_values" or "off"; LogKey adds the

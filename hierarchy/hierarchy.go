@@ -176,6 +176,10 @@ type Override struct {
 type Limit struct {
 	// Count units are allowed per Per.
 	Count int64 `json:"count"`
+	// Amount, on a money dimension (one a priced cost counts), is the
+	// count as a decimal of the currency ("20", "0.50"): the handler sets
+	// Count from it, in micro-units (1 usd = 1,000,000).
+	Amount string `json:"amount,omitempty"`
 	// Per is the period: "s", "min", "h", "day", "week", "month" or a
 	// duration such as "30m". "month" always means a calendar month.
 	Per string `json:"per,omitempty"`
@@ -250,7 +254,11 @@ func (l *Limit) String() string {
 		return strconv.FormatInt(l.Count, 10) + " concurrent"
 	}
 	var b strings.Builder
-	b.WriteString(strconv.FormatInt(l.Count, 10))
+	if l.Amount != "" {
+		b.WriteString(l.Amount)
+	} else {
+		b.WriteString(strconv.FormatInt(l.Count, 10))
+	}
 	if l.Dimension != "" && l.Dimension != Requests {
 		b.WriteString(" " + l.Dimension)
 	}

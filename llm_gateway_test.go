@@ -1,0 +1,198 @@
+package cascade
+
+import (
+	"fmt"
+
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+)
+
+// llmGateway runs an LLM gateway site in front of upstream, with Caddy's
+// admin endpoint on a port of its own, and returns the site's URL and the
+// admin endpoint's.
+func llmGateway(t *testing.T, upstream, rateLimit string) (site, api string) {
+	t.Helper()
+	port, adminPort := freePort(t), freePort(t)
+	cf := fmt.Sprintf(`{
+%s}
+http://127.0.0.1:%d {
+	rate_limit {
+%s
+	}
+	reverse_proxy %s
+}
+`, globals(adminPort), port, rateLimit, strings.TrimPrefix(upstream, "http://"))
+	cfg, err := adapt(t, cf)
+	if err != nil {
+		t.Fatalf("adapting: %v\n%s", err, cf)
+	}
+	if err := caddy.Load(cfg, true); err != nil {
+		t.Fatalf("loading: %v", err)
+	}
+	t.Cleanup(func() { _ = caddy.Stop() })
+	return fmt.Sprintf("http://127.0.0.1:%d", port), fmt.Sprintf("http://127.0.0.1:%d", adminPort)
+}
+
+// chat is an OpenAI chat completion body asking model for at most 50
+// tokens ("" names no model).
+func chat(model string) string {
+	if model == "" {
+		return `{"max_tokens":50,"messages":[{"role":"user","content":"What is the Pythagorean theorem? Answer in one sentence."}]}`
+	}
+	return fmt.Sprintf(`{"model":%q,"max_tokens":50,"messages":[{"role":"user","content":"What is the Pythagorean theorem? Answer in one sentence."}]}`, model)
+}
+
+// TestModelAsKey: {http.rate_limit.model} keys a tier by the model the
+// body asks for: gpt-4o's own limit refuses it while another model of the
+// same organisation goes on; a body that names no model has no model (the
+// tier's missing policy, deny, refuses it); bodies reach the upstream
+// intact.
+func TestModelAsKey(t *testing.T) {
+	up := newFakeLLM(t, 10, 10)
+	base, _ := llmGateway(t, up.srv.URL, `
+		tree llm {
+			tier org {header.X-Org} {
+				limit 100000 tokens/min
+			}
+			tier model {http.rate_limit.model} {
+				limit 10000 tokens/min
+				value gpt-4o {
+					limit 120 tokens/min
+				}
+			}
+		}
+		cost tokens llm`)
+	// Each request is estimated at 64 tokens (14 of input, 50 of output).
+	if r := post(t, base+"/v1/chat/completions", chat("gpt-4o"), "X-Org: acme"); r.status != 200 {
+		t.Fatalf("first gpt-4o request: %d %s", r.status, r.body)
+	}
+	r := post(t, base+"/v1/chat/completions", chat("gpt-4o"), "X-Org: acme")
+	if r.status != 429 || !strings.Contains(r.body, "llm/model") {
+		t.Fatalf("second gpt-4o request over its 120 tokens: %d %s", r.status, r.body)
+	}
+	for i := range 3 {
+		if r := post(t, base+"/v1/chat/completions", chat("gpt-4o-mini"), "X-Org: acme"); r.status != 200 {
+			t.Fatalf("gpt-4o-mini request %d: %d %s", i+1, r.status, r.body)
+		}
+	}
+	if r := post(t, base+"/v1/chat/completions", chat(""), "X-Org: acme"); r.status != 400 || !strings.Contains(r.body, "model") {
+		t.Fatalf("a body with no model: %d %s", r.status, r.body)
+	}
+	up.mu.Lock()
+	defer up.mu.Unlock()
+	if len(up.bodies) != 4 {
+		t.Fatalf("the upstream got %d requests, want the 4 admitted", len(up.bodies))
+	}
+	if got := string(up.bodies[0]); got != chat("gpt-4o") {
+		t.Fatalf("the upstream got %q", got)
+	}
+}
+
+// TestMoneyBudget: a budget in dollars, charged at each model's prices:
+// the estimate up front, then the reported usage × the prices, exact to
+// the micro-dollar; a model with no price is refused before the upstream;
+// the budget stops spending once the reconciled charges reach it.
+func TestMoneyBudget(t *testing.T) {
+	up := newFakeLLM(t, 100, 300)
+	base, api := llmGateway(t, up.srv.URL, `
+		tree llm {
+			tier org {header.X-Org} {
+				limit 0.05 usd/day calendar
+			}
+		}
+		cost usd llm {
+			price gpt-4o input 2.50 output 10
+			price gpt-4o-mini* input 0.15 output 0.60 cached_input 0.075
+			reconcile {
+				provider openai
+			}
+		}`)
+	remaining := func() int64 {
+		got, _ := remainingOf(t, api, "tree=llm&org=acme")
+		return got["org"]
+	}
+	// Reconciliation runs after the response: wait for the exact amount.
+	settle := func(what string, want int64) {
+		t.Helper()
+		deadline := time.Now().Add(propagation)
+		for remaining() != want {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: %d micro-dollars left, want %d", what, remaining(), want)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	// 100 input tokens at $2.50/1M and 300 output at $10/1M: 250 + 3,000.
+	if r := post(t, base+"/v1/chat/completions", chat("gpt-4o"), "X-Org: acme"); r.status != 200 {
+		t.Fatalf("gpt-4o: %d %s", r.status, r.body)
+	}
+	settle("after a gpt-4o call", 50_000-3_250)
+	// At $0.15 and $0.60: 15 + 180.
+	if r := post(t, base+"/v1/chat/completions", chat("gpt-4o-mini-2024-07-18"), "X-Org: acme"); r.status != 200 {
+		t.Fatalf("gpt-4o-mini: %d %s", r.status, r.body)
+	}
+	settle("after a gpt-4o-mini call", 50_000-3_250-195)
+	r := post(t, base+"/v1/chat/completions", chat("o1"), "X-Org: acme")
+	if r.status != 400 || !strings.Contains(r.body, `\"o1\" has no price`) && !strings.Contains(r.body, `"o1" has no price`) {
+		t.Fatalf("an unpriced model: %d %s", r.status, r.body)
+	}
+	if got := remaining(); got != 50_000-3_250-195 {
+		t.Fatalf("an unpriced model was charged: %d left", got)
+	}
+	// 46,555 left: 14 more calls of 3,250 leave 1,055, which the 15th's
+	// estimate (about 540) fits; its charge then overdraws the budget, and
+	// the next is refused.
+	left := int64(50_000 - 3_250 - 195)
+	for i := range 15 {
+		if r := post(t, base+"/v1/chat/completions", chat("gpt-4o"), "X-Org: acme"); r.status != 200 {
+			t.Fatalf("call %d with %d micro-dollars left: %d %s", i+1, left, r.status, r.body)
+		}
+		left -= 3_250
+		settle(fmt.Sprintf("after call %d", i+1), max(left, 0))
+	}
+	if r := post(t, base+"/v1/chat/completions", chat("gpt-4o"), "X-Org: acme"); r.status != 429 {
+		t.Fatalf("a call over the budget: %d %s", r.status, r.body)
+	}
+	up.mu.Lock()
+	defer up.mu.Unlock()
+	if len(up.bodies) != 17 {
+		t.Fatalf("the upstream got %d calls, want the 17 admitted", len(up.bodies))
+	}
+}
+
+// TestMoneyConfigErrors: a bad price or money limit is refused with its
+// line and what to write instead.
+func TestMoneyConfigErrors(t *testing.T) {
+	rl := func(limit, costBody string) string {
+		return "rate_limit {\n tree llm {\n  tier org {header.X-Org} {\n   " + limit + "\n  }\n }\n cost usd llm {\n" + costBody + "\n }\n}"
+	}
+	for _, tc := range []struct{ name, input, want string }{
+		{"a decimal count of tokens", "rate_limit {\n tree llm {\n  tier org {header.X-Org} {\n   limit 0.5 tokens/h\n  }\n }\n cost tokens llm\n}",
+			"only money takes a decimal count"},
+		{"a price without output", rl("limit 1 usd/day", "  price gpt-4o input 2.50"), "give both input and output prices"},
+		{"a price too fine", rl("limit 1 usd/day", "  price gpt-4o input 0.0000001 output 1"), "0.0000001"},
+		{"a negative price", rl("limit 1 usd/day", "  price gpt-4o input -1 output 1"), "-1"},
+		{"a bad pattern", rl("limit 1 usd/day", "  price gpt 4o input 1 output 1"), "unexpected"},
+		{"a price given twice", rl("limit 1 usd/day", "  price gpt-4o input 1 output 1\n  price gpt-4o input 2 output 2"), "given twice"},
+		{"a price on a constant cost", "rate_limit {\n tree llm {\n  tier org {header.X-Org} {\n   limit 1 usd/day\n  }\n }\n cost usd 5 {\n  price gpt-4o input 1 output 1\n }\n}", `"price"`},
+		{"a money limit with a burst", rl("limit 1 usd/day burst 2", "  price gpt-4o input 1 output 1"), ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h, err := parse(t, tc.input)
+			if err == nil && tc.want == "" {
+				// Checked when provisioned: a money limit takes no burst.
+				h.trees = append(h.trees[:0], h.Trees...)
+				if err = h.provisionMoney(); err == nil || !strings.Contains(err.Error(), "takes no burst") {
+					t.Fatalf("provisioned: %v", err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "Testfile:") {
+				t.Fatalf("error %v\nwant it to contain %q and the line", err, tc.want)
+			}
+		})
+	}
+}
