@@ -7,12 +7,14 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
+	"github.com/caddy-cascade/cascade/engine"
 	"github.com/caddy-cascade/cascade/hierarchy"
 	"github.com/caddy-cascade/cascade/internal/caddyfileopt"
 )
@@ -41,7 +43,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	        tier <name> [<key>] {
 //	            key     <template>                  # e.g. {header.X-Org}, {http.auth.user.id}, {client_ip}
 //	            missing deny|shared|skip            # empty key: refuse (default), one shared bucket, or skip the tier
-//	            limit   <count>[ <dimension>]/<per> [burst <n>] [gcra|sliding [approx]|calendar] [tz <zone>]
+//	            limit   <count>[ <dimension>]/<per> [burst <n>] [gcra|sliding [approx]|calendar] [tz <zone>] [alert <n>%...]
 //	            limit   <count> concurrent          # requests in flight at once
 //	            value   <value...> {                # per-value override: replaces the tier's limits
 //	                limit ...
@@ -147,6 +149,10 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    denial_log     values|no_values|off         # the sampled INFO line of each denied key (default values)
 //	    disable_metrics                             # this handler records no Prometheus metrics
 //	    placeholders   all|refused                  # which requests publish {http.rate_limit.*} (default all)
+//	    refusal_body   problem|openai|anthropic     # a refusal's body: problem+json (default), or the provider's error object
+//	    alerts {                                    # where limits' alert thresholds go (always logged)
+//	        webhook <url>; header <name> <value>; timeout <duration>; retries <n>
+//	    }
 //	    forwarded {                                 # a decision endpoint for Traefik, nginx, Envoy ext_authz: answers only the server's trusted_proxies
 //	        report           <path>                 # where front ends report upstream responses
 //	        report_ttl       <duration>             # how long a decision waits for it (10m)
@@ -264,6 +270,8 @@ func (h *Handler) unmarshalOption(d *caddyfile.Dispenser) error {
 		h.DenialLog, err = caddyfileopt.OneOf(d, "values", "no_values", "off")
 	case "placeholders":
 		h.Placeholders, err = caddyfileopt.OneOf(d, "all", "refused")
+	case "refusal_body":
+		h.RefusalBody, err = caddyfileopt.OneOf(d, engine.BodyProblem, engine.BodyOpenAI, engine.BodyAnthropic)
 	case "max_wait":
 		if !d.NextArg() {
 			return d.Err("usage: max_wait <duration>, e.g. max_wait 2s")
@@ -304,6 +312,8 @@ func (h *Handler) unmarshalOption(d *caddyfile.Dispenser) error {
 		h.SweepInterval = caddy.Duration(dur)
 	case "forwarded":
 		err = h.parseForwarded(d)
+	case "alerts":
+		err = h.parseAlerts(d)
 	case "distributed":
 		h.Distributed = []byte(`{}`)
 		for nesting := d.Nesting(); d.NextBlock(nesting); {
@@ -319,6 +329,52 @@ func (h *Handler) unmarshalOption(d *caddyfile.Dispenser) error {
 		return unknownOption(d, "rate_limit", d.Val(), handlerOptions)
 	}
 	return err
+}
+
+// parseAlerts parses `alerts { webhook <url>; header <name> <value>;
+// timeout <duration>; retries <n> }`.
+func (h *Handler) parseAlerts(d *caddyfile.Dispenser) error {
+	if d.NextArg() {
+		return d.Errf("alerts takes a block, not %q", d.Val())
+	}
+	a := &AlertsConfig{}
+	for n := d.Nesting(); d.NextBlock(n); {
+		var err error
+		switch opt := d.Val(); opt {
+		case "webhook":
+			err = caddyfileopt.Str(d, &a.Webhook)
+		case "header":
+			args := d.RemainingArgs()
+			if len(args) != 2 {
+				return d.Errf("usage: header <name> <value>, e.g. header Authorization \"Bearer {env.ALERT_TOKEN}\"")
+			}
+			if a.Headers == nil {
+				a.Headers = map[string]string{}
+			}
+			a.Headers[args[0]] = args[1]
+		case "timeout":
+			var s string
+			if err = caddyfileopt.Str(d, &s); err == nil {
+				var dur time.Duration
+				if dur, err = caddy.ParseDuration(s); err != nil || dur <= 0 {
+					return d.Errf("alerts: timeout %q: use a positive duration such as 5s", s)
+				}
+				a.Timeout = caddy.Duration(dur)
+			}
+		case "retries":
+			a.Retries, err = caddyfileopt.Int(d)
+		default:
+			return unknownOption(d, "alerts", opt, alertsOptions)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if a.Webhook == "" {
+		return d.Errf("alerts: give a webhook <url> to post alerts to (each is logged in any case)")
+	}
+	h.Alerts = a
+	return nil
 }
 
 // checkCounted checks, once the block is parsed, that every dimension a

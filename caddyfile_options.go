@@ -14,7 +14,7 @@ import (
 var (
 	handlerOptions = []string{"tree", "zone", "cost", "store", "route", "charge_on", "max_wait", "max_queued",
 		"idempotency", "on_store_error", "mode", "headers", "status_code", "forwarded", "priority", "shed_at_floor",
-		"use_error_routes", "jitter", "sweep_interval", "log_key", "fingerprint_secret", "denial_log", "placeholders",
+		"use_error_routes", "jitter", "sweep_interval", "log_key", "fingerprint_secret", "denial_log", "placeholders", "refusal_body", "alerts",
 		"disable_metrics", "distributed", "storage"}
 	treeOptions        = []string{"tier", "match"}
 	tierOptions        = []string{"key", "missing", "limit", "value", "adaptive", "penalty", "sensitive"}
@@ -27,6 +27,7 @@ var (
 	memoryOptions      = []string{"name", "max_keys"}
 	idempotencyOptions = []string{"header", "ttl", "in_flight", "retries", "methods"}
 	routeOptions       = []string{"on_store_error"}
+	alertsOptions      = []string{"webhook", "header", "timeout", "retries"}
 	forwardedOptions   = []string{"report", "report_ttl", "max_report_bytes", "max_held", "max_held_per_tenant", "uri_header"}
 )
 

@@ -58,7 +58,7 @@ func TestReferenceNamesEveryOption(t *testing.T) {
 	blocks := map[string][]string{
 		"rate_limit": handlerOptions, "tree": treeOptions, "tier": tierOptions, "value": valueOptions,
 		"zone": zoneOptions, "store memory": memoryOptions, "idempotency": idempotencyOptions,
-		"route": routeOptions, "forwarded": forwardedOptions,
+		"route": routeOptions, "forwarded": forwardedOptions, "alerts": alertsOptions,
 		"cost llm": llmOptions, "cost graphql": graphqlOptions, "reconcile": reconcileOptions,
 	}
 	maps.Copy(blocks, storeconfig.CaddyfileOptions())

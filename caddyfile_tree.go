@@ -268,7 +268,7 @@ type countedAt struct {
 // parseLimit parses `limit <count>[ <dimension>]/<per> [burst <n>] [algorithm] [tz <zone>]`
 // or `limit <count> concurrent`.
 func parseLimit(d *caddyfile.Dispenser) (*hierarchy.Limit, error) {
-	const usage = "usage: limit <count>/<per> or limit <count> <dimension>/<per>, then optionally burst <n>, gcra|sliding|sliding approx|calendar, tz <zone>; or limit <count> concurrent; e.g. limit 1000/h or limit 100000 tokens/h burst 5000 or limit 10 concurrent"
+	const usage = "usage: limit <count>/<per> or limit <count> <dimension>/<per>, then optionally burst <n>, gcra|sliding|sliding approx|calendar, tz <zone>, alert <n>%...; or limit <count> concurrent; e.g. limit 1000/h or limit 100000 tokens/h burst 5000 or limit 10 concurrent"
 	args := d.RemainingArgs()
 	if len(args) == 0 {
 		return nil, d.Errf("%s", usage)
@@ -328,6 +328,18 @@ func parseLimit(d *caddyfile.Dispenser) (*hierarchy.Limit, error) {
 				return nil, d.Errf("limit: burst %q must be a positive whole number", rest[1])
 			}
 			l.Burst, rest = b, rest[2:]
+		case "alert":
+			rest = rest[1:]
+			for len(rest) > 0 && strings.HasSuffix(rest[0], "%") {
+				n, err := strconv.Atoi(strings.TrimSuffix(rest[0], "%"))
+				if err != nil {
+					return nil, d.Errf("limit: alert %q: a threshold is a percentage such as 80%%", rest[0])
+				}
+				l.Alerts, rest = append(l.Alerts, n), rest[1:]
+			}
+			if len(l.Alerts) == 0 {
+				return nil, d.Errf("limit: alert needs thresholds, e.g. alert 50%% 80%% 100%%")
+			}
 		case "tz":
 			if len(rest) < 2 {
 				return nil, d.Errf("limit: tz needs a time zone name such as Europe/Paris")

@@ -1,13 +1,21 @@
 package cascade
 
 import (
+	"context"
+	"encoding/json"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"sync/atomic"
 
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/caddy-cascade/cascade/alert"
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 )
 
 // llmGateway runs an LLM gateway site in front of upstream, with Caddy's
@@ -194,5 +202,206 @@ func TestMoneyConfigErrors(t *testing.T) {
 				t.Fatalf("error %v\nwant it to contain %q and the line", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestRefusalBodies: with refusal_body openai or anthropic, a refusal
+// through Caddy is the provider's error object, with Cascade's message and
+// the rate-limit headers.
+func TestRefusalBodies(t *testing.T) {
+	up := newFakeLLM(t, 10, 10)
+	for _, tc := range []struct{ format, want string }{
+		{"openai", `{"error":{"code":"rate_limit_exceeded","message":"Too Many Requests: %s","param":null,"type":"tokens"}}`},
+		{"anthropic", `{"error":{"message":"Too Many Requests: %s","type":"rate_limit_error"},"type":"error"}`},
+	} {
+		t.Run(tc.format, func(t *testing.T) {
+			base, _ := llmGateway(t, up.srv.URL, `
+		tree llm {
+			tier org {header.X-Org} {
+				limit 100 tokens/min
+			}
+		}
+		cost tokens llm
+		refusal_body `+tc.format)
+			if r := post(t, base+"/v1/chat/completions", chat("gpt-4o"), "X-Org: acme"); r.status != 200 {
+				t.Fatalf("first call: %d %s", r.status, r.body)
+			}
+			r := post(t, base+"/v1/chat/completions", chat("gpt-4o"), "X-Org: acme")
+			if r.status != 429 || r.header.Get("Content-Type") != "application/json" || r.header.Get("Retry-After") == "" {
+				t.Fatalf("over the limit: %d %v %s", r.status, r.header, r.body)
+			}
+			var body map[string]any
+			if err := json.Unmarshal([]byte(r.body), &body); err != nil {
+				t.Fatal(err)
+			}
+			inner, _ := body["error"].(map[string]any)
+			msg, _ := inner["message"].(string)
+			detail, ok := strings.CutPrefix(msg, "Too Many Requests: ")
+			if !ok || !strings.Contains(detail, "llm/org") {
+				t.Fatalf("message %q", msg)
+			}
+			got, _ := json.Marshal(body)
+			if want := fmt.Sprintf(tc.want, mustJSONString(detail)); string(got) != want {
+				t.Fatalf("body %s\nwant %s", got, want)
+			}
+		})
+	}
+}
+
+// mustJSONString is s as it reads inside a JSON string.
+func mustJSONString(s string) string {
+	b, _ := json.Marshal(s)
+	return string(b[1 : len(b)-1])
+}
+
+// TestMoneyBudgetAcrossInstances: three Caddy processes on one Redis share
+// a budget of 0.02 usd; callers on all three at once spend it, and never
+// more: each call's estimate (its max output at the output price) bounds
+// what it costs, so the reconciled charges stay within the budget, and
+// the budget is spent to within the calls in flight.
+func TestMoneyBudgetAcrossInstances(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs Caddy processes")
+	}
+	up := newFakeLLM(t, 10, 50) // at most the 50 output tokens asked for: 25 + 500 micro-dollars a call
+	const perCall, budget = 525, 20_000
+	bin := buildCaddy(t)
+	storeBlock := redisStore().block(t)
+	var ps []*caddyProcess
+	for range 3 {
+		ps = append(ps, newCaddyProcess(t, bin, func(port, adminPort int) string {
+			return fmt.Sprintf(`{
+%s}
+http://127.0.0.1:%d {
+	handle /__health {
+		respond "up"
+	}
+	handle {
+		rate_limit {
+			tree llm {
+				tier org {header.X-Org} {
+					limit 0.02 usd/day calendar
+				}
+			}
+			cost usd llm {
+				price gpt-4o input 2.50 output 10
+				reconcile {
+					provider openai
+				}
+			}
+			%s
+		}
+		reverse_proxy %s
+	}
+}
+`, globals(adminPort), port, storeBlock, strings.TrimPrefix(up.srv.URL, "http://"))
+		}))
+	}
+	var admitted atomic.Int64
+	var wg sync.WaitGroup
+	for _, p := range ps {
+		for range 2 {
+			wg.Go(func() {
+				for refused := 0; refused < 3; {
+					r := post(t, p.site+"v1/chat/completions", chat("gpt-4o"), "X-Org: acme")
+					switch r.status {
+					case 200:
+						admitted.Add(1)
+					case 429:
+						refused++
+						time.Sleep(20 * time.Millisecond) // reconciliation may give some back
+					default:
+						t.Errorf("status %d %s", r.status, r.body)
+						return
+					}
+				}
+			})
+		}
+	}
+	wg.Wait()
+	spent := admitted.Load() * perCall
+	t.Logf("%d calls admitted, %d micro-dollars spent of %d", admitted.Load(), spent, budget)
+	if spent > budget {
+		t.Fatalf("%d calls admitted: %d micro-dollars spent of a budget of %d", admitted.Load(), spent, budget)
+	}
+	if spent < budget-6*535 { // six callers' estimates (535 each) in flight at the end, at most
+		t.Fatalf("%d calls admitted: only %d micro-dollars spent of %d", admitted.Load(), spent, budget)
+	}
+}
+
+// TestBudgetAlerts: two instances on one Redis share a limit of 10 a day
+// with alerts at 50%, 80% and 100%: the webhook hears each threshold once,
+// when the fifth, eighth and tenth requests cross it, whichever instance
+// decided them, with the limit's numbers.
+func TestBudgetAlerts(t *testing.T) {
+	var mu sync.Mutex
+	var events []alert.Event
+	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var e alert.Event
+		if err := json.NewDecoder(r.Body).Decode(&e); err != nil || r.Header.Get("Authorization") != "Bearer s3cret" {
+			t.Errorf("webhook: %v, Authorization %q", err, r.Header.Get("Authorization"))
+		}
+		mu.Lock()
+		events = append(events, e)
+		mu.Unlock()
+	}))
+	t.Cleanup(hook.Close)
+	cf := fmt.Sprintf(`rate_limit {
+	tree api {
+		tier org {http.request.header.X-Org} {
+			limit 10/day alert 50%% 80%% 100%%
+		}
+	}
+	alerts {
+		webhook %s/alerts
+		header Authorization "Bearer s3cret"
+	}
+	%s
+}`, hook.URL, redisStore().block(t))
+	parsed, err := parse(t, cf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := json.Marshal(parsed)
+	var instances []*Handler
+	for range 2 {
+		h := provisionJSON(t, string(raw))
+		t.Cleanup(func() { _ = h.Cleanup() })
+		instances = append(instances, h)
+	}
+	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) error { return nil })
+	for i := range 12 {
+		r := httptest.NewRequest("GET", "/", nil)
+		r.Header.Set("X-Org", "acme")
+		repl := caddyhttp.NewTestReplacer(r)
+		r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, repl))
+		w := httptest.NewRecorder()
+		err := instances[i%2].ServeHTTP(w, r, next)
+		if i < 10 && (err != nil || w.Code != 200) {
+			t.Fatalf("request %d: %d %v %s", i+1, w.Code, err, w.Body)
+		}
+	}
+	deadline := time.Now().Add(propagation)
+	for {
+		mu.Lock()
+		n := len(events)
+		mu.Unlock()
+		if n >= 3 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(100 * time.Millisecond) // a chance for a wrong fourth to show, not a wait for a right one
+	mu.Lock()
+	defer mu.Unlock()
+	if len(events) != 3 {
+		t.Fatalf("%d alerts: %+v", len(events), events)
+	}
+	for k, want := range []struct{ threshold, used int }{{50, 5}, {80, 8}, {100, 10}} {
+		e := events[k]
+		if e.Threshold != want.threshold || e.Used != int64(want.used) || e.Capacity != 10 || e.Tree != "api" || e.Tier != "org" ||
+			e.Value != "acme" || e.Limit != "10/day" || e.Dimension != "requests" || !e.PeriodEnd.After(time.Now()) {
+			t.Errorf("alert %d: %+v, want threshold %d at %d used of 10", k+1, e, want.threshold, want.used)
+		}
 	}
 }

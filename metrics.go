@@ -22,6 +22,7 @@ type metrics struct {
 	local           prometheus.Counter
 	held            *prometheus.CounterVec
 	holding         prometheus.Gauge
+	alerts          *prometheus.CounterVec
 	// Per store, recorded only by handlers with routes (a label lookup
 	// per request the others need not pay).
 	storeDecisions *prometheus.CounterVec
@@ -64,6 +65,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help:    "Time to decide one request of a handler with routes, by the store that decided.",
 			Buckets: []float64{.00001, .00005, .0001, .00025, .0005, .001, .0025, .005, .01, .05, .25, 1},
 		}, []string{"store"}),
+		alerts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "cascade", Name: "alerts_total",
+			Help: "Budget alerts by outcome: crossed (a limit's threshold first crossed by a value this period, once for all instances), sent, failed or dropped (its webhook).",
+		}, []string{"outcome"}),
 		holding: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: "cascade", Name: "held_requests",
 			Help: "Requests held for their turn now (max_wait), each with its place in line.",
@@ -99,6 +104,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		if m.holding, err = promreg.Register(reg, m.holding); err != nil {
 			return nil, err
 		}
+		if m.alerts, err = promreg.Register(reg, m.alerts); err != nil {
+			return nil, err
+		}
 		if m.storeDecisions, err = promreg.Register(reg, m.storeDecisions); err != nil {
 			return nil, err
 		}
@@ -111,6 +119,15 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	m.ok = m.decisions.WithLabelValues("ok")
 	return m, nil
+}
+
+// alert counts a budget alert by outcome: crossed (a threshold first
+// crossed this period, for all instances), then sent, failed or dropped
+// (its webhook).
+func (m *metrics) alert(outcome string) {
+	if m != nil {
+		m.alerts.WithLabelValues(outcome).Inc()
+	}
 }
 
 // observe counts one decision. A nil *metrics (disable_metrics) counts

@@ -152,6 +152,15 @@ type Handler struct {
 	// the request as they were.
 	Placeholders string `json:"placeholders,omitempty"`
 
+	// Alerts says where the alerts of limits with thresholds go (see
+	// hierarchy.Limit.Alerts): a log line always, a webhook when set.
+	Alerts *AlertsConfig `json:"alerts,omitempty"`
+
+	// RefusalBody is the body of the handler's refusals: "problem"
+	// (default: RFC 9457 problem+json), "openai" or "anthropic" (the
+	// provider API's error object, which its official SDKs read).
+	RefusalBody string `json:"refusal_body,omitempty"`
+
 	// SweepInterval is how often the memory store drops expired state;
 	// default 1m. (Also mholt/caddy-ratelimit's setting of that name.)
 	SweepInterval caddy.Duration `json:"sweep_interval,omitempty"`
@@ -223,6 +232,7 @@ type Handler struct {
 
 	stores        storeHandles
 	waiting       waitLine
+	alerting      *alerting        // nil unless a limit has alert thresholds
 	reports       *pendingReports  // the decision endpoint's decisions waiting for their usage reports (Forwarded)
 	storeErrorLog *logsample.Every // store failures: one logged a second
 	config        configShare

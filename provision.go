@@ -222,6 +222,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		Idempotency: h.Idempotency.engineConfig(),
 		Logger:      h.logger, Reconciled: h.metrics.reconcile,
 	})
+	if err := h.provisionAlerts(); err != nil {
+		return err
+	}
 	// Only its path to decide (see decide).
 	h.direct = !h.readsModel && len(h.trees) == 1 && h.trees[0].matchers == nil && len(h.Costs) == 0 &&
 		h.Idempotency == nil && h.MaxWait == 0 && h.Forwarded == nil
@@ -341,6 +344,11 @@ func (h *Handler) Validate() error {
 	default:
 		return fmt.Errorf("rate_limit: placeholders %q: use all or refused", h.Placeholders)
 	}
+	switch h.RefusalBody {
+	case "", engine.BodyProblem, engine.BodyOpenAI, engine.BodyAnthropic:
+	default:
+		return fmt.Errorf("rate_limit: refusal_body %q: use problem, openai or anthropic", h.RefusalBody)
+	}
 	if !(h.Jitter >= 0) || math.IsInf(h.Jitter, 1) { // written so that NaN fails
 		return fmt.Errorf("rate_limit: jitter %v: use a non-negative fraction (0.2 is up to 20%%)", h.Jitter)
 	}
@@ -382,6 +390,7 @@ func (h *Handler) Validate() error {
 // Cleanup releases this config's hold on the store; the store itself lives
 // on while a newer config uses it, so limits survive reloads.
 func (h *Handler) Cleanup() error {
+	h.closeAlerts()
 	if h.config.unregister != nil {
 		h.config.unregister()
 	}

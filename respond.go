@@ -19,7 +19,7 @@ const problemUnavailable = "store-unavailable"
 
 // problem writes a problem+json response.
 func (h *Handler) problem(w http.ResponseWriter, status int, kind, title, detail string, d *decision) error {
-	return engine.NewProblem(status, kind, title, detail, &d.Decision).Write(w)
+	return engine.NewProblem(status, kind, title, detail, &d.Decision).WriteAs(w, h.RefusalBody)
 }
 
 // setPlaceholders publishes the decision as {http.rate_limit.*}. One

@@ -77,6 +77,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	defer h.done(r, d) // concurrency slots and idempotency records, ended with the response
 	took := time.Since(h.epoch) - start
 	h.metrics.observe(d, took)
+	if h.alerting != nil && d.Allowed {
+		h.checkAlerts(r.Context(), d)
+	}
 	if len(h.Routes) > 0 {
 		name := d.Route()
 		if name == "" {

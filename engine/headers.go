@@ -291,7 +291,18 @@ type Problem struct {
 	BlockedBy  string   `json:"blocked_by,omitempty"`
 	Policies   []string `json:"violated_policies,omitempty"`
 	RetryAfter int64    `json:"retry_after,omitempty"`
+
+	kind      string // the refusal's kind, as given to NewProblem
+	dimension string // what the denying limit counts ("" when no limit denied)
 }
+
+// Refusal bodies: RFC 9457 problem+json, or the error object of an LLM
+// provider's API, which its official SDKs read (message, type, code).
+const (
+	BodyProblem   = "problem"   // the default
+	BodyOpenAI    = "openai"    // {"error": {"message", "type", "param", "code"}}
+	BodyAnthropic = "anthropic" // {"type": "error", "error": {"type", "message"}}
+)
 
 // NewProblem describes a refusal of kind (a Reason or a front end's own;
 // its type is ProblemBase + kind, with dashes) with status, title and
@@ -303,6 +314,10 @@ func NewProblem(status int, kind, title, detail string, d *Decision) *Problem {
 		Status:    status,
 		Detail:    detail,
 		BlockedBy: d.Blocked,
+		kind:      kind,
+	}
+	if d.Closest >= 0 && d.Closest < len(d.Buckets) && (kind == ReasonLimited || kind == ReasonImpossible || kind == ReasonPenalty) {
+		p.dimension = d.Buckets[d.Closest].Limit.Dimension
 	}
 	for i, r := range d.Results {
 		if !r.Allowed {
@@ -316,16 +331,95 @@ func NewProblem(status int, kind, title, detail string, d *Decision) *Problem {
 }
 
 // Write writes the problem as an application/problem+json response.
-func (p *Problem) Write(w http.ResponseWriter) error {
-	body, err := json.Marshal(p)
+func (p *Problem) Write(w http.ResponseWriter) error { return p.WriteAs(w, BodyProblem) }
+
+// WriteAs writes p as the body format says (a Body constant; "" is
+// BodyProblem). A provider's error object carries the problem's detail as
+// its message; its type and code say what the provider's would for the
+// same status (a 429: rate_limit_exceeded, of type requests or tokens at
+// OpenAI, rate_limit_error at Anthropic).
+func (p *Problem) WriteAs(w http.ResponseWriter, format string) error {
+	var v any = p
+	contentType := "application/problem+json"
+	switch format {
+	case BodyOpenAI:
+		v, contentType = p.openAI(), "application/json"
+	case BodyAnthropic:
+		v, contentType = p.anthropic(), "application/json"
+	}
+	body, err := json.Marshal(v)
 	if err != nil {
 		return err
 	}
-	w.Header().Set("Content-Type", "application/problem+json")
+	w.Header().Set("Content-Type", contentType)
 	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
 	w.WriteHeader(p.Status)
 	_, err = w.Write(body)
 	return err
+}
+
+// openAIError is OpenAI's error object.
+type openAIError struct {
+	Error struct {
+		Message string  `json:"message"`
+		Type    string  `json:"type"`
+		Param   *string `json:"param"`
+		Code    *string `json:"code"`
+	} `json:"error"`
+}
+
+func (p *Problem) openAI() *openAIError {
+	e := &openAIError{}
+	e.Error.Message = p.message()
+	code := p.kind
+	switch {
+	case p.Status == http.StatusTooManyRequests:
+		code, e.Error.Type = "rate_limit_exceeded", "requests"
+		if p.dimension != "" && p.dimension != "requests" {
+			e.Error.Type = p.dimension
+		}
+	case p.Status >= 500:
+		e.Error.Type = "server_error"
+	default:
+		e.Error.Type = "invalid_request_error"
+	}
+	e.Error.Code = &code
+	return e
+}
+
+// anthropicError is Anthropic's error object.
+type anthropicError struct {
+	Type  string `json:"type"`
+	Error struct {
+		Type    string `json:"type"`
+		Message string `json:"message"`
+	} `json:"error"`
+}
+
+func (p *Problem) anthropic() *anthropicError {
+	e := &anthropicError{Type: "error"}
+	e.Error.Message = p.message()
+	switch {
+	case p.Status == http.StatusTooManyRequests:
+		e.Error.Type = "rate_limit_error"
+	case p.Status == http.StatusRequestEntityTooLarge:
+		e.Error.Type = "request_too_large"
+	case p.Status == http.StatusForbidden:
+		e.Error.Type = "permission_error"
+	case p.Status >= 500:
+		e.Error.Type = "api_error"
+	default:
+		e.Error.Type = "invalid_request_error"
+	}
+	return e
+}
+
+// message is the problem as one sentence: its title, and its detail.
+func (p *Problem) message() string {
+	if p.Detail == "" {
+		return p.Title
+	}
+	return p.Title + ": " + p.Detail
 }
 
 // Detail says why d was denied, for a problem body.

@@ -192,6 +192,25 @@ func (e *Engine) Reset(ctx context.Context, t *Tree, values []string, below bool
 	return n, nil
 }
 
+// Mark claims tag for bucket i of d's path, in the store that decided d:
+// true the first time in the period of the bucket's limit (a calendar
+// limit's calendar period, another's Per), false after, across every
+// instance sharing the store. For what must happen once a period, as a
+// budget alert. A local decision's marks are this instance's own.
+func (d *Decision) Mark(ctx context.Context, i int, tag string) (bool, error) {
+	b := d.Buckets[i]
+	l := b.Limit.Rate()
+	marker := rate.Limit{Algorithm: rate.GCRA, Count: 1, Period: l.Period}
+	if l.Algorithm == rate.Calendar {
+		marker = rate.Limit{Algorithm: rate.Calendar, Count: 1, Unit: l.Unit, Location: l.Location}
+	}
+	res, err := d.e.storeFor(d.Local, d.route).Decide(ctx, []store.Bucket{{Key: b.Key + "#mark:" + tag, Limit: marker, Cost: 1}})
+	if err != nil {
+		return false, d.e.ShowError(err, d.Buckets)
+	}
+	return res.Allowed, nil
+}
+
 // NoteDenial counts a denied request among the store's most-denied keys,
 // and logs it: the first denial of its key each minute at INFO, the others
 // counted into one line a minute (see logsample). what names the request

@@ -196,6 +196,10 @@ type Limit struct {
 	Algorithm string `json:"algorithm,omitempty"`
 	// Timezone aligns calendar windows; default UTC.
 	Timezone string `json:"timezone,omitempty"`
+	// Alerts are thresholds, in percent of the limit's capacity (1–100,
+	// ascending): when a value's usage first crosses one in a period, the
+	// handler says so (a log line, a webhook), once for all instances.
+	Alerts []int `json:"alerts,omitempty"`
 
 	compiled rate.Limit
 	id       string   // the limit's part of a storage key
@@ -417,6 +421,16 @@ func (l *Limit) compile() error {
 	}
 	if !nameRE.MatchString(l.Dimension) {
 		return fmt.Errorf("dimension %q: use letters, digits, '-' or '_'", l.Dimension)
+	}
+	for i, a := range l.Alerts {
+		switch {
+		case a < 1 || a > 100:
+			return fmt.Errorf("alert %d%%: a threshold is a share of the limit, from 1%% to 100%%", a)
+		case i > 0 && a <= l.Alerts[i-1]:
+			return fmt.Errorf("alert %d%% after %d%%: give each threshold once, in ascending order", a, l.Alerts[i-1])
+		case l.Algorithm == string(rate.Concurrent):
+			return errors.New("a concurrency limit takes no alert: it is never used up over a period")
+		}
 	}
 	if l.Algorithm == string(rate.Concurrent) {
 		return l.compileConcurrent()
