@@ -150,6 +150,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    disable_metrics                             # this handler records no Prometheus metrics
 //	    placeholders   all|refused                  # which requests publish {http.rate_limit.*} (default all)
 //	    refusal_body   problem|openai|anthropic     # a refusal's body: problem+json (default), or the provider's error object
+//	    fallback_model <model> <fallback...>        # refused by the model's limits or a money limit: served as the first fallback admitted
 //	    alerts {                                    # where limits' alert thresholds go (always logged)
 //	        webhook <url>; header <name> <value>; timeout <duration>; retries <n>
 //	    }
@@ -314,6 +315,22 @@ func (h *Handler) unmarshalOption(d *caddyfile.Dispenser) error {
 		err = h.parseForwarded(d)
 	case "alerts":
 		err = h.parseAlerts(d)
+	case "fallback_model":
+		args := d.RemainingArgs()
+		if len(args) < 2 {
+			return d.Errf("usage: fallback_model <model> <fallback...>, e.g. fallback_model gpt-4o gpt-4o-mini")
+		}
+		if _, dup := h.FallbackModels[args[0]]; dup {
+			return d.Errf("fallback_model %s given twice: give its whole chain on one line", args[0])
+		}
+		if h.FallbackModels == nil {
+			h.FallbackModels = map[string][]string{}
+		}
+		h.FallbackModels[args[0]] = args[1:]
+		if err := checkFallbacks(h.FallbackModels); err != nil {
+			delete(h.FallbackModels, args[0])
+			return d.Errf("%v", err)
+		}
 	case "distributed":
 		h.Distributed = []byte(`{}`)
 		for nesting := d.Nesting(); d.NextBlock(nesting); {

@@ -181,7 +181,9 @@ func (h *Handler) estimate(r *http.Request, repl *caddy.Replacer, d *decision) (
 		case c.Pricing != nil:
 			var u cost.Usage
 			if u, err = c.LLM.EstimateUsage(req); err == nil {
-				d.model = cost.Model(req.Body)
+				if !h.readsModel { // else read already, or set by a fallback
+					d.model = cost.Model(req.Body)
+				}
 				n, err = c.priced(u, d.model)
 			}
 		case c.LLM != nil && c.Reconcile != nil:

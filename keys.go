@@ -35,6 +35,16 @@ func (h *Handler) decide(r *http.Request, repl *caddy.Replacer, d *decision) (in
 		}
 		return 0, h.engine.Decide(r.Context(), &d.Decision, engine.Request{Refundable: h.refundable})
 	}
+	status, err := h.decidePath(r, repl, d)
+	if status == 0 && err == nil && h.fallsBack(d) {
+		return h.fallBack(r, repl, d)
+	}
+	return status, err
+}
+
+// decidePath decides d, begun, on the general path: the trees that apply,
+// the costs, the idempotency key, waiting.
+func (h *Handler) decidePath(r *http.Request, repl *caddy.Replacer, d *decision) (int, error) {
 	for i, t := range h.trees {
 		if t.matchers != nil {
 			match, err := t.matchers.AnyMatchWithError(r)

@@ -187,6 +187,9 @@ func TestMoneyConfigErrors(t *testing.T) {
 		{"a price given twice", rl("limit 1 usd/day", "  price gpt-4o input 1 output 1\n  price gpt-4o input 2 output 2"), "given twice"},
 		{"a price on a constant cost", "rate_limit {\n tree llm {\n  tier org {header.X-Org} {\n   limit 1 usd/day\n  }\n }\n cost usd 5 {\n  price gpt-4o input 1 output 1\n }\n}", `"price"`},
 		{"a money limit with a burst", rl("limit 1 usd/day burst 2", "  price gpt-4o input 1 output 1"), ""},
+		{"a threshold over 100%", rl("limit 1 usd/day alert 50% 120%", "  price gpt-4o input 1 output 1"), "from 1% to 100%"},
+		{"thresholds out of order", rl("limit 1 usd/day alert 80% 50%", "  price gpt-4o input 1 output 1"), "ascending"},
+		{"a threshold not a percentage", rl("limit 1 usd/day alert 50", "  price gpt-4o input 1 output 1"), "alert needs thresholds"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h, err := parse(t, tc.input)
@@ -404,4 +407,120 @@ func TestBudgetAlerts(t *testing.T) {
 			t.Errorf("alert %d: %+v, want threshold %d at %d used of 10", k+1, e, want.threshold, want.used)
 		}
 	}
+}
+
+// TestFallbackModel: gpt-4o refused by its own limit is served as
+// gpt-4o-mini instead: the upstream gets the body with only its model
+// changed, the client a 200 that says which model served it, and the
+// refused model is charged nothing; a limit no model avoids still refuses.
+func TestFallbackModel(t *testing.T) {
+	up := newFakeLLM(t, 10, 10)
+	base, api := llmGateway(t, up.srv.URL, `
+		tree llm {
+			tier org {header.X-Org} {
+				limit 200 tokens/min
+			}
+			tier model {http.rate_limit.model} {
+				limit 10000 tokens/min
+				value gpt-4o {
+					limit 100 tokens/min
+				}
+			}
+		}
+		cost tokens llm
+		fallback_model gpt-4o gpt-4o-mini`)
+	// Each call is estimated at 64 tokens: gpt-4o's 100 take one.
+	if r := post(t, base+"/v1/chat/completions", chat("gpt-4o"), "X-Org: acme"); r.status != 200 || r.header.Get("Cascade-Fallback-Model") != "" {
+		t.Fatalf("first call: %d %v %s", r.status, r.header, r.body)
+	}
+	r := post(t, base+"/v1/chat/completions", chat("gpt-4o"), "X-Org: acme")
+	if r.status != 200 || r.header.Get("Cascade-Fallback-Model") != "gpt-4o-mini" {
+		t.Fatalf("second call: %d %v %s", r.status, r.header, r.body)
+	}
+	up.mu.Lock()
+	got := string(up.bodies[len(up.bodies)-1])
+	up.mu.Unlock()
+	if got != chat("gpt-4o-mini") {
+		t.Fatalf("the upstream got %s\nwant %s", got, chat("gpt-4o-mini"))
+	}
+	left, _ := remainingOf(t, api, "tree=llm&org=acme&model=gpt-4o")
+	if left["model"] != 100-64 {
+		t.Fatalf("gpt-4o has %d tokens left, want %d: the refused decision charged it", left["model"], 100-64)
+	}
+	left, _ = remainingOf(t, api, "tree=llm&org=acme&model=gpt-4o-mini")
+	if left["model"] != 10000-64 || left["org"] != 200-128 {
+		t.Fatalf("left: %v, want gpt-4o-mini and the organisation charged once more", left)
+	}
+	// The organisation's 200 tokens have 72 left: one more call, as
+	// gpt-4o-mini; then the next is refused by a limit no fallback avoids.
+	if r := post(t, base+"/v1/chat/completions", chat("gpt-4o"), "X-Org: acme"); r.status != 200 || r.header.Get("Cascade-Fallback-Model") != "gpt-4o-mini" {
+		t.Fatalf("third call: %d %v %s", r.status, r.header, r.body)
+	}
+	if r := post(t, base+"/v1/chat/completions", chat("gpt-4o"), "X-Org: acme"); r.status != 429 || r.header.Get("Cascade-Fallback-Model") != "" ||
+		!strings.Contains(r.body, "llm/org") {
+		t.Fatalf("fourth call: %d %v %s", r.status, r.header, r.body)
+	}
+}
+
+// TestFallbackConfigErrors: a cycle or a repeated model is refused with
+// its line.
+func TestFallbackConfigErrors(t *testing.T) {
+	for _, tc := range []struct{ name, lines, want string }{
+		{"a cycle", "fallback_model a b\n fallback_model b c a", "a cycle"},
+		{"to itself", "fallback_model a a", "a cycle"},
+		{"named twice", "fallback_model a b b", "named twice"},
+		{"a model twice", "fallback_model a b\n fallback_model a c", "given twice"},
+		{"no fallback", "fallback_model a", "usage"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := parse(t, "rate_limit {\n zone z {\n  key {remote_host}\n  events 5\n  window 1m\n }\n "+tc.lines+"\n}")
+			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "Testfile:") {
+				t.Fatalf("error %v: want %q and the line", err, tc.want)
+			}
+		})
+	}
+}
+
+// TestMoneyReconciledFromStreams: a call whose answer streams (SSE) is
+// charged its reported usage at its model's price, exactly, for OpenAI and
+// Anthropic alike.
+func TestMoneyReconciledFromStreams(t *testing.T) {
+	up := newFakeLLM(t, 100, 300)
+	base, api := llmGateway(t, up.srv.URL, `
+		tree llm {
+			tier org {header.X-Org} {
+				limit 1 usd/day calendar
+			}
+		}
+		cost usd llm {
+			price gpt-4o input 2.50 output 10
+			price claude-sonnet-4* input 3 output 15
+			reconcile {
+				provider auto
+			}
+		}`)
+	settle := func(what string, want int64) {
+		t.Helper()
+		deadline := time.Now().Add(propagation)
+		for {
+			got, _ := remainingOf(t, api, "tree=llm&org=acme")
+			if got["org"] == want {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: %d micro-dollars left, want %d", what, got["org"], want)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	stream := strings.Replace(chat("gpt-4o"), `"max_tokens":50,`, `"max_tokens":50,"stream":true,"stream_options":{"include_usage":true},`, 1)
+	if r := post(t, base+"/v1/chat/completions", stream, "X-Org: acme"); r.status != 200 || !strings.Contains(r.body, "data:") {
+		t.Fatalf("OpenAI stream: %d %s", r.status, r.body)
+	}
+	settle("after an OpenAI stream", 1_000_000-3_250) // 100 × 2.50 + 300 × 10
+	anthropic := strings.Replace(chat("claude-sonnet-4-5"), `"max_tokens":50,`, `"max_tokens":50,"stream":true,`, 1)
+	if r := post(t, base+"/v1/messages", anthropic, "X-Org: acme"); r.status != 200 || !strings.Contains(r.body, "message_delta") {
+		t.Fatalf("Anthropic stream: %d %s", r.status, r.body)
+	}
+	settle("after an Anthropic stream", 1_000_000-3_250-4_800) // 100 × 3 + 300 × 15
 }

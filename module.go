@@ -156,6 +156,14 @@ type Handler struct {
 	// hierarchy.Limit.Alerts): a log line always, a webhook when set.
 	Alerts *AlertsConfig `json:"alerts,omitempty"`
 
+	// FallbackModels, per model a request asks for, are the models to
+	// serve it instead, in order, when its path is refused by a limit of
+	// its model (a tier keyed on {http.rate_limit.model}) or of money: the
+	// first that the limits admit is served (the body's model rewritten,
+	// every other byte kept) and charged; the refused decisions charge
+	// nothing. The response says so in Cascade-Fallback-Model.
+	FallbackModels map[string][]string `json:"fallback_models,omitempty"`
+
 	// RefusalBody is the body of the handler's refusals: "problem"
 	// (default: RFC 9457 problem+json), "openai" or "anthropic" (the
 	// provider API's error object, which its official SDKs read).
@@ -220,11 +228,12 @@ type Handler struct {
 	readHeader bool // the controller has a response_header signal: pass reads the response header
 	logger     *zap.Logger
 	metrics    *metrics
-	direct     bool      // one tree, no matcher, nothing to decide but its path: decide skips the general steps
-	storeName  string    // the engine's store, in metrics (Config().StoreName)
-	readsModel bool      // a tier's key or a tree's matcher reads {http.rate_limit.model}: decide reads the body's model first
-	quietAdmit bool      // placeholders refused: an admitted request publishes none
-	epoch      time.Time // when provisioned: decisions are timed from it
+	direct     bool            // one tree, no matcher, nothing to decide but its path: decide skips the general steps
+	storeName  string          // the engine's store, in metrics (Config().StoreName)
+	money      map[string]bool // the money dimensions (moneyDimensions)
+	readsModel bool            // a tier's key or a tree's matcher reads {http.rate_limit.model}: decide reads the body's model first
+	quietAdmit bool            // placeholders refused: an admitted request publishes none
+	epoch      time.Time       // when provisioned: decisions are timed from it
 	// refundable: a charge may be refunded once the response is known
 	// (costs reconciled, reported to a decision endpoint, charge_on), so
 	// it is never decided on a lease (see engine.Request.Refundable).

@@ -225,6 +225,13 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := h.provisionAlerts(); err != nil {
 		return err
 	}
+	h.money = h.moneyDimensions()
+	if len(h.FallbackModels) > 0 {
+		if err := checkFallbacks(h.FallbackModels); err != nil {
+			return fmt.Errorf("rate_limit: %w", err)
+		}
+		h.readsModel = true // a fallback is chosen by the model asked for
+	}
 	// Only its path to decide (see decide).
 	h.direct = !h.readsModel && len(h.trees) == 1 && h.trees[0].matchers == nil && len(h.Costs) == 0 &&
 		h.Idempotency == nil && h.MaxWait == 0 && h.Forwarded == nil

@@ -35,6 +35,7 @@ type decision struct {
 	inputErr *cost.InputError
 	model    string         // the model the request's body names, when a cost or key reads it
 	body     peeked         // the start of the body, when a cost or key reads it
+	fallback string         // the model served instead of the one asked for (FallbackModels)
 	refunded bool           // charge_on gave back its charges: nothing to reconcile (set on charge_on's copy)
 	entry    *waiting.Entry // an interactive request registered as waiting while it is decided (priority)
 }
@@ -79,6 +80,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	h.metrics.observe(d, took)
 	if h.alerting != nil && d.Allowed {
 		h.checkAlerts(r.Context(), d)
+	}
+	if d.fallback != "" {
+		w.Header().Set(fallbackHeader, d.fallback)
 	}
 	if len(h.Routes) > 0 {
 		name := d.Route()

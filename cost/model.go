@@ -1,6 +1,9 @@
 package cost
 
-import "unicode/utf8"
+import (
+	"encoding/json"
+	"unicode/utf8"
+)
 
 // maxModelName bounds the length of a model name Model returns; a longer
 // "model" is not a name any price list holds.
@@ -23,9 +26,30 @@ const maxModelName = 256
 // The body is read once, without decoding it into Go values; only the
 // returned name is allocated.
 func Model(body []byte) string {
+	name, _, _ := model(body)
+	return name
+}
+
+// ReplaceModel returns body with the model it asks for (the member Model
+// reads) set to name, every other byte as it was; ok is false, and body
+// is returned as is, when Model finds no model in body.
+func ReplaceModel(body []byte, name string) (_ []byte, ok bool) {
+	old, start, end := model(body)
+	if old == "" {
+		return body, false
+	}
+	quoted, _ := json.Marshal(name) // a string: cannot fail
+	out := make([]byte, 0, len(body)-(end-start)+len(quoted))
+	out = append(append(append(out, body[:start]...), quoted...), body[end:]...)
+	return out, true
+}
+
+// model is Model, with the offsets of the member's string in body (its
+// quotes included).
+func model(body []byte) (name string, start, end int) {
 	c := &jsonCursor{b: body}
 	if c.peek() != '{' {
-		return ""
+		return "", 0, 0
 	}
 	var raw []byte // the last top-level "model" string, still escaped
 	var escaped, isString bool
@@ -38,26 +62,28 @@ func Model(body []byte) string {
 			return c.skip()
 		}
 		var err error
+		start = c.i
 		raw, escaped, err = c.str()
+		end = c.i
 		isString = true
 		return err
 	})
 	if err != nil || c.end() != nil || !isString {
-		return ""
+		return "", 0, 0
 	}
 	// Each decoded byte takes at most six raw ones (\u0041), so a raw form
 	// this long decodes to more than the bound: no need to decode it.
 	if len(raw) > maxModelName*6 {
-		return ""
+		return "", 0, 0
 	}
-	name := raw
+	decoded := raw
 	if escaped {
-		name = unescapeJSON(make([]byte, 0, len(raw)), raw)
+		decoded = unescapeJSON(make([]byte, 0, len(raw)), raw)
 	}
-	if len(name) > maxModelName || !utf8.Valid(name) || hasControl(raw) {
-		return ""
+	if len(decoded) > maxModelName || !utf8.Valid(decoded) || hasControl(raw) {
+		return "", 0, 0
 	}
-	return string(name)
+	return string(decoded), start, end
 }
 
 // hasControl reports whether a raw JSON string holds a byte below 0x20,

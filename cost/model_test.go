@@ -129,3 +129,24 @@ func BenchmarkModel100KiB(b *testing.B) {
 		})
 	}
 }
+
+// TestReplaceModel: the model member's value is replaced, every other
+// byte kept; a body with no model is left as it is.
+func TestReplaceModel(t *testing.T) {
+	for _, tc := range []struct{ body, name, want string }{
+		{`{"model":"gpt-4o","messages":[]}`, "gpt-4o-mini", `{"model":"gpt-4o-mini","messages":[]}`},
+		{`{ "messages": [{"model":"x"}],  "model" : "gpt\u002d4o" ,"n":1}`, "m", `{ "messages": [{"model":"x"}],  "model" : "m" ,"n":1}`},
+		{`{"model":"a","model":"b"}`, "c", `{"model":"a","model":"c"}`}, // the one Model reads: the last
+		{`{"model":"a"}`, "quote\"d", `{"model":"quote\"d"}`},
+		{`{"messages":[]}`, "m", `{"messages":[]}`},
+		{`not json`, "m", `not json`},
+	} {
+		got, ok := ReplaceModel([]byte(tc.body), tc.name)
+		if string(got) != tc.want || ok != (tc.body != tc.want) {
+			t.Errorf("ReplaceModel(%s, %q) = %s, %v; want %s", tc.body, tc.name, got, ok, tc.want)
+		}
+		if ok && Model(got) != tc.name {
+			t.Errorf("the replaced body's model is %q, want %q", Model(got), tc.name)
+		}
+	}
+}

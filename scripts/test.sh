@@ -4,8 +4,10 @@
 # themselves), then each fuzz target briefly.
 #
 # On a fresh Debian machine it installs what the tests need first:
-# redis-server and redis-cli (Debian package redis-server) and nginx
-# (Debian package nginx, for the auth_request example's test).
+# redis-server and redis-cli (Debian package redis-server), nginx (Debian
+# package nginx, for the auth_request example's test), Node.js and npm
+# (Debian packages nodejs and npm) and, with npm, the official OpenAI and
+# Anthropic SDKs that the LLM gateway's test drives (internal/sdktest).
 #
 #   scripts/test.sh                     # everything
 #   FUZZTIME=200000x scripts/test.sh    # fuzz longer (default 20000 inputs per target)
@@ -21,14 +23,21 @@ need_install=
 command -v redis-server >/dev/null 2>&1 || need_install=1
 command -v redis-cli >/dev/null 2>&1 || need_install=1
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need_install=1
+command -v node >/dev/null 2>&1 || need_install=1
+command -v npm >/dev/null 2>&1 || need_install=1
 if [ -n "$need_install" ]; then
-	echo "== installing redis-server and nginx (Debian packages)"
+	echo "== installing redis-server, nginx, nodejs and npm (Debian packages)"
 	sudo=""
 	[ "$(id -u)" = 0 ] || sudo="sudo"
 	$sudo apt-get update -qq
-	DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq redis-server nginx >/dev/null
+	pkgs="redis-server nginx"
+	command -v node >/dev/null 2>&1 || pkgs="$pkgs nodejs"
+	command -v npm >/dev/null 2>&1 || pkgs="$pkgs npm"
+	DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq $pkgs >/dev/null
 fi
 redis-server --version
+echo "== the OpenAI and Anthropic SDKs (npm ci in internal/sdktest)"
+(cd internal/sdktest && npm ci --no-audit --no-fund --loglevel=error)
 
 echo "== go vet"
 go vet ./...

@@ -1,0 +1,134 @@
+package cascade
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// The official SDKs of OpenAI (npm openai) and Anthropic (npm
+// @anthropic-ai/sdk), run by Node.js against a real Caddy with Cascade in
+// front of a fake provider: what their users' code sees of Cascade's
+// refusals, retries and fallbacks. internal/sdktest pins their versions.
+
+// sdkResult is what internal/sdktest/sdk.mjs printed: each call's outcome,
+// and when (ms from the start) each HTTP attempt was made.
+type sdkResult struct {
+	Results []struct {
+		OK             bool    `json:"ok"`
+		Fallback       *string `json:"fallback"`
+		Class          string  `json:"class"`
+		RateLimitError bool    `json:"rateLimitError"`
+		Status         int     `json:"status"`
+		Message        string  `json:"message"`
+		Code           *string `json:"code"`
+		Type           *string `json:"type"`
+	} `json:"results"`
+	Attempts []int `json:"attempts"`
+}
+
+var sdkInstall sync.Once
+
+// runSDK runs sdk.mjs with opts, installing the SDKs first (npm ci) if
+// they are not.
+func runSDK(t *testing.T, opts map[string]any) sdkResult {
+	t.Helper()
+	dir := filepath.Join("internal", "sdktest")
+	sdkInstall.Do(func() {
+		if _, err := os.Stat(filepath.Join(dir, "node_modules")); err == nil {
+			return
+		}
+		cmd := exec.Command("npm", "ci", "--no-audit", "--no-fund")
+		cmd.Dir = dir
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("npm ci in %s (scripts/test.sh installs Node.js and npm): %v\n%s", dir, err, out)
+		}
+	})
+	arg, _ := json.Marshal(opts)
+	cmd := exec.Command("node", "sdk.mjs", string(arg))
+	cmd.Dir = dir
+	out, err := cmd.Output()
+	if err != nil {
+		var stderr []byte
+		if ee, ok := err.(*exec.ExitError); ok {
+			stderr = ee.Stderr
+		}
+		t.Fatalf("node sdk.mjs %s: %v\n%s\n%s", arg, err, out, stderr)
+	}
+	var r sdkResult
+	if err := json.Unmarshal(out, &r); err != nil {
+		t.Fatalf("sdk.mjs printed %s: %v", out, err)
+	}
+	return r
+}
+
+// TestSDKs: the SDKs raise their own rate-limit error with Cascade's
+// message, wait Cascade's Retry-After before retrying, and are served a
+// fallback model without noticing.
+func TestSDKs(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs Node.js")
+	}
+	up := newFakeLLM(t, 10, 10)
+	limits := `
+		tree llm {
+			tier org {header.X-Org} {
+				%s
+			}
+			tier model {http.rate_limit.model} {
+				limit 10000 tokens/min
+				value gpt-4o {
+					limit 100 tokens/min
+				}
+			}
+		}
+		cost tokens llm
+		%s`
+	gateway := func(t *testing.T, orgLimit, more string) string {
+		base, _ := llmGateway(t, up.srv.URL, strings.Replace(strings.Replace(limits, "%s", orgLimit, 1), "%s", more, 1))
+		return base
+	}
+	// Each call is estimated at 64 tokens (14 of input, 50 of output).
+	t.Run("openai refusal", func(t *testing.T) {
+		base := gateway(t, "limit 100 tokens/min", "refusal_body openai")
+		r := runSDK(t, map[string]any{"sdk": "openai", "base": base, "model": "gpt-4o-mini", "calls": 2})
+		got := r.Results[1]
+		if !r.Results[0].OK || got.OK || !got.RateLimitError || got.Class != "RateLimitError" || got.Status != 429 ||
+			got.Code == nil || *got.Code != "rate_limit_exceeded" || !strings.Contains(got.Message, "llm/org") {
+			t.Fatalf("the OpenAI SDK saw %+v", r.Results)
+		}
+	})
+	t.Run("anthropic refusal", func(t *testing.T) {
+		base := gateway(t, "limit 100 tokens/min", "refusal_body anthropic")
+		r := runSDK(t, map[string]any{"sdk": "anthropic", "base": base, "model": "claude-sonnet-4", "calls": 2})
+		got := r.Results[1]
+		if !r.Results[0].OK || got.OK || !got.RateLimitError || got.Class != "RateLimitError" || got.Status != 429 ||
+			got.Type == nil || *got.Type != "rate_limit_error" || !strings.Contains(got.Message, "llm/org") {
+			t.Fatalf("the Anthropic SDK saw %+v", r.Results)
+		}
+	})
+	t.Run("retry after", func(t *testing.T) {
+		// 64 tokens every 2 s: the second call is refused with
+		// Retry-After: 2, and the SDK's retry waits it out.
+		base := gateway(t, "limit 64 tokens/2s", "refusal_body openai")
+		r := runSDK(t, map[string]any{"sdk": "openai", "base": base, "model": "gpt-4o-mini", "calls": 2, "maxRetries": 2})
+		if !r.Results[0].OK || !r.Results[1].OK || len(r.Attempts) != 3 {
+			t.Fatalf("results %+v, attempts at %v ms: want both served, the second after one retry", r.Results, r.Attempts)
+		}
+		if wait := r.Attempts[2] - r.Attempts[1]; wait < 1500 {
+			t.Fatalf("the SDK retried after %d ms, before the Retry-After of 2 s", wait)
+		}
+	})
+	t.Run("fallback", func(t *testing.T) {
+		base := gateway(t, "limit 10000 tokens/min", "fallback_model gpt-4o gpt-4o-mini")
+		r := runSDK(t, map[string]any{"sdk": "openai", "base": base, "model": "gpt-4o", "calls": 2})
+		if !r.Results[0].OK || r.Results[0].Fallback != nil || !r.Results[1].OK || r.Results[1].Fallback == nil ||
+			*r.Results[1].Fallback != "gpt-4o-mini" || len(r.Attempts) != 2 {
+			t.Fatalf("the OpenAI SDK saw %+v, attempts %v", r.Results, r.Attempts)
+		}
+	})
+}
