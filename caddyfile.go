@@ -137,7 +137,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    }]
 //	    on_store_error deny|allow|local [<instances>]  # local: default instances counted from heartbeats
 //	    mode           enforce|warn|shadow
-//	    headers        <family...>|none             # ietf x_ratelimit retry_after openai (default: ietf retry_after)
+//	    headers        <family...>|none             # ietf x_ratelimit retry_after openai anthropic (default: ietf retry_after)
 //	    status_code    <code>
 //	    priority       interactive|batch|critical  # traffic class: adaptive tiers; with max_wait, batch gives way to interactive
 //	    shed_at_floor                               # 503 while the adaptive factor is at its floor
@@ -149,6 +149,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    denial_log     values|no_values|off         # the sampled INFO line of each denied key (default values)
 //	    disable_metrics                             # this handler records no Prometheus metrics
 //	    placeholders   all|refused                  # which requests publish {http.rate_limit.*} (default all)
+//	    retry_within   <duration>                   # a longer wait says x-should-retry: false (default 1m)
 //	    refusal_body   problem|openai|anthropic     # a refusal's body: problem+json (default), or the provider's error object
 //	    fallback_model <model> <fallback...>        # refused by the model's limits or a money limit: served as the first fallback admitted
 //	    alerts {                                    # where limits' alert thresholds go (always logged)
@@ -271,6 +272,15 @@ func (h *Handler) unmarshalOption(d *caddyfile.Dispenser) error {
 		h.DenialLog, err = caddyfileopt.OneOf(d, "values", "no_values", "off")
 	case "placeholders":
 		h.Placeholders, err = caddyfileopt.OneOf(d, "all", "refused")
+	case "retry_within":
+		var s string
+		if err = caddyfileopt.Str(d, &s); err == nil {
+			dur, perr := caddy.ParseDuration(s)
+			if perr != nil || dur <= 0 {
+				return d.Errf("retry_within %q: use a positive duration such as 60s", s)
+			}
+			h.RetryWithin = caddy.Duration(dur)
+		}
 	case "refusal_body":
 		h.RefusalBody, err = caddyfileopt.OneOf(d, engine.BodyProblem, engine.BodyOpenAI, engine.BodyAnthropic)
 	case "max_wait":
@@ -460,8 +470,10 @@ func (h *Handler) parseHeaders(d *caddyfile.Dispenser) error {
 			cfg.RetryAfter = &t
 		case "openai":
 			cfg.OpenAI = true
+		case "anthropic":
+			cfg.Anthropic = true
 		default:
-			return d.Errf("headers: unknown family %q: use ietf, x_ratelimit, retry_after, openai or none", fam)
+			return d.Errf("headers: unknown family %q: use ietf, x_ratelimit, retry_after, openai, anthropic or none", fam)
 		}
 	}
 	h.Headers = cfg

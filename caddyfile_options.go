@@ -14,7 +14,7 @@ import (
 var (
 	handlerOptions = []string{"tree", "zone", "cost", "store", "route", "charge_on", "max_wait", "max_queued",
 		"idempotency", "on_store_error", "mode", "headers", "status_code", "forwarded", "priority", "shed_at_floor",
-		"use_error_routes", "jitter", "sweep_interval", "log_key", "fingerprint_secret", "denial_log", "placeholders", "refusal_body", "alerts", "fallback_model",
+		"use_error_routes", "jitter", "sweep_interval", "log_key", "fingerprint_secret", "denial_log", "placeholders", "refusal_body", "retry_within", "alerts", "fallback_model",
 		"disable_metrics", "distributed", "storage"}
 	treeOptions        = []string{"tier", "match"}
 	tierOptions        = []string{"key", "missing", "limit", "value", "adaptive", "penalty", "sensitive"}

@@ -182,7 +182,10 @@ func (h *Handler) estimate(r *http.Request, repl *caddy.Replacer, d *decision) (
 			var u cost.Usage
 			if u, err = c.LLM.EstimateUsage(req); err == nil {
 				if !h.readsModel { // else read already, or set by a fallback
-					d.model = cost.Model(req.Body)
+					if d.model, err = cost.ModelOf(req.Body); err != nil {
+						return nil, &cost.InputError{Status: http.StatusBadRequest, Type: cost.TypeMalformedJSON, Title: "Malformed request body",
+							Detail: fmt.Sprintf("cost %s: reading the model the request asks for: %v", c.Dimension, err), Err: err}
+					}
 				}
 				n, err = c.priced(u, d.model)
 			}

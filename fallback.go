@@ -46,13 +46,13 @@ func (h *Handler) refusedByModel(d *decision) bool {
 // refusal stands. A body longer than was read cannot be rewritten: its
 // refusal stands.
 func (h *Handler) fallBack(r *http.Request, repl *caddy.Replacer, d *decision) (int, error) {
-	if d.body.truncated {
-		return 0, nil
-	}
 	original := d.body.bytes
 	for _, fb := range h.FallbackModels[d.model] {
 		body, ok := cost.ReplaceModel(original, fb)
-		if !ok {
+		if d.body.truncated || !ok {
+			if d.Request.Tentative {
+				d.Strike(r.Context()) // the refusal stands
+			}
 			return 0, nil
 		}
 		if d.entry != nil {
@@ -81,8 +81,11 @@ func (h *Handler) fallBack(r *http.Request, repl *caddy.Replacer, d *decision) (
 		if !h.refusedByModel(d) {
 			// Refused by a limit no model avoids (the organisation's
 			// requests): another fallback would be refused too.
-			return 0, nil
+			break
 		}
+	}
+	if d.Request.Tentative && !d.Allowed {
+		d.Strike(r.Context()) // the last refusal stands
 	}
 	return 0, nil
 }

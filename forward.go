@@ -171,7 +171,7 @@ func (h *Handler) serveForwarded(w http.ResponseWriter, r *http.Request) (answer
 		return true, h.serveReport(w, r)
 	}
 	if err := c.unforward(r); err != nil {
-		return true, h.badForwarded(w, err)
+		return true, h.badForwarded(w, r, err)
 	}
 	return false, nil
 }
@@ -200,7 +200,7 @@ func (h *Handler) untrusted(w http.ResponseWriter, r *http.Request) error {
 	}
 	d := &decision{Decision: engine.Decision{Reason: problemUntrusted, Closest: -1}}
 	h.metrics.observe(d, 0)
-	return h.problem(w, http.StatusForbidden, problemUntrusted, "Forbidden",
+	return h.problem(w, r, http.StatusForbidden, problemUntrusted, "Forbidden",
 		"this decision endpoint honours forwarded headers only from its server's trusted_proxies, and this peer is not one of them", d)
 }
 

@@ -128,9 +128,9 @@ func (c *IdempotencyConfig) key(r *http.Request) (string, error) {
 }
 
 // refuseInFlight answers a duplicate of a request still in flight.
-func (h *Handler) refuseInFlight(w http.ResponseWriter, d *decision) error {
+func (h *Handler) refuseInFlight(w http.ResponseWriter, r *http.Request, d *decision) error {
 	retry := engine.CeilSeconds(d.Retry)
 	w.Header().Set("Retry-After", strconv.FormatInt(retry, 10))
-	return h.problem(w, http.StatusConflict, "idempotency_in_flight", "Conflict",
+	return h.problem(w, r, http.StatusConflict, "idempotency_in_flight", "Conflict",
 		"a request with this idempotency key is still in flight; retry once it has completed", d)
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -24,6 +25,8 @@ func (h *Handler) decide(r *http.Request, repl *caddy.Replacer, d *decision) (in
 			var ie *cost.InputError
 			errors.As(err, &ie)
 			d.Reason, d.inputErr = reasonBadCost, ie
+			// Refused as a tree would refuse it: if some tree enforces.
+			d.Enforcing = slices.ContainsFunc(h.etrees, func(t *engine.Tree) bool { return h.engine.Mode(t) == engine.Enforce })
 			return ie.Status, err
 		}
 	}
@@ -36,8 +39,11 @@ func (h *Handler) decide(r *http.Request, repl *caddy.Replacer, d *decision) (in
 		return 0, h.engine.Decide(r.Context(), &d.Decision, engine.Request{Refundable: h.refundable})
 	}
 	status, err := h.decidePath(r, repl, d)
-	if status == 0 && err == nil && h.fallsBack(d) {
-		return h.fallBack(r, repl, d)
+	if status == 0 && err == nil && d.Request.Tentative && !d.Allowed {
+		if h.fallsBack(d) {
+			return h.fallBack(r, repl, d)
+		}
+		d.Strike(r.Context()) // the refusal stands
 	}
 	return status, err
 }
@@ -78,6 +84,9 @@ func (h *Handler) decidePath(r *http.Request, repl *caddy.Replacer, d *decision)
 		Estimates:  estimates,
 		Refundable: h.refundable,       // a charge that may be refunded is not decided on a lease
 		Untracked:  h.Forwarded != nil, // a decision endpoint never sees the response
+		// A refusal a fallback model may avoid counts towards a penalty
+		// box only if it stands (decide strikes it then).
+		Tentative: len(h.FallbackModels[d.model]) > 0,
 	}
 	if h.Idempotency != nil && len(d.Buckets) > 0 {
 		key, err := h.Idempotency.key(r)
@@ -97,7 +106,11 @@ const modelPlaceholder = "{http.rate_limit.model}"
 
 // readModel reads the model the request's body names, for the trees'
 // keys and matchers, within the largest body an llm cost reads (8 MiB by
-// default).
+// default). A body it cannot read has no model (a tier keyed on it applies
+// its missing policy), unless a tree's matcher reads the model: then the
+// tree would not apply, so such a body is refused instead, a longer one
+// with 413, one that is not a JSON object (or names its model in two
+// cases) with 400.
 func (h *Handler) readModel(r *http.Request, repl *caddy.Replacer, d *decision) error {
 	var limit int64
 	for _, c := range h.Costs {
@@ -111,7 +124,24 @@ func (h *Handler) readModel(r *http.Request, repl *caddy.Replacer, d *decision) 
 	if err := d.peek(r, limit); err != nil {
 		return err
 	}
-	d.model = cost.Model(d.body.bytes)
+	model, err := cost.ModelOf(d.body.bytes)
+	if !h.matchesModel && !errors.Is(err, cost.ErrAmbiguousModel) {
+		d.model = model
+		if d.body.truncated {
+			d.model = "" // it may name another model further on
+		}
+		repl.Set(modelPlaceholder[1:len(modelPlaceholder)-1], d.model)
+		return nil
+	}
+	if d.body.truncated {
+		return &cost.InputError{Status: http.StatusRequestEntityTooLarge, Type: cost.TypeBodyTooLarge, Title: "Request body too large",
+			Detail: fmt.Sprintf("the model a request asks for is read from a body of at most %d bytes (an llm cost's max_body_bytes)", limit)}
+	}
+	if err != nil {
+		return &cost.InputError{Status: http.StatusBadRequest, Type: cost.TypeMalformedJSON, Title: "Malformed request body",
+			Detail: "reading the model the request asks for: " + err.Error(), Err: err}
+	}
+	d.model = model
 	repl.Set(modelPlaceholder[1:len(modelPlaceholder)-1], d.model)
 	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -184,6 +185,8 @@ func TestMoneyConfigErrors(t *testing.T) {
 		{"a price too fine", rl("limit 1 usd/day", "  price gpt-4o input 0.0000001 output 1"), "0.0000001"},
 		{"a negative price", rl("limit 1 usd/day", "  price gpt-4o input -1 output 1"), "-1"},
 		{"a bad pattern", rl("limit 1 usd/day", "  price gpt 4o input 1 output 1"), "unexpected"},
+		{"a pattern of other characters", rl("limit 1 usd/day", "  price gpt-[4o] input 1 output 1"), "gpt-[4o]"},
+		{"a price without input", rl("limit 1 usd/day", "  price gpt-4o output 10"), "give both input and output prices"},
 		{"a price given twice", rl("limit 1 usd/day", "  price gpt-4o input 1 output 1\n  price gpt-4o input 2 output 2"), "given twice"},
 		{"a price on a constant cost", "rate_limit {\n tree llm {\n  tier org {header.X-Org} {\n   limit 1 usd/day\n  }\n }\n cost usd 5 {\n  price gpt-4o input 1 output 1\n }\n}", `"price"`},
 		{"a money limit with a burst", rl("limit 1 usd/day burst 2", "  price gpt-4o input 1 output 1"), ""},
@@ -523,4 +526,119 @@ func TestMoneyReconciledFromStreams(t *testing.T) {
 		t.Fatalf("Anthropic stream: %d %s", r.status, r.body)
 	}
 	settle("after an Anthropic stream", 1_000_000-3_250-4_800) // 100 × 3 + 300 × 15
+}
+
+// TestFallbackNoPenalty: a refusal that a fallback avoids is no strike
+// towards the model's penalty box: calls over gpt-4o's limit go on being
+// served as gpt-4o-mini.
+func TestFallbackNoPenalty(t *testing.T) {
+	up := newFakeLLM(t, 10, 10)
+	base, _ := llmGateway(t, up.srv.URL, `
+		tree llm {
+			tier model {http.rate_limit.model} {
+				limit 10000 tokens/min
+				value gpt-4o {
+					limit 100 tokens/min
+				}
+				penalty 10m after 2
+			}
+		}
+		cost tokens llm
+		fallback_model gpt-4o gpt-4o-mini`)
+	for i := range 6 {
+		r := post(t, base+"/v1/chat/completions", chat("gpt-4o"), "X-Org: acme")
+		if r.status != 200 || i > 0 && r.header.Get("Cascade-Fallback-Model") != "gpt-4o-mini" {
+			t.Fatalf("call %d: %d %v %s", i+1, r.status, r.header, r.body)
+		}
+	}
+}
+
+// TestModelMatchReadsStrictly: a tree that applies by the model (match on
+// {http.rate_limit.model}) cannot be stepped around with a body whose
+// model cannot be read: too long, not JSON, or named in two cases; a model
+// named in another case is read as Go's decoder reads it.
+func TestModelMatchReadsStrictly(t *testing.T) {
+	up := newFakeLLM(t, 10, 10)
+	base, _ := llmGateway(t, up.srv.URL, `
+		tree premium {
+			match {
+				expression {http.rate_limit.model} == "gpt-4o"
+			}
+			tier org {header.X-Org} {
+				limit 100 tokens/min
+			}
+		}
+		tree all {
+			tier org {header.X-Org} {
+				limit 1000/min
+			}
+		}
+		cost tokens llm {
+			max_body_bytes 64KiB
+		}`)
+	if r := post(t, base+"/v1/chat/completions", chat("gpt-4o"), "X-Org: acme"); r.status != 200 {
+		t.Fatalf("first call: %d %s", r.status, r.body)
+	}
+	for _, tc := range []struct {
+		name, body string
+		status     int
+	}{
+		{"over its limit", chat("gpt-4o"), 429},
+		{"in another case", strings.Replace(chat("gpt-4o"), `"model"`, `"Model"`, 1), 429},
+		{"named twice", strings.Replace(chat("gpt-4o"), `{`, `{"Model":"cheap",`, 1), 400},
+		{"not JSON", strings.Replace(chat("gpt-4o"), `"max_tokens":50`, `"max_tokens":NaN`, 1), 400},
+		{"too long", strings.Replace(chat("gpt-4o"), `"max_tokens":50`, `"max_tokens":50,"pad":"`+strings.Repeat("x", 70<<10)+`"`, 1), 413},
+	} {
+		if r := post(t, base+"/v1/chat/completions", tc.body, "X-Org: acme"); r.status != tc.status {
+			t.Errorf("%s: %d, want %d: %.300s", tc.name, r.status, tc.status, r.body)
+		}
+	}
+}
+
+// TestBudgetAlertAtFull: the 100% alert of a money budget is sent, though
+// the charge that spends it is reconciled after its response: the next
+// call, refused, sees it.
+func TestBudgetAlertAtFull(t *testing.T) {
+	var mu sync.Mutex
+	var thresholds []int
+	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var e alert.Event
+		_ = json.NewDecoder(r.Body).Decode(&e)
+		mu.Lock()
+		thresholds = append(thresholds, e.Threshold)
+		mu.Unlock()
+	}))
+	t.Cleanup(hook.Close)
+	up := newFakeLLM(t, 100, 300)
+	base, _ := llmGateway(t, up.srv.URL, fmt.Sprintf(`
+		tree llm {
+			tier org {header.X-Org} {
+				limit 0.0103 usd/day calendar alert 50%% 100%%
+			}
+		}
+		cost usd llm {
+			price gpt-4o input 2.50 output 10
+			reconcile {
+				provider openai
+			}
+		}
+		alerts {
+			webhook %s
+		}`, hook.URL))
+	// 3,250 micro-dollars a call, of 10,300: the fourth call (its estimate,
+	// about 540, fits the 550 left) overdraws.
+	deadline := time.Now().Add(propagation)
+	for {
+		post(t, base+"/v1/chat/completions", chat("gpt-4o"), "X-Org: acme")
+		mu.Lock()
+		got := slices.Clone(thresholds)
+		mu.Unlock()
+		if slices.Equal(got, []int{50, 100}) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("alerts at %v, want 50%% then 100%%", got)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }

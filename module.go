@@ -164,6 +164,11 @@ type Handler struct {
 	// nothing. The response says so in Cascade-Fallback-Model.
 	FallbackModels map[string][]string `json:"fallback_models,omitempty"`
 
+	// RetryWithin is the longest Retry-After a client's SDK should sleep
+	// through on its own (default 1m): a refusal that asks for a longer
+	// wait, or that waiting cannot help, says x-should-retry: false.
+	RetryWithin caddy.Duration `json:"retry_within,omitempty"`
+
 	// RefusalBody is the body of the handler's refusals: "problem"
 	// (default: RFC 9457 problem+json), "openai" or "anthropic" (the
 	// provider API's error object, which its official SDKs read).
@@ -218,22 +223,23 @@ type Handler struct {
 	StorageRaw  json.RawMessage `json:"storage,omitempty"`
 
 	// What provisioning made of the configuration, read by every request.
-	trees      []*Tree
-	etrees     []*engine.Tree // the engine's trees, in the order of trees
-	engine     *engine.Engine
-	costs      map[string]*Cost
-	controller *adaptive.Controller // nil unless a tier is adaptive
-	priority   adaptive.Priority
-	inFlight   bool // the controller has an in_flight signal: pass counts requests in flight
-	readHeader bool // the controller has a response_header signal: pass reads the response header
-	logger     *zap.Logger
-	metrics    *metrics
-	direct     bool            // one tree, no matcher, nothing to decide but its path: decide skips the general steps
-	storeName  string          // the engine's store, in metrics (Config().StoreName)
-	money      map[string]bool // the money dimensions (moneyDimensions)
-	readsModel bool            // a tier's key or a tree's matcher reads {http.rate_limit.model}: decide reads the body's model first
-	quietAdmit bool            // placeholders refused: an admitted request publishes none
-	epoch      time.Time       // when provisioned: decisions are timed from it
+	trees        []*Tree
+	etrees       []*engine.Tree // the engine's trees, in the order of trees
+	engine       *engine.Engine
+	costs        map[string]*Cost
+	controller   *adaptive.Controller // nil unless a tier is adaptive
+	priority     adaptive.Priority
+	inFlight     bool // the controller has an in_flight signal: pass counts requests in flight
+	readHeader   bool // the controller has a response_header signal: pass reads the response header
+	logger       *zap.Logger
+	metrics      *metrics
+	direct       bool            // one tree, no matcher, nothing to decide but its path: decide skips the general steps
+	storeName    string          // the engine's store, in metrics (Config().StoreName)
+	money        map[string]bool // the money dimensions (moneyDimensions)
+	matchesModel bool            // a tree's matcher reads {http.rate_limit.model}: a body whose model cannot be read is refused
+	readsModel   bool            // a tier's key or a tree's matcher reads {http.rate_limit.model}: decide reads the body's model first
+	quietAdmit   bool            // placeholders refused: an admitted request publishes none
+	epoch        time.Time       // when provisioned: decisions are timed from it
 	// refundable: a charge may be refunded once the response is known
 	// (costs reconciled, reported to a decision endpoint, charge_on), so
 	// it is never decided on a lease (see engine.Request.Refundable).
@@ -324,6 +330,10 @@ type HeadersConfig struct {
 	// OpenAI writes x-ratelimit-{limit,remaining,reset}-{requests,tokens},
 	// the headers LLM SDKs read.
 	OpenAI bool `json:"openai,omitempty"`
+	// Anthropic writes anthropic-ratelimit-{requests,tokens,input-tokens,
+	// output-tokens}-{limit,remaining,reset}, resets as RFC 3339 times, as
+	// Anthropic's API does.
+	Anthropic bool `json:"anthropic,omitempty"`
 }
 
 // on is a family's setting, true when unset; set is one that is off when

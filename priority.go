@@ -155,7 +155,7 @@ func (h *Handler) waitKey(d *decision, key string) string {
 // refused while they wait ("yielded"), or preempted while held. Either way
 // its reservation was given back; retry is when those interactive requests
 // will have gone.
-func (h *Handler) refuseBatch(w http.ResponseWriter, outcome waitOutcome, retry time.Duration, d *decision) error {
+func (h *Handler) refuseBatch(w http.ResponseWriter, r *http.Request, outcome waitOutcome, retry time.Duration, d *decision) error {
 	d.Retry = max(retry, time.Second)
 	s := strconv.FormatInt(engine.CeilSeconds(d.Retry), 10)
 	w.Header().Set("Retry-After", s)
@@ -163,5 +163,5 @@ func (h *Handler) refuseBatch(w http.ResponseWriter, outcome waitOutcome, retry 
 	if outcome == waitPreempted {
 		detail = "an interactive request took this batch request's turn; retry in " + s + " s"
 	}
-	return h.problem(w, http.StatusTooManyRequests, "preempted", "Too Many Requests", detail, d)
+	return h.problem(w, r, http.StatusTooManyRequests, "preempted", "Too Many Requests", detail, d)
 }

@@ -99,7 +99,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		}
 		for _, set := range t.MatcherSetsRaw {
 			for _, raw := range set {
-				h.readsModel = h.readsModel || bytes.Contains(raw, []byte(modelPlaceholder[1:len(modelPlaceholder)-1]))
+				if bytes.Contains(raw, []byte(modelPlaceholder[1:len(modelPlaceholder)-1])) {
+					h.readsModel, h.matchesModel = true, true
+				}
 			}
 		}
 		if t.MatcherSetsRaw != nil {
@@ -216,9 +218,10 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		Trees: h.etrees, Dimensions: dims,
 		Store: o.Store, StoreName: o.Name, Runtime: o.Runtime, Top: o.Top,
 		Controller: h.controller, Priority: h.priority,
-		Mode:    h.Mode,
-		Headers: engine.Headers{IETF: on(hc.IETF), XRateLimit: set(hc.XRateLimit), RetryAfter: on(hc.RetryAfter), OpenAI: hc.OpenAI},
-		Jitter:  h.Jitter, DenialLog: h.DenialLog, LogKey: h.LogKey, Fingerprints: fps, MaxWait: time.Duration(h.MaxWait),
+		Mode: h.Mode,
+		Headers: engine.Headers{IETF: on(hc.IETF), XRateLimit: set(hc.XRateLimit), RetryAfter: on(hc.RetryAfter), OpenAI: hc.OpenAI, Anthropic: hc.Anthropic,
+			RetryWithin: time.Duration(h.RetryWithin)},
+		Jitter: h.Jitter, DenialLog: h.DenialLog, LogKey: h.LogKey, Fingerprints: fps, MaxWait: time.Duration(h.MaxWait),
 		Idempotency: h.Idempotency.engineConfig(),
 		Logger:      h.logger, Reconciled: h.metrics.reconcile,
 	})
@@ -374,6 +377,9 @@ func (h *Handler) Validate() error {
 	}
 	if h.MaxWait > 0 && h.Forwarded != nil {
 		return errors.New("rate_limit: max_wait holds the request in front of the upstream, which a decision endpoint (forwarded) is not: rate limit in front of the upstream instead")
+	}
+	if len(h.FallbackModels) > 0 && h.Forwarded != nil {
+		return errors.New("rate_limit: fallback_model rewrites the body the upstream gets, which a decision endpoint (forwarded) does not pass on: rate limit in front of the upstream instead")
 	}
 	if h.Idempotency != nil && h.Forwarded != nil {
 		return errors.New("rate_limit: idempotency needs to see when a request ends, which a decision endpoint (forwarded) does not: rate limit in front of the upstream instead")

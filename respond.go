@@ -18,8 +18,24 @@ import (
 const problemUnavailable = "store-unavailable"
 
 // problem writes a problem+json response.
-func (h *Handler) problem(w http.ResponseWriter, status int, kind, title, detail string, d *decision) error {
+func (h *Handler) problem(w http.ResponseWriter, r *http.Request, status int, kind, title, detail string, d *decision) error {
+	if id := requestID(r); id != "" {
+		w.Header().Set("X-Request-Id", id)
+	}
 	return engine.NewProblem(status, kind, title, detail, &d.Decision).WriteAs(w, h.RefusalBody)
+}
+
+// requestID is Caddy's id of r ({http.request.uuid}, also in its access
+// log line): what a refusal and its log line name, so that a client's
+// report can be traced. "" outside a Caddy server (which readies the
+// context the id is kept in).
+func requestID(r *http.Request) string {
+	repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	if _, ok := r.Context().Value(caddyhttp.ExtraLogFieldsCtxKey).(*caddyhttp.ExtraLogFields); repl == nil || !ok {
+		return ""
+	}
+	id, _ := repl.GetString("http.request.uuid")
+	return id
 }
 
 // setPlaceholders publishes the decision as {http.rate_limit.*}. One

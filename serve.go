@@ -78,7 +78,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	defer h.done(r, d) // concurrency slots and idempotency records, ended with the response
 	took := time.Since(h.epoch) - start
 	h.metrics.observe(d, took)
-	if h.alerting != nil && d.Allowed {
+	if h.alerting != nil && len(d.Results) > 0 {
+		// Refused too: a charge reconciled after its response may have
+		// taken a value over a threshold, and only shows now.
 		h.checkAlerts(r.Context(), d)
 	}
 	if d.fallback != "" {
@@ -115,7 +117,7 @@ func (h *Handler) serveDecided(w http.ResponseWriter, r *http.Request, next cadd
 
 	mode := d.Mode
 	if d.Reason == engine.ReasonInFlight && mode == engine.Enforce {
-		return h.refuseInFlight(w, d)
+		return h.refuseInFlight(w, r, d)
 	}
 	if d.Allowed && d.Wait > 0 && mode == engine.Enforce {
 		if answered, err := h.wait(w, r, next, d); answered {
@@ -165,10 +167,10 @@ func (h *Handler) passChargedOn(w http.ResponseWriter, r *http.Request, next cad
 // request cannot be read.
 //
 //go:noinline
-func (h *Handler) badForwarded(w http.ResponseWriter, err error) error {
+func (h *Handler) badForwarded(w http.ResponseWriter, r *http.Request, err error) error {
 	d := &decision{Decision: engine.Decision{Reason: reasonBadForwarded, Closest: -1}}
 	h.metrics.observe(d, 0)
-	return h.problem(w, http.StatusBadRequest, d.Reason, "Bad Request", err.Error(), d)
+	return h.problem(w, r, http.StatusBadRequest, d.Reason, "Bad Request", err.Error(), d)
 }
 
 // The rare paths of ServeHTTP are methods of their own, not inlined: their
@@ -184,7 +186,7 @@ func (h *Handler) shed(w http.ResponseWriter, r *http.Request, repl *caddy.Repla
 	h.metrics.observe(d, 0)
 	h.setPlaceholders(r, repl, d)
 	w.Header().Set("Retry-After", strconv.FormatInt(engine.CeilSeconds(h.controller.Config().Interval), 10))
-	return h.problem(w, http.StatusServiceUnavailable, "temporary_reduced_capacity", "Temporarily reduced capacity",
+	return h.problem(w, r, http.StatusServiceUnavailable, "temporary_reduced_capacity", "Temporarily reduced capacity",
 		"the upstream is unhealthy and this traffic class is shed until it recovers", d)
 }
 
@@ -198,9 +200,9 @@ func (h *Handler) undecided(w http.ResponseWriter, r *http.Request, next caddyht
 		return h.pass(w, r, next)
 	}
 	if ie := d.inputErr; ie != nil {
-		return h.problem(w, status, ie.Type, ie.Title, ie.Detail, d)
+		return h.problem(w, r, status, ie.Type, ie.Title, ie.Detail, d)
 	}
-	return h.problem(w, status, d.Reason, http.StatusText(status), err.Error(), d)
+	return h.problem(w, r, status, d.Reason, http.StatusText(status), err.Error(), d)
 }
 
 // passReconciled passes an admitted request whose costs are reconciled
@@ -233,7 +235,7 @@ func (h *Handler) passReconciled(w http.ResponseWriter, r *http.Request, next ca
 //
 //go:noinline
 func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, d *decision, mode string) error {
-	d.NoteDenial(r.URL.Path)
+	d.NoteDenial(r.URL.Path, requestID(r))
 	if mode == engine.Shadow || mode == engine.Warn {
 		return h.pass(w, r, next)
 	}
@@ -245,7 +247,7 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, next caddyhttp.
 	if h.UseErrorRoutes {
 		return caddyhttp.Error(code, errors.New(detail))
 	}
-	return h.problem(w, code, d.Reason, "Too Many Requests", detail, d)
+	return h.problem(w, r, code, d.Reason, "Too Many Requests", detail, d)
 }
 
 // done ends what d holds while its request is in flight (concurrency
@@ -361,7 +363,7 @@ func (h *Handler) storeFailed(w http.ResponseWriter, r *http.Request, next caddy
 		return h.pass(w, r, next)
 	}
 	w.Header().Set("Retry-After", "1")
-	return h.problem(w, http.StatusServiceUnavailable, problemUnavailable, "Rate limit unavailable",
+	return h.problem(w, r, http.StatusServiceUnavailable, problemUnavailable, "Rate limit unavailable",
 		"the rate limit store could not decide this request; try again shortly", d)
 }
 

@@ -23,7 +23,7 @@ func (h *Handler) wait(w http.ResponseWriter, r *http.Request, next caddyhttp.Ha
 	case waitGone:
 		return true, nil // the client went away while held: nothing to answer
 	case waitPreempted, waitYielded:
-		return true, h.refuseBatch(w, outcome, retry, d)
+		return true, h.refuseBatch(w, r, outcome, retry, d)
 	case waitRedecided: // decided again: answered as any decision
 		if d.Reason == engine.ReasonStoreError {
 			return true, h.storeFailed(w, r, next, d)
@@ -31,7 +31,7 @@ func (h *Handler) wait(w http.ResponseWriter, r *http.Request, next caddyhttp.Ha
 	case waitQueueFull:
 		retry := strconv.FormatInt(engine.CeilSeconds(d.Wait), 10)
 		w.Header().Set("Retry-After", retry)
-		return true, h.problem(w, http.StatusTooManyRequests, "queue_full", "Too Many Requests",
+		return true, h.problem(w, r, http.StatusTooManyRequests, "queue_full", "Too Many Requests",
 			"too many requests are waiting for their turn; retry in "+retry+" s", d)
 	}
 	return false, nil

@@ -1,7 +1,9 @@
 package cost
 
 import (
+	"bytes"
 	"encoding/json"
+	"errors"
 	"unicode/utf8"
 )
 
@@ -26,15 +28,27 @@ const maxModelName = 256
 // The body is read once, without decoding it into Go values; only the
 // returned name is allocated.
 func Model(body []byte) string {
-	name, _, _ := model(body)
+	name, _, _, _ := model(body)
 	return name
+}
+
+// ModelOf is Model for a caller that must tell a body that names no model
+// from one it cannot read: it returns an error when body is not empty and
+// is not a JSON object, or names its model ambiguously (two members whose
+// names differ only in case: decoders disagree on which one wins).
+func ModelOf(body []byte) (string, error) {
+	name, _, _, err := model(body)
+	if err != nil && len(bytes.TrimSpace(body)) > 0 {
+		return "", err
+	}
+	return name, nil
 }
 
 // ReplaceModel returns body with the model it asks for (the member Model
 // reads) set to name, every other byte as it was; ok is false, and body
 // is returned as is, when Model finds no model in body.
 func ReplaceModel(body []byte, name string) (_ []byte, ok bool) {
-	old, start, end := model(body)
+	old, start, end, _ := model(body)
 	if old == "" {
 		return body, false
 	}
@@ -44,46 +58,62 @@ func ReplaceModel(body []byte, name string) (_ []byte, ok bool) {
 	return out, true
 }
 
+// ErrAmbiguousModel refuses a body that names its model twice, in
+// different cases: a case-insensitive decoder (Go's) may read the one a
+// case-sensitive one (Python's) does not.
+var ErrAmbiguousModel = errors.New(`the body names its model twice, in different cases ("model" and "Model"): name it once`)
+
 // model is Model, with the offsets of the member's string in body (its
-// quotes included).
-func model(body []byte) (name string, start, end int) {
+// quotes included), and why body could not be read. A member named
+// "model" in another case counts (Go's decoder reads it), unless both
+// are there.
+func model(body []byte) (name string, start, end int, err error) {
 	c := &jsonCursor{b: body}
 	if c.peek() != '{' {
-		return "", 0, 0
+		return "", 0, 0, errors.New("the body is not a JSON object")
 	}
 	var raw []byte // the last top-level "model" string, still escaped
 	var escaped, isString bool
-	err := c.object(func(key []byte) error {
-		if string(key) != "model" {
+	var spelled []byte // how the model's member was first spelled
+	err = c.object(func(key []byte) error {
+		if len(key) != len("model") || !bytes.EqualFold(key, []byte("model")) {
 			return c.skip()
+		}
+		if spelled == nil {
+			spelled = bytes.Clone(key)
+		} else if !bytes.Equal(spelled, key) {
+			return ErrAmbiguousModel
 		}
 		if c.peek() != '"' {
 			isString = false
 			return c.skip()
 		}
-		var err error
+		var serr error
 		start = c.i
-		raw, escaped, err = c.str()
+		raw, escaped, serr = c.str()
 		end = c.i
 		isString = true
-		return err
+		return serr
 	})
-	if err != nil || c.end() != nil || !isString {
-		return "", 0, 0
+	if err == nil {
+		err = c.end()
+	}
+	if err != nil || !isString {
+		return "", 0, 0, err
 	}
 	// Each decoded byte takes at most six raw ones (\u0041), so a raw form
 	// this long decodes to more than the bound: no need to decode it.
 	if len(raw) > maxModelName*6 {
-		return "", 0, 0
+		return "", 0, 0, nil
 	}
 	decoded := raw
 	if escaped {
 		decoded = unescapeJSON(make([]byte, 0, len(raw)), raw)
 	}
 	if len(decoded) > maxModelName || !utf8.Valid(decoded) || hasControl(raw) {
-		return "", 0, 0
+		return "", 0, 0, nil
 	}
-	return string(decoded), start, end
+	return string(decoded), start, end, nil
 }
 
 // hasControl reports whether a raw JSON string holds a byte below 0x20,

@@ -30,7 +30,8 @@ func TestModel(t *testing.T) {
 		{"null", `{"model":null}`, ""},
 		{"object", `{"model":{"name":"gpt-4o"}}`, ""},
 		{"empty string", `{"model":""}`, ""},
-		{"case matters", `{"Model":"gpt-4o"}`, ""},
+		{"another case, as Go's decoder reads it", `{"Model":"gpt-4o"}`, "gpt-4o"},
+		{"two cases: ambiguous", `{"model":"cheap","Model":"gpt-4o"}`, ""},
 		{"no model", `{"messages":[]}`, ""},
 		{"empty object", `{}`, ""},
 		{"array body", `[{"model":"gpt-4o"}]`, ""},
@@ -67,6 +68,7 @@ func FuzzModel(f *testing.F) {
 	} {
 		f.Add([]byte(s))
 	}
+	f.Add([]byte(`{"Model":"a","model":"b"}`))
 	f.Fuzz(func(t *testing.T, body []byte) {
 		got := Model(body) // must not panic, whatever the input
 		var members map[string]json.RawMessage
@@ -77,15 +79,25 @@ func FuzzModel(f *testing.F) {
 			}
 			return
 		}
-		var want string
-		if raw, ok := members["model"]; ok && len(raw) > 0 && raw[0] == '"' {
-			if err := json.Unmarshal(raw, &want); err != nil {
-				t.Fatalf("decoding %s: %v", raw, err)
+		// The member's name in any case counts, unless two spellings are
+		// there (ambiguous: no model).
+		var spellings []string
+		for k := range members {
+			if strings.EqualFold(k, "model") {
+				spellings = append(spellings, k)
 			}
-			// encoding/json turns invalid UTF-8 into U+FFFD; Model says
-			// such a member is no name.
-			if len(want) > maxModelName || !utf8.Valid(raw) {
-				want = ""
+		}
+		var want string
+		if len(spellings) == 1 {
+			if raw := members[spellings[0]]; len(raw) > 0 && raw[0] == '"' {
+				if err := json.Unmarshal(raw, &want); err != nil {
+					t.Fatalf("decoding %s: %v", raw, err)
+				}
+				// encoding/json turns invalid UTF-8 into U+FFFD; Model says
+				// such a member is no name.
+				if len(want) > maxModelName || !utf8.Valid(raw) {
+					want = ""
+				}
 			}
 		}
 		if got != want {
@@ -147,6 +159,30 @@ func TestReplaceModel(t *testing.T) {
 		}
 		if ok && Model(got) != tc.name {
 			t.Errorf("the replaced body's model is %q, want %q", Model(got), tc.name)
+		}
+	}
+}
+
+// TestModelOf: a body that is not a JSON object, or names its model in two
+// cases, cannot be read; an empty one, or one without a model, names none.
+func TestModelOf(t *testing.T) {
+	for _, tc := range []struct {
+		body, want string
+		err        bool
+	}{
+		{``, "", false},
+		{`  `, "", false},
+		{`{"messages":[]}`, "", false},
+		{`{"model":"gpt-4o"}`, "gpt-4o", false},
+		{`{"model":"gpt-4o","temperature":NaN}`, "", true},
+		{`{"model":"gpt-4o"`, "", true},
+		{`["model"]`, "", true},
+		{`{"model":"a","MODEL":"b"}`, "", true},
+		{`{"model":"a","model":"b"}`, "b", false},
+	} {
+		got, err := ModelOf([]byte(tc.body))
+		if got != tc.want || (err != nil) != tc.err {
+			t.Errorf("ModelOf(%s) = %q, %v; want %q, error %v", tc.body, got, err, tc.want, tc.err)
 		}
 	}
 }

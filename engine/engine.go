@@ -145,8 +145,13 @@ type Idempotency struct {
 type Headers struct {
 	IETF       bool // RateLimit-Policy and RateLimit
 	XRateLimit bool // X-RateLimit-Limit, -Remaining, -Reset
-	RetryAfter bool // Retry-After on denials
+	RetryAfter bool // Retry-After and retry-after-ms on denials, and x-should-retry
+	// RetryWithin is the longest wait a client's SDK should sleep through
+	// on its own: a refusal that asks for longer (or can never be
+	// admitted) says x-should-retry: false. 0 is 60 s.
+	RetryWithin time.Duration
 	OpenAI     bool // x-ratelimit-{limit,remaining,reset}-{requests,tokens}
+	Anthropic  bool // anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-{limit,remaining,reset}
 }
 
 // Tree is a compiled hierarchy.Tree as the engine runs it.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -314,5 +315,30 @@ func TestReleaseClears(t *testing.T) {
 	d.Release()
 	if sc.values != [8]string{} || sc.buckets != [8]hierarchy.Bucket{} || sc.limits != [8]store.Bucket{} {
 		t.Fatalf("the pooled scratch still holds the request's values, buckets or limits: %q, %+v", sc.values, sc.buckets[0])
+	}
+}
+
+// TestAnthropicHeaders: the anthropic family names each dimension of the
+// path Anthropic's API names, with its tightest limit, and resets as RFC
+// 3339 times (the memory store's clock: 2026-11-25 00:00 UTC; bob's 2 a
+// minute are full again after 30 s; the organisation's 1,000 tokens
+// after 60 × 300/1000 = 18 s).
+func TestAnthropicHeaders(t *testing.T) {
+	e, _ := newEngine(t, "")
+	e.cfg.Headers = Headers{Anthropic: true}
+	d, _ := decide(t, e, 300, "acme", "bob")
+	defer d.Release()
+	hdr := http.Header{}
+	d.WriteHeaders(hdr)
+	want := http.Header{
+		"Anthropic-Ratelimit-Requests-Limit":     {"2"},
+		"Anthropic-Ratelimit-Requests-Remaining": {"1"},
+		"Anthropic-Ratelimit-Requests-Reset":     {"2026-11-25T00:00:30Z"},
+		"Anthropic-Ratelimit-Tokens-Limit":       {"1000"},
+		"Anthropic-Ratelimit-Tokens-Remaining":   {"700"},
+		"Anthropic-Ratelimit-Tokens-Reset":       {"2026-11-25T00:00:18Z"},
+	}
+	if !reflect.DeepEqual(hdr, want) {
+		t.Fatalf("headers %v\nwant %v", hdr, want)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"github.com/caddy-cascade/cascade/hierarchy"
@@ -35,7 +36,7 @@ func (d *Decision) WriteHeaders(hdr http.Header) {
 	cfg := &e.cfg.Headers
 	ietf, xrl := cfg.IETF, cfg.XRateLimit
 	retry := !d.Allowed && !d.Impossible && cfg.RetryAfter
-	if !ietf && !xrl && !retry && !cfg.OpenAI { // headers none
+	if !ietf && !xrl && !retry && !cfg.OpenAI && !cfg.Anthropic { // headers none
 		return
 	}
 	c := d.Buckets[d.Closest]
@@ -125,8 +126,58 @@ func (d *Decision) WriteHeaders(hdr http.Header) {
 			hdr[names[i]] = vals[i : i+1 : i+1]
 		}
 	}
+	if !d.Allowed && d.Mode != Warn && cfg.RetryAfter { // a refusal (warn lets it pass)
+		writeRetry(hdr, d, cfg.RetryWithin)
+	}
 	if cfg.OpenAI {
 		e.writeOpenAIHeaders(hdr, d)
+	}
+	if cfg.Anthropic {
+		writeAnthropicHeaders(hdr, d)
+	}
+}
+
+// writeRetry says, on a refusal, how long exactly to wait (retry-after-ms,
+// which the OpenAI and Anthropic SDKs read before Retry-After's whole
+// seconds) and whether an SDK should retry on its own at all
+// (x-should-retry, which both obey): not when waiting will not help
+// (impossible) or the wait is longer than within, which is for the
+// caller to schedule rather than for a client to sleep through.
+func writeRetry(hdr http.Header, d *Decision, within time.Duration) {
+	if within <= 0 {
+		within = time.Minute
+	}
+	retry := !d.Impossible && d.Retry > 0 && d.Retry <= within
+	if !d.Impossible && d.Retry > 0 {
+		hdr.Set("Retry-After-Ms", strconv.FormatInt(int64((d.Retry+time.Millisecond-1)/time.Millisecond), 10))
+	}
+	hdr.Set("X-Should-Retry", strconv.FormatBool(retry))
+}
+
+// writeAnthropicHeaders writes, for each dimension Anthropic's API names
+// that d's path limits, the limit closest to exhaustion as Anthropic does:
+// anthropic-ratelimit-<dim>-limit, -remaining, and -reset (when its bucket
+// is full again, an RFC 3339 time).
+func writeAnthropicHeaders(hdr http.Header, d *Decision) {
+	// The dimensions Anthropic's headers name, and how they name them.
+	dims := [...]struct{ dim, name string }{
+		{"requests", "requests"}, {"tokens", "tokens"}, {"input_tokens", "input-tokens"}, {"output_tokens", "output-tokens"},
+	}
+	for _, ad := range dims {
+		best := -1
+		for i, bk := range d.Buckets {
+			if bk.Limit.Dimension == ad.dim && (best < 0 || d.Results[i].Remaining < d.Results[best].Remaining) {
+				best = i
+			}
+		}
+		if best < 0 {
+			continue
+		}
+		r := d.Results[best]
+		prefix := "anthropic-ratelimit-" + ad.name
+		hdr.Set(prefix+"-limit", strconv.FormatInt(d.Limits[best].Limit.Capacity(), 10))
+		hdr.Set(prefix+"-remaining", strconv.FormatInt(r.Remaining, 10))
+		hdr.Set(prefix+"-reset", time.UnixMicro(d.ChargedAt(best)+r.Reset).UTC().Format(time.RFC3339))
 	}
 }
 
