@@ -150,8 +150,8 @@ type Headers struct {
 	// on its own: a refusal that asks for longer (or can never be
 	// admitted) says x-should-retry: false. 0 is 60 s.
 	RetryWithin time.Duration
-	OpenAI     bool // x-ratelimit-{limit,remaining,reset}-{requests,tokens}
-	Anthropic  bool // anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-{limit,remaining,reset}
+	OpenAI      bool // x-ratelimit-{limit,remaining,reset}-{requests,tokens}
+	Anthropic   bool // anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-{limit,remaining,reset}
 }
 
 // Tree is a compiled hierarchy.Tree as the engine runs it.
