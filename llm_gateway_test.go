@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -640,5 +641,36 @@ func TestBudgetAlertAtFull(t *testing.T) {
 			t.Fatalf("alerts at %v, want 50%% then 100%%", got)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestOwnHeadersWin: an upstream that writes its own x-ratelimit-* (as
+// OpenAI's API does) does not double Cascade's: the client reads one
+// value per header, Cascade's, and the upstream's other headers pass.
+func TestOwnHeadersWin(t *testing.T) {
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("x-ratelimit-limit-requests", "500")
+		w.Header().Set("x-ratelimit-remaining-requests", "499")
+		w.Header().Set("x-ratelimit-reset-requests", "120ms")
+		w.Header().Set("openai-processing-ms", "12")
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"id":"chatcmpl-1","choices":[]}`)
+	}))
+	t.Cleanup(upstream.Close)
+	base, _ := llmGateway(t, upstream.URL, `
+		tree llm {
+			tier org {header.X-Org} {
+				limit 2/min
+			}
+		}
+		headers ietf openai`)
+	r := post(t, base+"/v1/chat/completions", chat("gpt-4o"), "X-Org: acme")
+	if r.status != 200 {
+		t.Fatalf("%d %s", r.status, r.body)
+	}
+	for name, want := range map[string]string{"x-ratelimit-limit-requests": "2", "x-ratelimit-remaining-requests": "1", "openai-processing-ms": "12"} {
+		if got := r.header.Values(name); len(got) != 1 || got[0] != want {
+			t.Errorf("%s: %q, want %q alone", name, got, want)
+		}
 	}
 }

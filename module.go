@@ -237,6 +237,7 @@ type Handler struct {
 	storeName    string          // the engine's store, in metrics (Config().StoreName)
 	money        map[string]bool // the money dimensions (moneyDimensions)
 	matchesModel bool            // a tree's matcher reads {http.rate_limit.model}: a body whose model cannot be read is refused
+	ownHeaders   bool            // the headers include families an upstream writes too (x_ratelimit, openai, anthropic): Cascade's win
 	readsModel   bool            // a tier's key or a tree's matcher reads {http.rate_limit.model}: decide reads the body's model first
 	quietAdmit   bool            // placeholders refused: an admitted request publishes none
 	epoch        time.Time       // when provisioned: decisions are timed from it

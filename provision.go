@@ -235,6 +235,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		}
 		h.readsModel = true // a fallback is chosen by the model asked for
 	}
+	if hc := h.Headers; hc != nil {
+		h.ownHeaders = hc.OpenAI || hc.Anthropic || hc.XRateLimit != nil && *hc.XRateLimit
+	}
 	// Only its path to decide (see decide).
 	h.direct = !h.readsModel && len(h.trees) == 1 && h.trees[0].matchers == nil && len(h.Costs) == 0 &&
 		h.Idempotency == nil && h.MaxWait == 0 && h.Forwarded == nil

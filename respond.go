@@ -20,7 +20,9 @@ const problemUnavailable = "store-unavailable"
 // problem writes a problem+json response.
 func (h *Handler) problem(w http.ResponseWriter, r *http.Request, status int, kind, title, detail string, d *decision) error {
 	if id := requestID(r); id != "" {
+		// As OpenAI's API names it, and Anthropic's: their SDKs show it.
 		w.Header().Set("X-Request-Id", id)
+		w.Header().Set("Request-Id", id)
 	}
 	return engine.NewProblem(status, kind, title, detail, &d.Decision).WriteAs(w, h.RefusalBody)
 }
@@ -200,4 +202,49 @@ type placeholders struct {
 	remaining int64
 	reset     int64           // µs
 	exceeded  *hierarchy.Tree // the tree that refused the request (limited, impossible or penalty), else nil
+}
+
+// ownHeaders is a response writer that keeps Cascade's rate-limit headers
+// as they were written before the upstream answered: an upstream that
+// writes the same names (an LLM API's own x-ratelimit-*) would add its
+// values to them, and a client would read "1, 499" where it expects one
+// number. Cascade's values win; the upstream's of other names pass.
+type ownHeaders struct {
+	*caddyhttp.ResponseWriterWrapper
+	own     http.Header // Cascade's headers of the names an upstream may write too
+	written bool
+}
+
+// keepOwnHeaders wraps w so that the rate-limit headers now in its header
+// are the ones sent (see ownHeaders).
+func keepOwnHeaders(w http.ResponseWriter) http.ResponseWriter {
+	own := http.Header{}
+	for k, v := range w.Header() {
+		if lk := strings.ToLower(k); strings.HasPrefix(lk, "x-ratelimit-") || strings.HasPrefix(lk, "anthropic-ratelimit-") ||
+			lk == "ratelimit" || lk == "ratelimit-policy" {
+			own[k] = v
+		}
+	}
+	if len(own) == 0 {
+		return w
+	}
+	return &ownHeaders{ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, own: own}
+}
+
+func (w *ownHeaders) WriteHeader(status int) {
+	if !w.written && status >= 200 {
+		w.written = true
+		hdr := w.Header()
+		for k, v := range w.own {
+			hdr[k] = v
+		}
+	}
+	w.ResponseWriterWrapper.WriteHeader(status)
+}
+
+func (w *ownHeaders) Write(b []byte) (int, error) {
+	if !w.written {
+		w.WriteHeader(http.StatusOK)
+	}
+	return w.ResponseWriterWrapper.Write(b)
 }

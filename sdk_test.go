@@ -24,6 +24,7 @@ type sdkResult struct {
 		Class          string  `json:"class"`
 		RateLimitError bool    `json:"rateLimitError"`
 		Status         int     `json:"status"`
+		RequestID      *string `json:"requestID"`
 		Message        string  `json:"message"`
 		Code           *string `json:"code"`
 		Type           *string `json:"type"`
@@ -109,6 +110,39 @@ func TestSDKs(t *testing.T) {
 		if !r.Results[0].OK || got.OK || !got.RateLimitError || got.Class != "RateLimitError" || got.Status != 429 ||
 			got.Type == nil || *got.Type != "rate_limit_error" || !strings.Contains(got.Message, "llm/org") {
 			t.Fatalf("the Anthropic SDK saw %+v", r.Results)
+		}
+	})
+	t.Run("default body", func(t *testing.T) {
+		// problem+json, whose error member the SDKs read.
+		base := gateway(t, "limit 100 tokens/min", "")
+		o := runSDK(t, map[string]any{"sdk": "openai", "base": base, "model": "gpt-4o-mini", "calls": 2})
+		a := runSDK(t, map[string]any{"sdk": "anthropic", "base": base, "model": "claude-sonnet-4", "calls": 1})
+		got, ga := o.Results[1], a.Results[0]
+		if !got.RateLimitError || got.Code == nil || *got.Code != "rate_limit_exceeded" || !strings.Contains(got.Message, "llm/org") ||
+			got.RequestID == nil || len(*got.RequestID) != 36 {
+			t.Fatalf("the OpenAI SDK saw %+v", o.Results)
+		}
+		if !ga.RateLimitError || ga.Type == nil || *ga.Type != "rate_limit_error" || !strings.Contains(ga.Message, "llm/org") ||
+			ga.RequestID == nil || len(*ga.RequestID) != 36 {
+			t.Fatalf("the Anthropic SDK saw %+v", a.Results)
+		}
+	})
+	t.Run("impossible is not retried", func(t *testing.T) {
+		// 64 tokens a call, 10 allowed: waiting will not help.
+		base := gateway(t, "limit 10 tokens/min", "")
+		for _, sdk := range []string{"openai", "anthropic"} {
+			r := runSDK(t, map[string]any{"sdk": sdk, "base": base, "model": "gpt-4o-mini", "calls": 1, "maxRetries": 2})
+			if r.Results[0].OK || !r.Results[0].RateLimitError || len(r.Attempts) != 1 {
+				t.Fatalf("%s: %+v after %d attempts, want one refused attempt", sdk, r.Results, len(r.Attempts))
+			}
+		}
+	})
+	t.Run("a long wait is not slept through", func(t *testing.T) {
+		// 64 tokens every 15 minutes: the second call would wait 15 min.
+		base := gateway(t, "limit 64 tokens/15m", "")
+		r := runSDK(t, map[string]any{"sdk": "openai", "base": base, "model": "gpt-4o-mini", "calls": 2, "maxRetries": 2})
+		if !r.Results[0].OK || r.Results[1].OK || !r.Results[1].RateLimitError || len(r.Attempts) != 2 {
+			t.Fatalf("%+v after %d attempts, want the second refused at once", r.Results, len(r.Attempts))
 		}
 	})
 	t.Run("retry after", func(t *testing.T) {

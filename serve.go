@@ -126,6 +126,9 @@ func (h *Handler) serveDecided(w http.ResponseWriter, r *http.Request, next cadd
 	}
 	if mode != engine.Shadow {
 		d.WriteHeaders(w.Header())
+		if h.ownHeaders && d.Allowed {
+			w = keepOwnHeaders(w)
+		}
 	}
 	if h.ChargeOn != nil && d.Allowed && len(d.Limits) > 0 {
 		return h.passChargedOn(w, r, next, d)

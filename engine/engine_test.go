@@ -342,3 +342,29 @@ func TestAnthropicHeaders(t *testing.T) {
 		t.Fatalf("headers %v\nwant %v", hdr, want)
 	}
 }
+
+// TestRetryHeaders: a refusal says its exact wait in retry-after-ms, and
+// x-should-retry says whether an SDK should sleep through it: not for an
+// impossible cost, nor for a wait past RetryWithin.
+func TestRetryHeaders(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		d         Decision
+		within    time.Duration
+		ms, retry string
+	}{
+		{"a short wait", Decision{Retry: 1944 * time.Millisecond}, 0, "1944", "true"},
+		{"a part of a millisecond", Decision{Retry: 1500 * time.Microsecond}, 0, "2", "true"},
+		{"a wait past a minute", Decision{Retry: 15 * time.Minute}, 0, "900000", "false"},
+		{"a wait within a set bound", Decision{Retry: 15 * time.Minute}, time.Hour, "900000", "true"},
+		{"impossible", Decision{Decision: store.Decision{Impossible: true}}, 0, "", "false"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			hdr := http.Header{}
+			writeRetry(hdr, &tc.d, tc.within)
+			if hdr.Get("Retry-After-Ms") != tc.ms || hdr.Get("X-Should-Retry") != tc.retry {
+				t.Fatalf("retry-after-ms %q, x-should-retry %q; want %q, %q", hdr.Get("Retry-After-Ms"), hdr.Get("X-Should-Retry"), tc.ms, tc.retry)
+			}
+		})
+	}
+}

@@ -342,9 +342,20 @@ type Problem struct {
 	BlockedBy  string   `json:"blocked_by,omitempty"`
 	Policies   []string `json:"violated_policies,omitempty"`
 	RetryAfter int64    `json:"retry_after,omitempty"`
+	// Error is the refusal as an LLM provider's SDK reads an error (an
+	// extension member, as RFC 9457 allows): the OpenAI and Anthropic SDKs
+	// then surface its message, type and code.
+	Error *ProblemError `json:"error,omitempty"`
 
 	kind      string // the refusal's kind, as given to NewProblem
 	dimension string // what the denying limit counts ("" when no limit denied)
+}
+
+// ProblemError is a refusal as the providers' error objects say one.
+type ProblemError struct {
+	Type    string `json:"type"`    // rate_limit_error, invalid_request_error, api_error, …
+	Code    string `json:"code"`    // rate_limit_exceeded for a 429, else the problem's kind
+	Message string `json:"message"` // the problem's detail
 }
 
 // Refusal bodies: RFC 9457 problem+json, or the error object of an LLM
@@ -377,6 +388,13 @@ func NewProblem(status int, kind, title, detail string, d *Decision) *Problem {
 	}
 	if d.Retry > 0 {
 		p.RetryAfter = CeilSeconds(d.Retry)
+	}
+	p.Error = &ProblemError{Type: p.anthropicType(), Code: kind, Message: detail}
+	if status == http.StatusTooManyRequests {
+		p.Error.Code = "rate_limit_exceeded"
+	}
+	if detail == "" {
+		p.Error.Message = title
 	}
 	return p
 }
@@ -449,20 +467,23 @@ type anthropicError struct {
 
 func (p *Problem) anthropic() *anthropicError {
 	e := &anthropicError{Type: "error"}
-	e.Error.Message = p.message()
+	e.Error.Message, e.Error.Type = p.message(), p.anthropicType()
+	return e
+}
+
+// anthropicType is the type of Anthropic's error for p's status.
+func (p *Problem) anthropicType() string {
 	switch {
 	case p.Status == http.StatusTooManyRequests:
-		e.Error.Type = "rate_limit_error"
+		return "rate_limit_error"
 	case p.Status == http.StatusRequestEntityTooLarge:
-		e.Error.Type = "request_too_large"
+		return "request_too_large"
 	case p.Status == http.StatusForbidden:
-		e.Error.Type = "permission_error"
+		return "permission_error"
 	case p.Status >= 500:
-		e.Error.Type = "api_error"
-	default:
-		e.Error.Type = "invalid_request_error"
+		return "api_error"
 	}
-	return e
+	return "invalid_request_error"
 }
 
 // message is the problem as one sentence: its title, and its detail.

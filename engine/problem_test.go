@@ -21,9 +21,11 @@ func TestProblemBodies(t *testing.T) {
 		want                            string
 	}{
 		{"problem", BodyProblem, ReasonLimited, "application/problem+json", 429, limited,
-			`{"type":"https://github.com/caddy-cascade/cascade#limited","title":"T","status":429,"detail":"D","blocked_by":"api/user"}`},
+			`{"type":"https://github.com/caddy-cascade/cascade#limited","title":"T","status":429,"detail":"D","blocked_by":"api/user","error":{"type":"rate_limit_error","code":"rate_limit_exceeded","message":"D"}}`},
 		{"default", "", ReasonLimited, "application/problem+json", 429, limited,
-			`{"type":"https://github.com/caddy-cascade/cascade#limited","title":"T","status":429,"detail":"D","blocked_by":"api/user"}`},
+			`{"type":"https://github.com/caddy-cascade/cascade#limited","title":"T","status":429,"detail":"D","blocked_by":"api/user","error":{"type":"rate_limit_error","code":"rate_limit_exceeded","message":"D"}}`},
+		{"problem 400", "", "missing_key", "application/problem+json", 400, &Decision{Closest: -1},
+			`{"type":"https://github.com/caddy-cascade/cascade#missing-key","title":"T","status":400,"detail":"D","error":{"type":"invalid_request_error","code":"missing_key","message":"D"}}`},
 		{"openai 429 of tokens", BodyOpenAI, ReasonLimited, "application/json", 429, limited,
 			`{"error":{"message":"T: D","type":"tokens","param":null,"code":"rate_limit_exceeded"}}`},
 		{"openai 429 of requests", BodyOpenAI, ReasonLimited, "application/json", 429, &Decision{Closest: -1},

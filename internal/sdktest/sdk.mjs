@@ -38,6 +38,7 @@ for (let i = 0; i < (o.calls ?? 1); i++) {
       class: err.constructor.name,
       rateLimitError: err instanceof OpenAI.RateLimitError || err instanceof Anthropic.RateLimitError,
       status: err.status,
+      requestID: err.requestID ?? null,
       message: err.message,
       code: err.code ?? null,
       type: err.type ?? err.error?.error?.type ?? null,
