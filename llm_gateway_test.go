@@ -65,12 +65,12 @@ func TestModelAsKey(t *testing.T) {
 	base, _ := llmGateway(t, up.srv.URL, `
 		tree llm {
 			tier org {header.X-Org} {
-				limit 100000 tokens/min
+				limit 100000 tokens/day
 			}
 			tier model {http.rate_limit.model} {
-				limit 10000 tokens/min
+				limit 10000 tokens/day
 				value gpt-4o {
-					limit 120 tokens/min
+					limit 120 tokens/day
 				}
 			}
 		}
@@ -225,7 +225,7 @@ func TestRefusalBodies(t *testing.T) {
 			base, _ := llmGateway(t, up.srv.URL, `
 		tree llm {
 			tier org {header.X-Org} {
-				limit 100 tokens/min
+				limit 100 tokens/day
 			}
 		}
 		cost tokens llm
@@ -422,12 +422,12 @@ func TestFallbackModel(t *testing.T) {
 	base, api := llmGateway(t, up.srv.URL, `
 		tree llm {
 			tier org {header.X-Org} {
-				limit 200 tokens/min
+				limit 200 tokens/day
 			}
 			tier model {http.rate_limit.model} {
-				limit 10000 tokens/min
+				limit 10000 tokens/day
 				value gpt-4o {
-					limit 100 tokens/min
+					limit 100 tokens/day
 				}
 			}
 		}
@@ -537,9 +537,9 @@ func TestFallbackNoPenalty(t *testing.T) {
 	base, _ := llmGateway(t, up.srv.URL, `
 		tree llm {
 			tier model {http.rate_limit.model} {
-				limit 10000 tokens/min
+				limit 10000 tokens/day
 				value gpt-4o {
-					limit 100 tokens/min
+					limit 100 tokens/day
 				}
 				penalty 10m after 2
 			}
@@ -566,7 +566,7 @@ func TestModelMatchReadsStrictly(t *testing.T) {
 				expression {http.rate_limit.model} == "gpt-4o"
 			}
 			tier org {header.X-Org} {
-				limit 100 tokens/min
+				limit 100 tokens/day
 			}
 		}
 		tree all {

@@ -81,9 +81,9 @@ func TestSDKs(t *testing.T) {
 				%s
 			}
 			tier model {http.rate_limit.model} {
-				limit 10000 tokens/min
+				limit 10000 tokens/day
 				value gpt-4o {
-					limit 100 tokens/min
+					limit 100 tokens/day
 				}
 			}
 		}
@@ -95,7 +95,7 @@ func TestSDKs(t *testing.T) {
 	}
 	// Each call is estimated at 64 tokens (14 of input, 50 of output).
 	t.Run("openai refusal", func(t *testing.T) {
-		base := gateway(t, "limit 100 tokens/min", "refusal_body openai")
+		base := gateway(t, "limit 100 tokens/day", "refusal_body openai")
 		r := runSDK(t, map[string]any{"sdk": "openai", "base": base, "model": "gpt-4o-mini", "calls": 2})
 		got := r.Results[1]
 		if !r.Results[0].OK || got.OK || !got.RateLimitError || got.Class != "RateLimitError" || got.Status != 429 ||
@@ -104,7 +104,7 @@ func TestSDKs(t *testing.T) {
 		}
 	})
 	t.Run("anthropic refusal", func(t *testing.T) {
-		base := gateway(t, "limit 100 tokens/min", "refusal_body anthropic")
+		base := gateway(t, "limit 100 tokens/day", "refusal_body anthropic")
 		r := runSDK(t, map[string]any{"sdk": "anthropic", "base": base, "model": "claude-sonnet-4", "calls": 2})
 		got := r.Results[1]
 		if !r.Results[0].OK || got.OK || !got.RateLimitError || got.Class != "RateLimitError" || got.Status != 429 ||
@@ -114,7 +114,7 @@ func TestSDKs(t *testing.T) {
 	})
 	t.Run("default body", func(t *testing.T) {
 		// problem+json, whose error member the SDKs read.
-		base := gateway(t, "limit 100 tokens/min", "")
+		base := gateway(t, "limit 100 tokens/day", "")
 		o := runSDK(t, map[string]any{"sdk": "openai", "base": base, "model": "gpt-4o-mini", "calls": 2})
 		a := runSDK(t, map[string]any{"sdk": "anthropic", "base": base, "model": "claude-sonnet-4", "calls": 1})
 		got, ga := o.Results[1], a.Results[0]
@@ -129,7 +129,7 @@ func TestSDKs(t *testing.T) {
 	})
 	t.Run("impossible is not retried", func(t *testing.T) {
 		// 64 tokens a call, 10 allowed: waiting will not help.
-		base := gateway(t, "limit 10 tokens/min", "")
+		base := gateway(t, "limit 10 tokens/day", "")
 		for _, sdk := range []string{"openai", "anthropic"} {
 			r := runSDK(t, map[string]any{"sdk": sdk, "base": base, "model": "gpt-4o-mini", "calls": 1, "maxRetries": 2})
 			if r.Results[0].OK || !r.Results[0].RateLimitError || len(r.Attempts) != 1 {
@@ -146,19 +146,19 @@ func TestSDKs(t *testing.T) {
 		}
 	})
 	t.Run("retry after", func(t *testing.T) {
-		// 64 tokens every 2 s: the second call is refused with
-		// Retry-After: 2, and the SDK's retry waits it out.
-		base := gateway(t, "limit 64 tokens/2s", "refusal_body openai")
+		// 64 tokens every 4 s: the second call is refused with
+		// Retry-After: 4, and the SDK's retry waits it out.
+		base := gateway(t, "limit 64 tokens/4s", "refusal_body openai")
 		r := runSDK(t, map[string]any{"sdk": "openai", "base": base, "model": "gpt-4o-mini", "calls": 2, "maxRetries": 2})
 		if !r.Results[0].OK || !r.Results[1].OK || len(r.Attempts) != 3 {
 			t.Fatalf("results %+v, attempts at %v ms: want both served, the second after one retry", r.Results, r.Attempts)
 		}
-		if wait := r.Attempts[2] - r.Attempts[1]; wait < 1500 {
-			t.Fatalf("the SDK retried after %d ms, before the Retry-After of 2 s", wait)
+		if wait := r.Attempts[2] - r.Attempts[1]; wait < 3000 {
+			t.Fatalf("the SDK retried after %d ms, before the Retry-After of 4 s", wait)
 		}
 	})
 	t.Run("fallback", func(t *testing.T) {
-		base := gateway(t, "limit 10000 tokens/min", "fallback_model gpt-4o gpt-4o-mini")
+		base := gateway(t, "limit 10000 tokens/day", "fallback_model gpt-4o gpt-4o-mini")
 		r := runSDK(t, map[string]any{"sdk": "openai", "base": base, "model": "gpt-4o", "calls": 2})
 		if !r.Results[0].OK || r.Results[0].Fallback != nil || !r.Results[1].OK || r.Results[1].Fallback == nil ||
 			*r.Results[1].Fallback != "gpt-4o-mini" || len(r.Attempts) != 2 {
