@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -411,10 +412,11 @@ func (r *Runtime) health(err error) {
 // applies it at once. change returns the field's old value.
 func (r *Runtime) write(ctx context.Context, doing string, field string, value []byte, change func(ctx context.Context) ([]byte, error)) ([]byte, error) {
 	old, err := change(ctx)
-	if err != nil && r.repairedVersion(ctx) {
+	if err != nil && (r.repairedVersion(ctx) || incrementFailed(err)) {
 		// The change's version increment failed on a version that is not
-		// valid (the field may be written already): once repaired, the
-		// change is made again, as it would have been.
+		// valid (the field may be written already): once repaired — here,
+		// or meanwhile by another instance's poll — the change is made
+		// again, as it would have been.
 		old, err = change(ctx)
 	}
 	if err != nil {
@@ -443,6 +445,12 @@ func (r *Runtime) write(ctx context.Context, doing string, field string, value [
 			zap.Error(err))
 	}
 	return old, nil
+}
+
+// incrementFailed tells whether err is Redis refusing to increment a
+// version that is not an integer.
+func incrementFailed(err error) bool {
+	return strings.Contains(err.Error(), "value is not an integer")
 }
 
 // repairedVersion tells whether the backend's version was not valid and
