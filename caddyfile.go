@@ -276,8 +276,8 @@ func (h *Handler) unmarshalOption(d *caddyfile.Dispenser) error {
 		var s string
 		if err = caddyfileopt.Str(d, &s); err == nil {
 			dur, perr := caddy.ParseDuration(s)
-			if perr != nil || dur <= 0 {
-				return d.Errf("retry_within %q: use a positive duration such as 60s", s)
+			if perr != nil || dur <= 0 || dur > time.Minute {
+				return d.Errf("retry_within %q: use a positive duration of at most 1m, such as 30s (the SDKs sleep through no longer wait)", s)
 			}
 			h.RetryWithin = caddy.Duration(dur)
 		}

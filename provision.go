@@ -358,9 +358,16 @@ func (h *Handler) Validate() error {
 		return fmt.Errorf("rate_limit: placeholders %q: use all or refused", h.Placeholders)
 	}
 	switch h.RefusalBody {
-	case "", engine.BodyProblem, engine.BodyOpenAI, engine.BodyAnthropic:
+	case "", engine.BodyProblem:
+	case engine.BodyOpenAI, engine.BodyAnthropic:
+		if h.Forwarded != nil {
+			return fmt.Errorf("rate_limit: refusal_body %s: a decision endpoint (forwarded) answers its front end with problem+json, which carries the error member the SDKs read", h.RefusalBody)
+		}
 	default:
 		return fmt.Errorf("rate_limit: refusal_body %q: use problem, openai or anthropic", h.RefusalBody)
+	}
+	if h.RetryWithin < 0 || time.Duration(h.RetryWithin) > time.Minute {
+		return fmt.Errorf("rate_limit: retry_within %v: give at most 1m: the SDKs sleep through no longer wait (Python's ignore a longer one and retry at once)", time.Duration(h.RetryWithin))
 	}
 	if !(h.Jitter >= 0) || math.IsInf(h.Jitter, 1) { // written so that NaN fails
 		return fmt.Errorf("rate_limit: jitter %v: use a non-negative fraction (0.2 is up to 20%%)", h.Jitter)

@@ -1,6 +1,7 @@
 package cascade
 
 import (
+	"io"
 	"net/http"
 	"strings"
 	"time"
@@ -232,19 +233,37 @@ func keepOwnHeaders(w http.ResponseWriter) http.ResponseWriter {
 }
 
 func (w *ownHeaders) WriteHeader(status int) {
-	if !w.written && status >= 200 {
-		w.written = true
-		hdr := w.Header()
-		for k, v := range w.own {
-			hdr[k] = v
-		}
+	if status >= 200 || status == http.StatusSwitchingProtocols { // the final header; not a 1xx's
+		w.apply()
 	}
 	w.ResponseWriterWrapper.WriteHeader(status)
 }
 
-func (w *ownHeaders) Write(b []byte) (int, error) {
-	if !w.written {
-		w.WriteHeader(http.StatusOK)
+// apply puts Cascade's values back, once.
+func (w *ownHeaders) apply() {
+	if w.written {
+		return
 	}
+	w.written = true
+	hdr := w.Header()
+	for k, v := range w.own {
+		hdr[k] = v
+	}
+}
+
+// Write, ReadFrom and FlushError send the header first, as the writer
+// beneath would (with 200) when nothing wrote it: Cascade's values first.
+func (w *ownHeaders) Write(b []byte) (int, error) {
+	w.apply()
 	return w.ResponseWriterWrapper.Write(b)
+}
+
+func (w *ownHeaders) ReadFrom(r io.Reader) (int64, error) {
+	w.apply()
+	return w.ResponseWriterWrapper.ReadFrom(r)
+}
+
+func (w *ownHeaders) FlushError() error {
+	w.apply()
+	return http.NewResponseController(w.ResponseWriterWrapper).Flush()
 }

@@ -126,7 +126,7 @@ func (h *Handler) serveDecided(w http.ResponseWriter, r *http.Request, next cadd
 	}
 	if mode != engine.Shadow {
 		d.WriteHeaders(w.Header())
-		if h.ownHeaders && d.Allowed {
+		if h.ownHeaders {
 			w = keepOwnHeaders(w)
 		}
 	}
@@ -238,7 +238,7 @@ func (h *Handler) passReconciled(w http.ResponseWriter, r *http.Request, next ca
 //
 //go:noinline
 func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, d *decision, mode string) error {
-	d.NoteDenial(r.URL.Path, requestID(r))
+	d.NoteDenial(r.URL.Path, func() string { return requestID(r) })
 	if mode == engine.Shadow || mode == engine.Warn {
 		return h.pass(w, r, next)
 	}

@@ -228,6 +228,13 @@ func TestTraefikPlugin(t *testing.T) {
 		!strings.Contains(rec.Body.String(), `"status":429`) || !strings.HasPrefix(rec.Header().Get("RateLimit"), `"user";r=0;`) {
 		t.Fatalf("over the limit: %d %v %q", rec.Code, rec.Header(), rec.Body.String())
 	}
+	// What the SDKs read of a refusal passes too: the exact wait, whether
+	// to retry, and the request's id.
+	for _, h := range []string{"Retry-After-Ms", "X-Should-Retry", "X-Request-Id", "Request-Id"} {
+		if rec.Header().Get(h) == "" {
+			t.Errorf("the refusal lacks %s: %v", h, rec.Header())
+		}
+	}
 	// Cascade's problem and headers for the client, nothing of the
 	// endpoint's own.
 	for _, h := range []string{"Server", "Cascade-Decision", "Date", "Alt-Svc"} {

@@ -145,7 +145,7 @@ type Idempotency struct {
 type Headers struct {
 	IETF       bool // RateLimit-Policy and RateLimit
 	XRateLimit bool // X-RateLimit-Limit, -Remaining, -Reset
-	RetryAfter bool // Retry-After and retry-after-ms on denials, and x-should-retry
+	RetryAfter bool // Retry-After on denials; with it or OpenAI or Anthropic, retry-after-ms and x-should-retry
 	// RetryWithin is the longest wait a client's SDK should sleep through
 	// on its own: a refusal that asks for longer (or can never be
 	// admitted) says x-should-retry: false. 0 is 60 s.

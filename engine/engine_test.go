@@ -356,7 +356,8 @@ func TestRetryHeaders(t *testing.T) {
 		{"a short wait", Decision{Retry: 1944 * time.Millisecond}, 0, "1944", "true"},
 		{"a part of a millisecond", Decision{Retry: 1500 * time.Microsecond}, 0, "2", "true"},
 		{"a wait past a minute", Decision{Retry: 15 * time.Minute}, 0, "900000", "false"},
-		{"a wait within a set bound", Decision{Retry: 15 * time.Minute}, time.Hour, "900000", "true"},
+		{"a wait past a set bound", Decision{Retry: 45 * time.Second}, 30 * time.Second, "45000", "false"},
+		{"a wait within a set bound", Decision{Retry: 25 * time.Second}, 30 * time.Second, "25000", "true"},
 		{"impossible", Decision{Decision: store.Decision{Impossible: true}}, 0, "", "false"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -126,7 +126,7 @@ func (d *Decision) WriteHeaders(hdr http.Header) {
 			hdr[names[i]] = vals[i : i+1 : i+1]
 		}
 	}
-	if !d.Allowed && d.Mode != Warn && cfg.RetryAfter { // a refusal (warn lets it pass)
+	if !d.Allowed && d.Mode != Warn && (cfg.RetryAfter || cfg.OpenAI || cfg.Anthropic) { // a refusal (warn lets it pass)
 		writeRetry(hdr, d, cfg.RetryWithin)
 	}
 	if cfg.OpenAI {

@@ -215,7 +215,7 @@ func (d *Decision) Mark(ctx context.Context, i int, tag string) (bool, error) {
 // and logs it: the first denial of its key each minute at INFO, the others
 // counted into one line a minute (see logsample). what names the request
 // in the line (its URL path).
-func (d *Decision) NoteDenial(what, requestID string) {
+func (d *Decision) NoteDenial(what string, requestID func() string) {
 	if d.Closest < 0 || d.Closest >= len(d.Buckets) {
 		return
 	}
@@ -246,8 +246,10 @@ func (d *Decision) NoteDenial(what, requestID string) {
 		zap.Duration("retry_after", d.Retry),
 		zap.String("path", what),
 	}
-	if requestID != "" {
-		fields = append(fields, zap.String("request_id", requestID))
+	if requestID != nil {
+		if id := requestID(); id != "" {
+			fields = append(fields, zap.String("request_id", id))
+		}
 	}
 	if e.cfg.DenialLog != "no_values" {
 		var path []string

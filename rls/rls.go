@@ -240,7 +240,7 @@ func (s *Server) decide(ctx context.Context, routes map[string]Route, req *rlsv3
 	d.WriteHeaders(hdr)
 	res.ResponseHeadersToAdd = headersOf(hdr)
 	if !d.Allowed {
-		d.NoteDenial("rls:"+req.GetDomain(), "")
+		d.NoteDenial("rls:"+req.GetDomain(), nil)
 		if mode == engine.Enforce {
 			res.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 			p := engine.NewProblem(http.StatusTooManyRequests, d.Reason, "Too Many Requests", d.Detail(), &d)

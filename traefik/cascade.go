@@ -451,8 +451,12 @@ func (c *Cascade) refuse(w http.ResponseWriter, res *http.Response) error {
 	for k, vs := range rateLimitHeaders(res.Header) {
 		h[k] = vs
 	}
-	if v := res.Header.Get("Retry-After"); v != "" {
-		h.Set("Retry-After", v)
+	// How long to wait, whether to retry at all, and the request's id, as
+	// the LLM providers' SDKs read them.
+	for _, k := range []string{"Retry-After", "Retry-After-Ms", "X-Should-Retry", "X-Request-Id", "Request-Id"} {
+		if v := res.Header.Get(k); v != "" {
+			h.Set(k, v)
+		}
 	}
 	h.Set("Content-Type", "application/problem+json")
 	h.Set("Content-Length", strconv.Itoa(len(body)))
@@ -555,7 +559,7 @@ func rateLimitHeaders(h http.Header) http.Header {
 	out := http.Header{}
 	for k, vs := range h {
 		lk := strings.ToLower(k)
-		if strings.HasPrefix(lk, "ratelimit") || strings.HasPrefix(lk, "x-ratelimit-") {
+		if strings.HasPrefix(lk, "ratelimit") || strings.HasPrefix(lk, "x-ratelimit-") || strings.HasPrefix(lk, "anthropic-ratelimit-") {
 			out[k] = vs
 		}
 	}
