@@ -76,7 +76,7 @@ func (h *Handler) parseCost(d *caddyfile.Dispenser) error {
 // or `default input <x> output <y> [cached_input <z>]`: a model's price per
 // million tokens, which makes c's dimension money.
 func parsePrice(d *caddyfile.Dispenser, c *Cost) error {
-	const usage = "usage: price <model or pattern> input <per 1M tokens> output <per 1M tokens> [cached_input <per 1M tokens>], or default input … output …; e.g. price gpt-4o* input 2.50 output 10"
+	const usage = "usage: price <model or pattern> input <per 1M tokens> output <per 1M tokens> [cached_input <per 1M tokens>] [cache_write <per 1M tokens>], or default input … output …; e.g. price gpt-4o* input 2.50 output 10"
 	isDefault := d.Val() == "default"
 	args := d.RemainingArgs()
 	var p cost.ModelPrice
@@ -98,6 +98,8 @@ func parsePrice(d *caddyfile.Dispenser, c *Cost) error {
 			dst = &p.Output
 		case "cached_input":
 			dst = &p.CachedInput
+		case "cache_write":
+			dst = &p.CacheWrite
 		default:
 			return d.Errf("price %s: unexpected %q; %s", p.Model, args[0], usage)
 		}

@@ -100,27 +100,33 @@ type ModelPrice struct {
 	// CachedInput is the price of 1M input tokens read from the provider's
 	// prompt cache (default Input).
 	CachedInput string `json:"cached_input,omitempty"`
+	// CacheWrite is the price of 1M input tokens written to the provider's
+	// prompt cache (Anthropic's cache_creation_input_tokens; default Input).
+	CacheWrite string `json:"cache_write,omitempty"`
 }
 
 // Rate is a model's price in micro-units per 1M tokens.
 type Rate struct {
-	Input, Output, CachedInput int64
+	Input, Output, CachedInput, CacheWrite int64
 }
 
 // Cost is what usage u costs at r, in micro-units, rounded up:
 //
-//	((Input − CachedInput)×r.Input + CachedInput×r.CachedInput + Output×r.Output) / 1e6
+//	((Input − CachedInput − CacheWrite)×r.Input + CachedInput×r.CachedInput
+//	  + CacheWrite×r.CacheWrite + Output×r.Output) / 1e6
 //
 // computed exactly and saturating at math.MaxInt64. Negative counts and
-// rates count as 0, CachedInput is capped at Input, and Total and Found are
-// ignored (call it for a report that was found).
+// rates count as 0, CachedInput is capped at Input and CacheWrite at what
+// is left of it, and Total and Found are ignored (call it for a report
+// that was found).
 func (r Rate) Cost(u Usage) int64 {
 	in := uint64(max(u.Input, 0))
 	cached := min(uint64(max(u.CachedInput, 0)), in)
+	written := min(uint64(max(u.CacheWrite, 0)), in-cached)
 	out := uint64(max(u.Output, 0))
 
-	// Each product is below 2^126 and their sum below 2^128, so 128 bits
-	// hold the exact total before the division.
+	// Each product is below 2^126 and the sum of the four below 2^128, so
+	// 128 bits hold the exact total before the division.
 	var hi, lo uint64
 	add := func(tokens uint64, rate int64) {
 		h, l := bits.Mul64(tokens, uint64(max(rate, 0)))
@@ -128,8 +134,9 @@ func (r Rate) Cost(u Usage) int64 {
 		lo, carry = bits.Add64(lo, l, 0)
 		hi, _ = bits.Add64(hi, h, carry)
 	}
-	add(in-cached, r.Input)
+	add(in-cached-written, r.Input)
 	add(cached, r.CachedInput)
+	add(written, r.CacheWrite)
 	add(out, r.Output)
 
 	var carry uint64
@@ -225,9 +232,14 @@ func (mp ModelPrice) rate() (Rate, error) {
 	if r.Output, err = parse("output", mp.Output); err != nil {
 		return Rate{}, err
 	}
-	r.CachedInput = r.Input
+	r.CachedInput, r.CacheWrite = r.Input, r.Input
 	if mp.CachedInput != "" {
 		if r.CachedInput, err = parse("cached_input", mp.CachedInput); err != nil {
+			return Rate{}, err
+		}
+	}
+	if mp.CacheWrite != "" {
+		if r.CacheWrite, err = parse("cache_write", mp.CacheWrite); err != nil {
 			return Rate{}, err
 		}
 	}

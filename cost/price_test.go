@@ -96,6 +96,12 @@ func TestRateCost(t *testing.T) {
 		{"zero usage, found", r, Usage{Found: true, Total: 99}, 0},
 		{"2502.5 rounds up", r, Usage{Input: 1001}, 2503},
 		{"exact", r, Usage{Input: 1_000_000, Output: 1_000_000}, 12_500_000},
+		// Anthropic's cache writes at 3.75, reads at 0.30, the rest at 3.00:
+		// 2,000 read, 1,000 written, 500 plain, and 100 out at 15.
+		{"cache reads and writes", Rate{Input: 3_000_000, Output: 15_000_000, CachedInput: 300_000, CacheWrite: 3_750_000},
+			Usage{Input: 3500, CachedInput: 2000, CacheWrite: 1000, Output: 100}, 1500 + 600 + 3750 + 1500},
+		{"writes capped at what reads leave", Rate{Input: 1_000_000, CachedInput: 1_000_000, CacheWrite: 2_000_000},
+			Usage{Input: 10, CachedInput: 8, CacheWrite: 5}, 8 + 2*2}, // 2 written, not 5
 		{"one token rounds up to a micro-unit", r, Usage{Output: 1}, 10},
 		{"one token at the smallest price", Rate{Input: 1}, Usage{Input: 1}, 1},
 		{"cached part priced lower", r, Usage{Input: 1_000_000, CachedInput: 600_000, Output: 0}, 400_000*5/2 + 600_000*5/4},
@@ -148,15 +154,15 @@ func TestPricingLookup(t *testing.T) {
 		want  Rate
 		ok    bool
 	}{
-		{"gpt-4o-mini", Rate{150_000, 600_000, 150_000}, true}, // exact before the earlier pattern
-		{"gpt-4o", Rate{2_500_000, 10_000_000, 1_250_000}, true},
-		{"gpt-4o-2024-08-06", Rate{2_500_000, 10_000_000, 1_250_000}, true},
-		{"gpt-4o-mini-2024-07-18", Rate{2_500_000, 10_000_000, 1_250_000}, true}, // the first pattern wins
-		{"claude-3-5-sonnet-20241022", Rate{3_000_000, 15_000_000, 300_000}, true},
-		{"claude-sonnet-4-5", Rate{3_000_000, 15_000_000, 300_000}, true},
-		{"claude-3-5-haiku-latest", Rate{800_000, 4_000_000, 800_000}, true}, // cached defaults to input
-		{"accounts/fireworks/models/llama-v3p1-8b", Rate{900_000, 900_000, 900_000}, true},
-		{"o3-mini", Rate{15_000_000, 60_000_000, 15_000_000}, true},
+		{"gpt-4o-mini", Rate{150_000, 600_000, 150_000, 150_000}, true}, // exact before the earlier pattern
+		{"gpt-4o", Rate{2_500_000, 10_000_000, 1_250_000, 2_500_000}, true},
+		{"gpt-4o-2024-08-06", Rate{2_500_000, 10_000_000, 1_250_000, 2_500_000}, true},
+		{"gpt-4o-mini-2024-07-18", Rate{2_500_000, 10_000_000, 1_250_000, 2_500_000}, true}, // the first pattern wins
+		{"claude-3-5-sonnet-20241022", Rate{3_000_000, 15_000_000, 300_000, 3_000_000}, true},
+		{"claude-sonnet-4-5", Rate{3_000_000, 15_000_000, 300_000, 3_000_000}, true},
+		{"claude-3-5-haiku-latest", Rate{800_000, 4_000_000, 800_000, 800_000}, true}, // cached defaults to input
+		{"accounts/fireworks/models/llama-v3p1-8b", Rate{900_000, 900_000, 900_000, 900_000}, true},
+		{"o3-mini", Rate{15_000_000, 60_000_000, 15_000_000, 15_000_000}, true},
 		{"GPT-4O", Rate{}, false}, // names are case-sensitive
 		{"gpt-4", Rate{}, false},
 		{"", Rate{}, false},
@@ -173,7 +179,7 @@ func TestPricingLookup(t *testing.T) {
 		Prices:  []ModelPrice{{Model: "gpt-4o", Input: "2.5", Output: "10"}},
 		Default: &ModelPrice{Model: "ignored", Input: "1", Output: "2"},
 	})
-	if got, ok := withDefault.Lookup("mystery-model"); !ok || got != (Rate{1_000_000, 2_000_000, 1_000_000}) {
+	if got, ok := withDefault.Lookup("mystery-model"); !ok || got != (Rate{1_000_000, 2_000_000, 1_000_000, 1_000_000}) {
 		t.Errorf("default: %+v, %v", got, ok)
 	}
 	if got, ok := withDefault.Lookup("gpt-4o"); !ok || got.Input != 2_500_000 {

@@ -161,6 +161,7 @@ func (s *usageScanner) usage() Usage {
 		// Anthropic's cache reads are added to Input above; OpenAI's cached
 		// tokens are already inside it. A provider reports one or the other.
 		u.CachedInput = min(satAdd(s.vals[fCacheRead], s.vals[fCachedTokens]), u.Input)
+		u.CacheWrite = min(s.vals[fCacheCreation], u.Input-u.CachedInput)
 		u.Output = s.vals[fCompletionTokens]
 		if has(fOutputTokens) {
 			u.Output = s.vals[fOutputTokens]

@@ -13,6 +13,9 @@ type Usage struct {
 	// are included in Input: they are input the model processed, and they
 	// count against Anthropic's input-token rate limits.
 	Input, Output int64
+	// CacheWrite is the part of Input written to the provider's prompt
+	// cache (Anthropic's cache_creation_input_tokens), priced higher.
+	CacheWrite int64
 	// CachedInput is the part of Input the provider read from its prompt
 	// cache, which it prices lower: OpenAI's cached_tokens (under
 	// prompt_tokens_details or input_tokens_details) and Anthropic's
