@@ -22,6 +22,12 @@ import (
 // port and returns the site's URL and the admin endpoint's.
 func adminSite(t *testing.T, rateLimit string) (site, api string) {
 	t.Helper()
+	return adminSiteThen(t, rateLimit, `respond "ok" 200`)
+}
+
+// adminSiteThen is adminSite with then (a directive) after rate_limit.
+func adminSiteThen(t *testing.T, rateLimit, then string) (site, api string) {
+	t.Helper()
 	port, adminPort := freePort(t), freePort(t)
 	cf := fmt.Sprintf(`{
 %s}
@@ -29,9 +35,9 @@ http://127.0.0.1:%d {
 	rate_limit {
 %s
 	}
-	respond "ok" 200
+	%s
 }
-`, globals(adminPort), port, rateLimit)
+`, globals(adminPort), port, rateLimit, then)
 	cfg, err := adapt(t, cf)
 	if err != nil {
 		t.Fatalf("adapting: %v\n%s", err, cf)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -12,7 +13,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddy-cascade/cascade/alert"
-	"github.com/caddy-cascade/cascade/hierarchy"
 )
 
 // AlertsConfig says where the budget alerts of limits with thresholds
@@ -35,20 +35,31 @@ type AlertsConfig struct {
 type alerting struct {
 	sender *alert.Sender // nil without a webhook
 	mu     sync.Mutex
-	seen   map[string]time.Time // bucket key and threshold → until when it is known crossed
+	seen   map[crossing]time.Time // until when each is known crossed
+}
+
+// crossing is a threshold of a bucket's limit.
+type crossing struct {
+	bucket    string
+	threshold int
 }
 
 // provisionAlerts readies the alerts when some limit has thresholds.
 func (h *Handler) provisionAlerts() error {
-	any := false
-	eachLimit(h.trees, func(l *hierarchy.Limit) { any = any || len(l.Alerts) > 0 })
-	if !any {
+	if !slices.ContainsFunc(h.trees, func(t *Tree) bool {
+		for _, l := range t.Limits() {
+			if len(l.Alerts) > 0 {
+				return true
+			}
+		}
+		return false
+	}) {
 		if h.Alerts != nil {
 			h.logger.Warn("rate_limit: alerts are configured, but no limit has thresholds: add alert 80% (say) to a limit")
 		}
 		return nil
 	}
-	h.alerting = &alerting{seen: map[string]time.Time{}}
+	h.alerting = &alerting{seen: map[crossing]time.Time{}}
 	if h.Alerts == nil || h.Alerts.Webhook == "" {
 		return nil
 	}
@@ -96,7 +107,7 @@ func (h *Handler) checkAlerts(ctx context.Context, d *decision) {
 			if float64(used)*100 < float64(t)*float64(capacity) {
 				break
 			}
-			key := b.Key + "#" + strconv.Itoa(t)
+			key := crossing{b.Key, t}
 			if h.alerting.known(key, now) {
 				continue
 			}
@@ -125,17 +136,17 @@ func (h *Handler) checkAlerts(ctx context.Context, d *decision) {
 	}
 }
 
-// known reports whether key's threshold is known crossed at now.
-func (a *alerting) known(key string, now time.Time) bool {
+// known reports whether key is known crossed at now.
+func (a *alerting) known(key crossing, now time.Time) bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	until, ok := a.seen[key]
 	return ok && now.Before(until)
 }
 
-// remember notes key's threshold crossed until until, forgetting what has
-// expired once the notes grow past 10,000.
-func (a *alerting) remember(key string, until, now time.Time) {
+// remember notes key crossed until until, forgetting what has expired
+// once the notes grow past 10,000.
+func (a *alerting) remember(key crossing, until, now time.Time) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if len(a.seen) >= 10000 {

@@ -15,7 +15,6 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/caddy-cascade/cascade/engine"
-	"github.com/caddy-cascade/cascade/hierarchy"
 	"github.com/caddy-cascade/cascade/internal/caddyfileopt"
 )
 
@@ -272,15 +271,10 @@ func (h *Handler) unmarshalOption(d *caddyfile.Dispenser) error {
 		h.DenialLog, err = caddyfileopt.OneOf(d, "values", "no_values", "off")
 	case "placeholders":
 		h.Placeholders, err = caddyfileopt.OneOf(d, "all", "refused")
-	case "retry_within":
-		var s string
-		if err = caddyfileopt.Str(d, &s); err == nil {
-			dur, perr := caddy.ParseDuration(s)
-			if perr != nil || dur <= 0 || dur > time.Minute {
-				return d.Errf("retry_within %q: use a positive duration of at most 1m, such as 30s (the SDKs sleep through no longer wait)", s)
-			}
-			h.RetryWithin = caddy.Duration(dur)
-		}
+	case "retry_within": // the SDKs sleep through no longer wait
+		var dur time.Duration
+		dur, err = caddyfileopt.Duration(d, time.Minute)
+		h.RetryWithin = caddy.Duration(dur)
 	case "refusal_body":
 		h.RefusalBody, err = caddyfileopt.OneOf(d, engine.BodyProblem, engine.BodyOpenAI, engine.BodyAnthropic)
 	case "max_wait":
@@ -380,14 +374,9 @@ func (h *Handler) parseAlerts(d *caddyfile.Dispenser) error {
 			}
 			a.Headers[args[0]] = args[1]
 		case "timeout":
-			var s string
-			if err = caddyfileopt.Str(d, &s); err == nil {
-				var dur time.Duration
-				if dur, err = caddy.ParseDuration(s); err != nil || dur <= 0 {
-					return d.Errf("alerts: timeout %q: use a positive duration such as 5s", s)
-				}
-				a.Timeout = caddy.Duration(dur)
-			}
+			var dur time.Duration
+			dur, err = caddyfileopt.Duration(d, 0)
+			a.Timeout = caddy.Duration(dur)
 		case "retries":
 			a.Retries, err = caddyfileopt.Int(d)
 		default:
@@ -443,11 +432,13 @@ func (h *Handler) checkMoney() error {
 				c.tree, c.amount, c.dim, c.dim, c.dim)
 		}
 	}
-	eachLimit(h.Trees, func(l *hierarchy.Limit) {
-		if !money[l.Dimension] {
-			l.Amount = "" // a whole count as written
+	for _, t := range h.Trees {
+		for _, l := range t.Limits() {
+			if !money[l.Dimension] {
+				l.Amount = "" // a whole count as written
+			}
 		}
-	})
+	}
 	return nil
 }
 

@@ -105,22 +105,14 @@ func (h *Handler) decidePath(r *http.Request, repl *caddy.Replacer, d *decision)
 const modelPlaceholder = "{http.rate_limit.model}"
 
 // readModel reads the model the request's body names, for the trees'
-// keys and matchers, within the largest body an llm cost reads (8 MiB by
-// default). A body it cannot read has no model (a tier keyed on it applies
+// keys and matchers, within the largest body an llm cost reads
+// (h.modelBodyLimit). A body it cannot read has no model (a tier keyed on it applies
 // its missing policy), unless a tree's matcher reads the model: then the
 // tree would not apply, so such a body is refused instead, a longer one
 // with 413, one that is not a JSON object (or names its model in two
 // cases) with 400.
 func (h *Handler) readModel(r *http.Request, repl *caddy.Replacer, d *decision) error {
-	var limit int64
-	for _, c := range h.Costs {
-		if c.LLM != nil {
-			limit = max(limit, cost.BodyLimit(c.estimator, 1<<20))
-		}
-	}
-	if limit == 0 {
-		limit = cost.DefaultLLMMaxBodyBytes
-	}
+	limit := h.modelBodyLimit
 	if err := d.peek(r, limit); err != nil {
 		return err
 	}

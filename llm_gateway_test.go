@@ -21,29 +21,33 @@ import (
 )
 
 // llmGateway runs an LLM gateway site in front of upstream, with Caddy's
-// admin endpoint on a port of its own, and returns the site's URL and the
-// admin endpoint's.
+// admin endpoint on a port of its own, and returns the site's URL (no
+// trailing slash) and the admin endpoint's.
 func llmGateway(t *testing.T, upstream, rateLimit string) (site, api string) {
 	t.Helper()
-	port, adminPort := freePort(t), freePort(t)
-	cf := fmt.Sprintf(`{
-%s}
-http://127.0.0.1:%d {
-	rate_limit {
-%s
-	}
-	reverse_proxy %s
+	site, api = adminSiteThen(t, rateLimit, "reverse_proxy "+strings.TrimPrefix(upstream, "http://"))
+	return strings.TrimSuffix(site, "/"), api
 }
-`, globals(adminPort), port, rateLimit, strings.TrimPrefix(upstream, "http://"))
-	cfg, err := adapt(t, cf)
-	if err != nil {
-		t.Fatalf("adapting: %v\n%s", err, cf)
+
+// orgLeft is what organisation acme has left of its limit in tree llm
+// (in micro-units, for money), as the admin API reads it.
+func orgLeft(t *testing.T, api string) int64 {
+	t.Helper()
+	got, _ := remainingOf(t, api, "tree=llm&org=acme")
+	return got["org"]
+}
+
+// settleOrg waits until acme has exactly want left: reconciliation runs
+// after the response.
+func settleOrg(t *testing.T, api, what string, want int64) {
+	t.Helper()
+	deadline := time.Now().Add(propagation)
+	for got := orgLeft(t, api); got != want; got = orgLeft(t, api) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %d micro-dollars left, want %d", what, got, want)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
-	if err := caddy.Load(cfg, true); err != nil {
-		t.Fatalf("loading: %v", err)
-	}
-	t.Cleanup(func() { _ = caddy.Stop() })
-	return fmt.Sprintf("http://127.0.0.1:%d", port), fmt.Sprintf("http://127.0.0.1:%d", adminPort)
 }
 
 // chat is an OpenAI chat completion body asking model for at most 50
@@ -120,21 +124,8 @@ func TestMoneyBudget(t *testing.T) {
 				provider openai
 			}
 		}`)
-	remaining := func() int64 {
-		got, _ := remainingOf(t, api, "tree=llm&org=acme")
-		return got["org"]
-	}
-	// Reconciliation runs after the response: wait for the exact amount.
-	settle := func(what string, want int64) {
-		t.Helper()
-		deadline := time.Now().Add(propagation)
-		for remaining() != want {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: %d micro-dollars left, want %d", what, remaining(), want)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-	}
+	remaining := func() int64 { return orgLeft(t, api) }
+	settle := func(what string, want int64) { t.Helper(); settleOrg(t, api, what, want) }
 	// 100 input tokens at $2.50/1M and 300 output at $10/1M: 250 + 3,000.
 	if r := post(t, base+"/v1/chat/completions", chat("gpt-4o"), "X-Org: acme"); r.status != 200 {
 		t.Fatalf("gpt-4o: %d %s", r.status, r.body)
@@ -503,20 +494,7 @@ func TestMoneyReconciledFromStreams(t *testing.T) {
 				provider auto
 			}
 		}`)
-	settle := func(what string, want int64) {
-		t.Helper()
-		deadline := time.Now().Add(propagation)
-		for {
-			got, _ := remainingOf(t, api, "tree=llm&org=acme")
-			if got["org"] == want {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: %d micro-dollars left, want %d", what, got["org"], want)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-	}
+	settle := func(what string, want int64) { t.Helper(); settleOrg(t, api, what, want) }
 	stream := strings.Replace(chat("gpt-4o"), `"max_tokens":50,`, `"max_tokens":50,"stream":true,"stream_options":{"include_usage":true},`, 1)
 	if r := post(t, base+"/v1/chat/completions", stream, "X-Org: acme"); r.status != 200 || !strings.Contains(r.body, "data:") {
 		t.Fatalf("OpenAI stream: %d %s", r.status, r.body)

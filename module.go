@@ -223,24 +223,25 @@ type Handler struct {
 	StorageRaw  json.RawMessage `json:"storage,omitempty"`
 
 	// What provisioning made of the configuration, read by every request.
-	trees        []*Tree
-	etrees       []*engine.Tree // the engine's trees, in the order of trees
-	engine       *engine.Engine
-	costs        map[string]*Cost
-	controller   *adaptive.Controller // nil unless a tier is adaptive
-	priority     adaptive.Priority
-	inFlight     bool // the controller has an in_flight signal: pass counts requests in flight
-	readHeader   bool // the controller has a response_header signal: pass reads the response header
-	logger       *zap.Logger
-	metrics      *metrics
-	direct       bool            // one tree, no matcher, nothing to decide but its path: decide skips the general steps
-	storeName    string          // the engine's store, in metrics (Config().StoreName)
-	money        map[string]bool // the money dimensions (moneyDimensions)
-	matchesModel bool            // a tree's matcher reads {http.rate_limit.model}: a body whose model cannot be read is refused
-	ownHeaders   bool            // the headers include families an upstream writes too (x_ratelimit, openai, anthropic): Cascade's win
-	readsModel   bool            // a tier's key or a tree's matcher reads {http.rate_limit.model}: decide reads the body's model first
-	quietAdmit   bool            // placeholders refused: an admitted request publishes none
-	epoch        time.Time       // when provisioned: decisions are timed from it
+	trees          []*Tree
+	etrees         []*engine.Tree // the engine's trees, in the order of trees
+	engine         *engine.Engine
+	costs          map[string]*Cost
+	controller     *adaptive.Controller // nil unless a tier is adaptive
+	priority       adaptive.Priority
+	inFlight       bool // the controller has an in_flight signal: pass counts requests in flight
+	readHeader     bool // the controller has a response_header signal: pass reads the response header
+	logger         *zap.Logger
+	metrics        *metrics
+	direct         bool            // one tree, no matcher, nothing to decide but its path: decide skips the general steps
+	storeName      string          // the engine's store, in metrics (Config().StoreName)
+	money          map[string]bool // the money dimensions (moneyDimensions)
+	matchesModel   bool            // a tree's matcher reads {http.rate_limit.model}: a body whose model cannot be read is refused
+	ownHeaders     bool            // the headers include families an upstream writes too (x_ratelimit, openai, anthropic): Cascade's win
+	modelBodyLimit int64           // the most of a body read for its model (readModel)
+	readsModel     bool            // a tier's key or a tree's matcher reads {http.rate_limit.model}: decide reads the body's model first
+	quietAdmit     bool            // placeholders refused: an admitted request publishes none
+	epoch          time.Time       // when provisioned: decisions are timed from it
 	// refundable: a charge may be refunded once the response is known
 	// (costs reconciled, reported to a decision endpoint, charge_on), so
 	// it is never decided on a lease (see engine.Request.Refundable).

@@ -6,7 +6,6 @@ import (
 	"strings"
 
 	"github.com/caddy-cascade/cascade/cost"
-	"github.com/caddy-cascade/cascade/hierarchy"
 )
 
 // A money dimension is one that a priced cost counts (cost usd llm { price
@@ -27,55 +26,36 @@ func (h *Handler) moneyDimensions() map[string]bool {
 	return money
 }
 
-// eachLimit calls f with every limit of trees: their tiers' and their
-// values' overrides'.
-func eachLimit(trees []*Tree, f func(*hierarchy.Limit)) {
-	for _, t := range trees {
-		for _, tier := range t.Tiers {
-			for _, l := range tier.Limits {
-				f(l)
-			}
-			for _, o := range tier.Values {
-				for _, l := range o.Limits {
-					f(l)
-				}
-			}
-		}
-	}
-}
-
 // provisionMoney sets the Count of each limit given as an amount: in
 // micro-units on a money dimension; on any other, the amount must be a
 // whole number.
 func (h *Handler) provisionMoney() error {
 	money := h.moneyDimensions()
-	var err error
-	eachLimit(h.trees, func(l *hierarchy.Limit) {
-		if l.Amount == "" || err != nil {
-			return
-		}
-		if !money[l.Dimension] {
-			n, perr := strconv.ParseInt(l.Amount, 10, 64)
-			if perr != nil || n <= 0 {
-				err = fmt.Errorf("rate_limit: limit %s: amount %q: only a money dimension (one a priced cost counts) takes an amount; give a whole count", l.String(), l.Amount)
-				return
+	for _, t := range h.trees {
+		for _, l := range t.Limits() {
+			if l.Amount == "" {
+				continue
 			}
-			l.Count, l.Amount = n, ""
-			return
+			if !money[l.Dimension] {
+				n, err := strconv.ParseInt(l.Amount, 10, 64)
+				if err != nil || n <= 0 {
+					return fmt.Errorf("rate_limit: limit %s: amount %q: only a money dimension (one a priced cost counts) takes an amount; give a whole count", l.String(), l.Amount)
+				}
+				l.Count, l.Amount = n, ""
+				continue
+			}
+			n, err := cost.ParseAmount(strings.ReplaceAll(l.Amount, "_", ""))
+			if err == nil && n == 0 {
+				err = fmt.Errorf("must be positive")
+			}
+			if err != nil {
+				return fmt.Errorf("rate_limit: limit %s: %w", l.String(), err)
+			}
+			if l.Burst > 0 {
+				return fmt.Errorf("rate_limit: limit %s: a money limit takes no burst: its count is the most that may be spent at once", l.String())
+			}
+			l.Count = n
 		}
-		n, perr := cost.ParseAmount(strings.ReplaceAll(l.Amount, "_", ""))
-		if perr == nil && n == 0 {
-			perr = fmt.Errorf("must be positive")
-		}
-		if perr != nil {
-			err = fmt.Errorf("rate_limit: limit %s: %w", l.String(), perr)
-			return
-		}
-		if l.Burst > 0 {
-			err = fmt.Errorf("rate_limit: limit %s: a money limit takes no burst: its count is the most that may be spent at once", l.String())
-			return
-		}
-		l.Count = n
-	})
-	return err
+	}
+	return nil
 }

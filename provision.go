@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddy-cascade/cascade/adaptive"
+	"github.com/caddy-cascade/cascade/cost"
 	"github.com/caddy-cascade/cascade/engine"
 	"github.com/caddy-cascade/cascade/hierarchy"
 	"github.com/caddy-cascade/cascade/logsample"
@@ -234,6 +235,16 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			return fmt.Errorf("rate_limit: %w", err)
 		}
 		h.readsModel = true // a fallback is chosen by the model asked for
+	}
+	// The model is read within the largest body an llm cost reads (8 MiB
+	// by default).
+	for _, c := range h.Costs {
+		if c.LLM != nil {
+			h.modelBodyLimit = max(h.modelBodyLimit, cost.BodyLimit(c.estimator, 1<<20))
+		}
+	}
+	if h.modelBodyLimit == 0 {
+		h.modelBodyLimit = cost.DefaultLLMMaxBodyBytes
 	}
 	if hc := h.Headers; hc != nil {
 		h.ownHeaders = hc.OpenAI || hc.Anthropic || hc.XRateLimit != nil && *hc.XRateLimit

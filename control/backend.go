@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"maps"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -248,6 +249,12 @@ func (r *redisBackend) run(ctx context.Context, field, op string, value []byte) 
 	res, err := lua.Control.Run(ctx, r.client, []string{r.state, r.version}, field, op, value).Result()
 	if errors.Is(err, redis.Nil) {
 		return nil, nil
+	}
+	if err != nil && (strings.Contains(err.Error(), "value is not an integer") || strings.Contains(err.Error(), "would overflow")) {
+		// control.lua's INCR of a version that is not one, or at the top
+		// of int64 (the field may be written already). Another instance
+		// may have repaired it by the time this one looks.
+		return nil, &BadVersionError{Key: r.version, Value: "(not a version INCR can increment)"}
 	}
 	if err != nil {
 		return nil, err

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -412,11 +411,11 @@ func (r *Runtime) health(err error) {
 // applies it at once. change returns the field's old value.
 func (r *Runtime) write(ctx context.Context, doing string, field string, value []byte, change func(ctx context.Context) ([]byte, error)) ([]byte, error) {
 	old, err := change(ctx)
-	if err != nil && (r.repairedVersion(ctx) || incrementFailed(err)) {
+	if bad := (*BadVersionError)(nil); errors.As(err, &bad) {
 		// The change's version increment failed on a version that is not
-		// valid (the field may be written already): once repaired — here,
-		// or meanwhile by another instance's poll — the change is made
-		// again, as it would have been.
+		// valid: once repaired — here, or meanwhile by another instance's
+		// poll — the change is made again, as it would have been.
+		r.repairIfBad(ctx)
 		old, err = change(ctx)
 	}
 	if err != nil {
@@ -447,24 +446,16 @@ func (r *Runtime) write(ctx context.Context, doing string, field string, value [
 	return old, nil
 }
 
-// incrementFailed tells whether err is Redis refusing to increment a
-// version that is not an integer.
-func incrementFailed(err error) bool {
-	return strings.Contains(err.Error(), "value is not an integer")
-}
-
-// repairedVersion tells whether the backend's version was not valid and
-// is now repaired: after a failed write, whose version increment fails on
-// such a version.
-func (r *Runtime) repairedVersion(ctx context.Context) bool {
+// repairIfBad repairs the backend's version if it is (still) not valid:
+// after a write whose version increment failed on it.
+func (r *Runtime) repairIfBad(ctx context.Context) {
 	var bad *BadVersionError
 	if _, err := r.backend.Version(ctx); !errors.As(err, &bad) {
-		return false
+		return
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	_, err := r.repairVersion(ctx, bad)
-	return err == nil
+	_, _ = r.repairVersion(ctx, bad) // logged; the change is tried again either way
 }
 
 // SetOverride sets the override of o.Value for o.Tier of o.Tree, replacing

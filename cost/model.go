@@ -11,31 +11,25 @@ import (
 // "model" is not a name any price list holds.
 const maxModelName = 256
 
-// Model returns the model a request body asks for: the top-level "model"
-// member of a JSON object (where OpenAI Chat Completions, Responses and
-// Completions and Anthropic Messages all put it), with escapes decoded.
+// ModelOf returns the model a request body asks for: the top-level
+// "model" member of a JSON object (where OpenAI Chat Completions, Responses
+// and Completions and Anthropic Messages all put it), with escapes decoded,
+// read as the upstream's decoder reads it: when the member appears twice
+// the last one counts, and its name in another case ("Model") counts, as
+// Go's decoder reads it. So a client cannot show one model to the price
+// list and another to the provider.
 //
-// It returns "" when the body is not a JSON object (or nests deeper than
-// the package's bound of 128 levels), when it has no top-level "model", or
-// when that member is not a string, is longer than 256 bytes, or is not
-// valid UTF-8 or holds an unescaped control character. The body's syntax is
-// checked as [LLM] checks it: strictly, except that control characters
-// inside other strings pass (the upstream rejects such a body anyway). A "model" nested anywhere else (in messages,
-// metadata, tools) does not count. When the member appears twice the last
-// one counts, as it does for the upstream's JSON decoder, so a client cannot
-// show one model to the price list and another to the provider.
+// The name is "" when the body has no top-level "model" (one nested in
+// messages, metadata or tools does not count), or when that member is not
+// a string, is longer than 256 bytes, is not valid UTF-8 or holds an
+// unescaped control character. The error says why a body that is not
+// empty cannot be read: it is not a JSON object (its syntax checked as
+// [LLM] checks it, strictly, except that control characters inside other
+// strings pass; nested deeper than 128 levels), or it names its model in
+// two cases ([ErrAmbiguousModel]: decoders disagree on which one wins).
 //
 // The body is read once, without decoding it into Go values; only the
 // returned name is allocated.
-func Model(body []byte) string {
-	name, _, _, _ := model(body)
-	return name
-}
-
-// ModelOf is Model for a caller that must tell a body that names no model
-// from one it cannot read: it returns an error when body is not empty and
-// is not a JSON object, or names its model ambiguously (two members whose
-// names differ only in case: decoders disagree on which one wins).
 func ModelOf(body []byte) (string, error) {
 	name, _, _, err := model(body)
 	if err != nil && len(bytes.TrimSpace(body)) > 0 {
@@ -44,9 +38,9 @@ func ModelOf(body []byte) (string, error) {
 	return name, nil
 }
 
-// ReplaceModel returns body with the model it asks for (the member Model
+// ReplaceModel returns body with the model it asks for (the member ModelOf
 // reads) set to name, every other byte as it was; ok is false, and body
-// is returned as is, when Model finds no model in body.
+// is returned as is, when ModelOf finds no model in body.
 func ReplaceModel(body []byte, name string) (_ []byte, ok bool) {
 	old, start, end, _ := model(body)
 	if old == "" {
@@ -63,7 +57,7 @@ func ReplaceModel(body []byte, name string) (_ []byte, ok bool) {
 // case-sensitive one (Python's) does not.
 var ErrAmbiguousModel = errors.New(`the body names its model twice, in different cases ("model" and "Model"): name it once`)
 
-// model is Model, with the offsets of the member's string in body (its
+// model is ModelOf, with the offsets of the member's string in body (its
 // quotes included), and why body could not be read. A member named
 // "model" in another case counts (Go's decoder reads it), unless both
 // are there.

@@ -50,8 +50,8 @@ func TestModel(t *testing.T) {
 		{"lone surrogate becomes U+FFFD", `{"model":"a\ud800"}`, "a\uFFFD"},
 	}
 	for _, tt := range tests {
-		if got := Model([]byte(tt.body)); got != tt.want {
-			t.Errorf("%s: Model(%.60q) = %q, want %q", tt.name, tt.body, got, tt.want)
+		if got := modelName([]byte(tt.body)); got != tt.want {
+			t.Errorf("%s: modelName(%.60q) = %q, want %q", tt.name, tt.body, got, tt.want)
 		}
 	}
 }
@@ -70,12 +70,12 @@ func FuzzModel(f *testing.F) {
 	}
 	f.Add([]byte(`{"Model":"a","model":"b"}`))
 	f.Fuzz(func(t *testing.T, body []byte) {
-		got := Model(body) // must not panic, whatever the input
+		got := modelName(body) // must not panic, whatever the input
 		var members map[string]json.RawMessage
 		if json.Unmarshal(body, &members) != nil || members == nil || jsonDepth(body) > maxJSONDepth {
 			// Not a JSON object (or nested past the package's bound).
 			if got != "" && json.Valid(body) && jsonDepth(body) <= maxJSONDepth {
-				t.Fatalf("Model(%q) = %q for a body that is not an object", body, got)
+				t.Fatalf("modelName(%q) = %q for a body that is not an object", body, got)
 			}
 			return
 		}
@@ -101,7 +101,7 @@ func FuzzModel(f *testing.F) {
 			}
 		}
 		if got != want {
-			t.Fatalf("Model(%q) = %q, encoding/json says %q", body, got, want)
+			t.Fatalf("modelName(%q) = %q, encoding/json says %q", body, got, want)
 		}
 	})
 }
@@ -129,14 +129,14 @@ func BenchmarkModel100KiB(b *testing.B) {
 		first bool
 	}{{"model first", true}, {"model last", false}} {
 		body := chatBody100KiB(tt.first)
-		if got := Model(body); got != "gpt-4o-mini" {
+		if got := modelName(body); got != "gpt-4o-mini" {
 			b.Fatalf("Model = %q", got)
 		}
 		b.Run(tt.name, func(b *testing.B) {
 			b.SetBytes(int64(len(body)))
 			b.ReportAllocs()
 			for b.Loop() {
-				Model(body)
+				modelName(body)
 			}
 		})
 	}
@@ -148,7 +148,7 @@ func TestReplaceModel(t *testing.T) {
 	for _, tc := range []struct{ body, name, want string }{
 		{`{"model":"gpt-4o","messages":[]}`, "gpt-4o-mini", `{"model":"gpt-4o-mini","messages":[]}`},
 		{`{ "messages": [{"model":"x"}],  "model" : "gpt\u002d4o" ,"n":1}`, "m", `{ "messages": [{"model":"x"}],  "model" : "m" ,"n":1}`},
-		{`{"model":"a","model":"b"}`, "c", `{"model":"a","model":"c"}`}, // the one Model reads: the last
+		{`{"model":"a","model":"b"}`, "c", `{"model":"a","model":"c"}`}, // the one ModelOf reads: the last
 		{`{"model":"a"}`, "quote\"d", `{"model":"quote\"d"}`},
 		{`{"messages":[]}`, "m", `{"messages":[]}`},
 		{`not json`, "m", `not json`},
@@ -157,8 +157,8 @@ func TestReplaceModel(t *testing.T) {
 		if string(got) != tc.want || ok != (tc.body != tc.want) {
 			t.Errorf("ReplaceModel(%s, %q) = %s, %v; want %s", tc.body, tc.name, got, ok, tc.want)
 		}
-		if ok && Model(got) != tc.name {
-			t.Errorf("the replaced body's model is %q, want %q", Model(got), tc.name)
+		if ok && modelName(got) != tc.name {
+			t.Errorf("the replaced body's model is %q, want %q", modelName(got), tc.name)
 		}
 	}
 }
@@ -185,4 +185,11 @@ func TestModelOf(t *testing.T) {
 			t.Errorf("ModelOf(%s) = %q, %v; want %q, error %v", tc.body, got, err, tc.want, tc.err)
 		}
 	}
+}
+
+// modelName is the model ModelOf reads in body ("" when none, or when it
+// cannot read body).
+func modelName(body []byte) string {
+	name, _ := ModelOf(body)
+	return name
 }

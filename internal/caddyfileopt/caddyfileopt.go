@@ -7,6 +7,9 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
 
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/dustin/go-humanize"
@@ -72,6 +75,23 @@ func Size(d *caddyfile.Dispenser) (int64, error) {
 		return 0, d.Errf("%s %q: use a size such as 1MiB or 65536", opt, d.Val())
 	}
 	return int64(n), nil
+}
+
+// Duration reads the option's argument as a positive duration such as 5s,
+// of at most max when max is positive.
+func Duration(d *caddyfile.Dispenser, max time.Duration) (time.Duration, error) {
+	opt := d.Val()
+	if !d.NextArg() {
+		return 0, d.Errf("%s needs a duration such as 5s", opt)
+	}
+	dur, err := caddy.ParseDuration(d.Val())
+	switch {
+	case err != nil || dur <= 0:
+		return 0, d.Errf("%s %q: use a positive duration such as 5s", opt, d.Val())
+	case max > 0 && dur > max:
+		return 0, d.Errf("%s %q: use at most %v", opt, d.Val(), max)
+	}
+	return dur, nil
 }
 
 // Str reads the option's argument into dst.
