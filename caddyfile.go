@@ -13,6 +13,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/dustin/go-humanize"
 
 	"github.com/caddy-cascade/cascade/engine"
 	"github.com/caddy-cascade/cascade/internal/caddyfileopt"
@@ -93,6 +94,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    store memory {
 //	        name     <name>
 //	        max_keys <n>
+//	        max_replay_bytes <size>                 # idempotency replay's responses (64MiB)
 //	    }
 //	    store redis {
 //	        address       <host:port...>|<unix socket path>
@@ -133,6 +135,9 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	        in_flight <duration>                    # the longest a first request counts as in flight (5m)
 //	        retries   <n>                           # retries let through without a charge, per key (1)
 //	        methods   <method...>                   # whose keys count (POST PATCH)
+//	        replay [max_body <size>]                # keep the first response; answer retries with it (1MiB)
+//	        replay_cookies                          # with replay, keep its Set-Cookie too
+//	        identity  <field...>                    # with replay, the caller's credentials (Authorization Proxy-Authorization Cookie X-Api-Key)
 //	    }]
 //	    on_store_error deny|allow|local [<instances>]  # local: default instances counted from heartbeats
 //	    mode           enforce|warn|shadow
@@ -480,6 +485,28 @@ func parseIdempotency(d *caddyfile.Dispenser) (*IdempotencyConfig, error) {
 	}
 	for n := d.Nesting(); d.NextBlock(n); {
 		opt := d.Val()
+		if !slices.Contains(idempotencyOptions, opt) {
+			return nil, unknownOption(d, "idempotency", opt, idempotencyOptions)
+		}
+		switch opt {
+		case "replay":
+			if err := parseReplay(d, c); err != nil {
+				return nil, err
+			}
+			continue
+		case "replay_cookies":
+			if d.NextArg() {
+				return nil, d.Errf("idempotency replay_cookies takes no value")
+			}
+			c.ReplayCookies = true
+			continue
+		case "identity":
+			c.Identity = d.RemainingArgs()
+			if len(c.Identity) == 0 {
+				return nil, d.Errf("idempotency identity needs the header fields that identify a caller, such as Authorization")
+			}
+			continue
+		}
 		if !d.NextArg() {
 			return nil, d.Errf("idempotency %s needs a value", opt)
 		}
@@ -518,6 +545,24 @@ func parseIdempotency(d *caddyfile.Dispenser) (*IdempotencyConfig, error) {
 		}
 	}
 	return c, nil
+}
+
+// parseReplay reads `replay [max_body <size>]`.
+func parseReplay(d *caddyfile.Dispenser, c *IdempotencyConfig) error {
+	c.Replay = true
+	args := d.RemainingArgs()
+	switch {
+	case len(args) == 0:
+		return nil
+	case len(args) != 2 || args[0] != "max_body":
+		return d.Errf("idempotency replay %s: write `replay` alone or `replay max_body <size>` (such as 1MiB)", strings.Join(args, " "))
+	}
+	size, err := humanize.ParseBytes(args[1])
+	if err != nil || size == 0 || size > maxReplayBody {
+		return d.Errf("idempotency replay max_body %q: give a size from 1B to %s, such as 1MiB", args[1], humanize.IBytes(maxReplayBody))
+	}
+	c.MaxBody = int64(size)
+	return nil
 }
 
 // parseRoute reads `route <tier> <value...> <store> [{ on_store_error deny|allow|local }]`.

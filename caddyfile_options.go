@@ -24,8 +24,8 @@ var (
 	llmOptions         = []string{"provider", "chars_per_token", "default_max_tokens", "image_tokens", "max_body_bytes", "on_malformed", "default_cost", "price", "default", "reconcile"}
 	graphqlOptions     = []string{"model", "default_list_size", "slicing_arguments", "max_body_bytes", "max_tokens", "max_depth", "max_aliases", "max_directives", "max_batch", "max_cost", "schema", "on_malformed", "default_cost", "reconcile"}
 	reconcileOptions   = []string{"provider", "format", "header", "actual"}
-	memoryOptions      = []string{"name", "max_keys"}
-	idempotencyOptions = []string{"header", "ttl", "in_flight", "retries", "methods"}
+	memoryOptions      = []string{"name", "max_keys", "max_replay_bytes"}
+	idempotencyOptions = []string{"header", "ttl", "in_flight", "retries", "methods", "replay", "replay_cookies", "identity"}
 	routeOptions       = []string{"on_store_error"}
 	alertsOptions      = []string{"webhook", "header", "timeout", "retries"}
 	forwardedOptions   = []string{"report", "report_ttl", "max_report_bytes", "max_held", "max_held_per_tenant", "uri_header"}

@@ -44,6 +44,8 @@ func (h *Handler) parseStore(d *caddyfile.Dispenser) error {
 				m.Name = d.Val()
 			case "max_keys":
 				m.MaxKeys, err = caddyfileopt.Int(d)
+			case "max_replay_bytes":
+				m.MaxReplayBytes, err = caddyfileopt.Size(d)
 			default:
 				return unknownOption(d, "store memory", d.Val(), memoryOptions)
 			}

@@ -73,7 +73,7 @@ func (w *chargeWriter) settle(code int) {
 		return
 	}
 	d.refunded = true
-	if err := d.Refund(w.ctx); err != nil {
+	if err := d.RefundServed(w.ctx); err != nil {
 		h.logger.Warn("charge_on: giving back the charge of a response that does not count failed; it stays charged",
 			zap.Int("status", code), zap.Error(h.engine.ShowError(err, d.Buckets)))
 	}

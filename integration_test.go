@@ -840,4 +840,14 @@ func TestStoreSettingsOfTheLiveConfig(t *testing.T) {
 			t.Fatalf("error %v, want one naming both values", err)
 		}
 	})
+	t.Run("two handlers disagree on max_replay_bytes", func(t *testing.T) {
+		sites := storeSites([2]int{freePort(t)}, false, "disagree2", [2]string{"max_replay_bytes 1MiB", "max_replay_bytes 2MiB"}, "")
+		cfg, err := adapt(t, globalOptions("")+sites)
+		if err == nil {
+			err = caddy.Validate(mustConfig(t, cfg))
+		}
+		if err == nil || !strings.Contains(err.Error(), "max_replay_bytes 2097152 here, 1048576 in another handler") {
+			t.Fatalf("error %v, want one naming both values", err)
+		}
+	})
 }

@@ -226,6 +226,11 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		Idempotency: h.Idempotency.engineConfig(),
 		Logger:      h.logger, Reconciled: h.metrics.reconcile,
 	})
+	if h.Idempotency != nil && h.Idempotency.Replay {
+		if err := h.engine.CheckReplay(); err != nil {
+			return fmt.Errorf("rate_limit: idempotency replay: %w", err)
+		}
+	}
 	if err := h.provisionAlerts(); err != nil {
 		return err
 	}

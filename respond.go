@@ -20,12 +20,18 @@ const problemUnavailable = "store-unavailable"
 
 // problem writes a problem+json response.
 func (h *Handler) problem(w http.ResponseWriter, r *http.Request, status int, kind, title, detail string, d *decision) error {
+	return h.writeProblem(w, r, engine.NewProblem(status, kind, title, detail, &d.Decision))
+}
+
+// writeProblem writes p in the handler's refusal body format, with the
+// request's id.
+func (h *Handler) writeProblem(w http.ResponseWriter, r *http.Request, p *engine.Problem) error {
 	if id := requestID(r); id != "" {
 		// As OpenAI's API names it, and Anthropic's: their SDKs show it.
 		w.Header().Set("X-Request-Id", id)
 		w.Header().Set("Request-Id", id)
 	}
-	return engine.NewProblem(status, kind, title, detail, &d.Decision).WriteAs(w, h.RefusalBody)
+	return p.WriteAs(w, h.RefusalBody)
 }
 
 // requestID is Caddy's id of r ({http.request.uuid}, also in its access

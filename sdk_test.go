@@ -38,9 +38,19 @@ var sdkInstall sync.Once
 // they are not.
 func runSDK(t *testing.T, opts map[string]any) sdkResult {
 	t.Helper()
+	var r sdkResult
+	runNode(t, "sdk.mjs", opts, &r)
+	return r
+}
+
+// runNode runs a script of internal/sdktest with opts (as JSON, its
+// argument), installing its packages first, and reads what it printed
+// (one JSON value) into out.
+func runNode(t *testing.T, script string, opts map[string]any, out any) {
+	t.Helper()
 	dir := filepath.Join("internal", "sdktest")
 	sdkInstall.Do(func() {
-		if _, err := os.Stat(filepath.Join(dir, "node_modules")); err == nil {
+		if _, err := os.Stat(filepath.Join(dir, "node_modules", ".package-lock.json")); err == nil && !staleModules(dir) {
 			return
 		}
 		cmd := exec.Command("npm", "ci", "--no-audit", "--no-fund")
@@ -50,21 +60,41 @@ func runSDK(t *testing.T, opts map[string]any) sdkResult {
 		}
 	})
 	arg, _ := json.Marshal(opts)
-	cmd := exec.Command("node", "sdk.mjs", string(arg))
+	cmd := exec.Command("node", script, string(arg))
 	cmd.Dir = dir
-	out, err := cmd.Output()
+	printed, err := cmd.Output()
 	if err != nil {
 		var stderr []byte
 		if ee, ok := err.(*exec.ExitError); ok {
 			stderr = ee.Stderr
 		}
-		t.Fatalf("node sdk.mjs %s: %v\n%s\n%s", arg, err, out, stderr)
+		t.Fatalf("node %s %s: %v\n%s\n%s", script, arg, err, printed, stderr)
 	}
-	var r sdkResult
-	if err := json.Unmarshal(out, &r); err != nil {
-		t.Fatalf("sdk.mjs printed %s: %v", out, err)
+	if err := json.Unmarshal(printed, out); err != nil {
+		t.Fatalf("%s printed %s: %v", script, printed, err)
 	}
-	return r
+}
+
+// staleModules reports whether dir's node_modules were installed from
+// another package-lock.json than dir's (a package added since).
+func staleModules(dir string) bool {
+	want, err1 := os.ReadFile(filepath.Join(dir, "package-lock.json"))
+	got, err2 := os.ReadFile(filepath.Join(dir, "node_modules", ".package-lock.json"))
+	if err1 != nil || err2 != nil {
+		return true
+	}
+	var w, g struct {
+		Packages map[string]struct{ Version string } `json:"packages"`
+	}
+	if json.Unmarshal(want, &w) != nil || json.Unmarshal(got, &g) != nil {
+		return true
+	}
+	for name, p := range w.Packages {
+		if name != "" && g.Packages[name].Version != p.Version {
+			return true
+		}
+	}
+	return false
 }
 
 // TestSDKs: the SDKs raise their own rate-limit error with Cascade's

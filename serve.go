@@ -32,12 +32,13 @@ const (
 // lives on ServeHTTP's stack, its memory pooled (see engine.Decision).
 type decision struct {
 	engine.Decision
-	inputErr *cost.InputError
-	model    string         // the model the request's body names, when a cost or key reads it
-	body     peeked         // the start of the body, when a cost or key reads it
-	fallback string         // the model served instead of the one asked for (FallbackModels)
-	refunded bool           // charge_on gave back its charges: nothing to reconcile (set on charge_on's copy)
-	entry    *waiting.Entry // an interactive request registered as waiting while it is decided (priority)
+	inputErr  *cost.InputError
+	model     string         // the model the request's body names, when a cost or key reads it
+	body      peeked         // the start of the body, when a cost or key reads it
+	fallback  string         // the model served instead of the one asked for (FallbackModels)
+	refunded  bool           // charge_on gave back its charges: nothing to reconcile (set on charge_on's copy)
+	recording bool           // its response is being recorded for replay (serveRecorded)
+	entry     *waiting.Entry // an interactive request registered as waiting while it is decided (priority)
 }
 
 // atFloor tells whether the adaptive factor of this handler's class has
@@ -116,8 +117,14 @@ func (h *Handler) serveDecided(w http.ResponseWriter, r *http.Request, next cadd
 	}
 
 	mode := d.Mode
+	if d.Response != nil && mode != engine.Shadow && (d.Allowed || mode == engine.Warn) {
+		return h.replay(w, r, d)
+	}
 	if d.Reason == engine.ReasonInFlight && mode == engine.Enforce {
 		return h.refuseInFlight(w, r, d)
+	}
+	if !d.recording && d.KeepsResponse() {
+		return h.serveRecorded(w, r, next, d)
 	}
 	if d.Allowed && d.Wait > 0 && mode == engine.Enforce {
 		if answered, err := h.wait(w, r, next, d); answered {

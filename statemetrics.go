@@ -11,10 +11,12 @@ import (
 
 // stateCollector exports the state Cascade keeps, read when Prometheus
 // scrapes (nothing is counted on the request path): each memory store's
-// bucket count and evictions, the runtime overrides in force per store,
-// and the mode of each tree of the running configuration.
+// bucket count and evictions and its kept responses' bytes and evictions,
+// the runtime overrides in force per store, and the mode of each tree of
+// the running configuration.
 type stateCollector struct {
 	keys, evictions, overrides, mode, breakerOpen, breakerTrips *prometheus.Desc
+	replayBytes, replayEvictions                                *prometheus.Desc
 	leaseDecisions, leaseGrants, leaseRenewals, leaseReleases   *prometheus.Desc
 	instances                                                   *prometheus.Desc
 	leasePeerResets, leasePeerRejected, busDropped              *prometheus.Desc
@@ -25,6 +27,10 @@ func newStateCollector() *stateCollector {
 		keys: prometheus.NewDesc("cascade_store_keys", "Buckets held by a memory store (its max_keys caps them).",
 			[]string{"store"}, nil),
 		evictions: prometheus.NewDesc("cascade_store_evictions_total", "Buckets a memory store evicted at its max_keys cap (each may over-admit a little).",
+			[]string{"store"}, nil),
+		replayBytes: prometheus.NewDesc("cascade_store_replay_bytes", "Bytes a memory store's responses kept for idempotent replay count against its max_replay_bytes (keys and a fixed overhead each included).",
+			[]string{"store"}, nil),
+		replayEvictions: prometheus.NewDesc("cascade_store_replay_evictions_total", "Responses kept for idempotent replay that a memory store cut to their first 64 bytes, or dropped, at its max_replay_bytes.",
 			[]string{"store"}, nil),
 		overrides: prometheus.NewDesc("cascade_overrides", "Runtime overrides in force (set through the admin API), per store.",
 			[]string{"store"}, nil),
@@ -57,6 +63,8 @@ func newStateCollector() *stateCollector {
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.keys
 	ch <- c.evictions
+	ch <- c.replayBytes
+	ch <- c.replayEvictions
 	ch <- c.overrides
 	ch <- c.mode
 	ch <- c.breakerOpen
@@ -77,6 +85,8 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		if m, ok := p.Store.(*store.Memory); ok {
 			ch <- prometheus.MustNewConstMetric(c.keys, prometheus.GaugeValue, float64(m.Len()), p.Name)
 			ch <- prometheus.MustNewConstMetric(c.evictions, prometheus.CounterValue, float64(m.Evictions()), p.Name)
+			ch <- prometheus.MustNewConstMetric(c.replayBytes, prometheus.GaugeValue, float64(m.ReplayBytes()), p.Name)
+			ch <- prometheus.MustNewConstMetric(c.replayEvictions, prometheus.CounterValue, float64(m.ReplayEvictions()), p.Name)
 		}
 		if r := p.Redis; r != nil {
 			for _, b := range r.Breakers() {

@@ -113,6 +113,12 @@ type Decision struct {
 	// Request.Idempotency key and path), and was admitted without a
 	// charge: nothing to refund, reconcile or give back.
 	Replayed bool
+	// Response, with Idempotency.Replay, is the response kept for the
+	// first request of this one's idempotency key and path: the request
+	// is to be answered with it when Allowed — Replayed (not charged), or
+	// charged once its free replays are used up (see Replay). Its bytes
+	// are the front end's, as it kept them.
+	Response []byte
 	// OnStoreError, when the store of the path's route failed, is that
 	// route's failure policy ("deny" or "allow"; "" the front end's own).
 	OnStoreError string
@@ -127,6 +133,8 @@ type Decision struct {
 	route      int                // the store of the path: 0 Config.Store, r Config.Routes[r−1]
 	record     store.Bucket       // the idempotency record decided with the path (Key "" for none)
 	recorded   bool               // the record was written by this decision: Done ends its flight
+	forget     bool               // Done forgets the record rather than ending its flight (Forget)
+	lookupErr  error              // with replay, the store's failure to look the kept response up
 	scratch    *scratch           // nil until Begin takes one
 	used       int                // buckets of scratch written to
 }
@@ -270,8 +278,12 @@ func (e *Engine) Decide(ctx context.Context, d *Decision, req Request) error {
 	d.Limits = sb
 	d.route = e.routeOf(d.Buckets)
 	d.record = store.Bucket{}
+	d.lookupErr = nil
 	if d.Request.Idempotency != "" && e.cfg.Idempotency.TTL > 0 {
 		d.record = e.recordOf(d)
+		if e.cfg.Idempotency.Replay && e.kept(ctx, d) {
+			return nil
+		}
 	}
 	if e.cfg.MaxWait > 0 {
 		e.reserve(d)
@@ -329,6 +341,7 @@ func (d *Decision) Redecide(ctx context.Context) error {
 	d.Decision = store.Decision{}
 	d.Wait, d.Retry, d.Reason, d.Blocked, d.Closest = 0, 0, "", "", -1
 	d.Replayed, d.slots, d.recorded, d.Scaled, d.Local, d.unwidened = false, false, false, false, false, nil
+	d.Response, d.forget = nil, false
 	return d.e.Decide(ctx, d, d.Request)
 }
 
@@ -440,7 +453,11 @@ func (e *Engine) settle(ctx context.Context, d *Decision, sc *scratch) error {
 		// bucket (its hash tag), which decides first.
 		limits = append(d.Limits[:len(d.Limits):len(d.Limits)], d.record)
 	}
-	res, err = e.decideIn(ctx, d, limits, sc)
+	if d.lookupErr != nil {
+		err = d.lookupErr // no decision without the lookup: the store's policy applies
+	} else {
+		res, err = e.decideIn(ctx, d, limits, sc)
+	}
 	if err == nil && d.record.Key != "" {
 		res = e.readRecord(d, res)
 		if d.Replayed && tookSlots(d.Limits) {
@@ -621,9 +638,18 @@ func (e *Engine) recordOf(d *Decision) store.Bucket {
 	}
 	return store.Bucket{
 		Key:   tag + "#idempotency=" + hex.EncodeToString(h.Sum(nil)[:16]),
-		Limit: rate.Limit{Algorithm: rate.Idempotent, Count: inFlight.Microseconds(), Period: e.cfg.Idempotency.TTL, Burst: int64(e.cfg.Idempotency.Retries)},
+		Limit: rate.Limit{Algorithm: rate.Idempotent, Count: inFlight.Microseconds(), Period: e.cfg.Idempotency.TTL, Burst: e.retries()},
 		Cost:  1,
 	}
+}
+
+// retries is the Burst of a record: under replay none, since a retry
+// finds the kept response or is a new request (see Replay).
+func (e *Engine) retries() int64 {
+	if e.cfg.Idempotency.Replay {
+		return 0
+	}
+	return int64(e.cfg.Idempotency.Retries)
 }
 
 // readRecord reads the verdict of d's record, decided last with d's path

@@ -137,8 +137,13 @@ type Idempotency struct {
 	// Retries is how many retries of a request a record lets through
 	// without a charge; the next is charged as a new request (and
 	// recorded afresh). A gateway cannot tell a retry from another request
-	// that reuses its key: this bounds what reusing one gets.
+	// that reuses its key: this bounds what reusing one gets. With
+	// Replay, it is how many times a kept response is answered without a
+	// charge (see Replay).
 	Retries int
+	// Replay keeps each first request's response with its record, and
+	// answers its retries with it (see Replay).
+	Replay bool
 }
 
 // Headers selects the response header families WriteHeaders writes.

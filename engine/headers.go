@@ -342,6 +342,9 @@ type Problem struct {
 	BlockedBy  string   `json:"blocked_by,omitempty"`
 	Policies   []string `json:"violated_policies,omitempty"`
 	RetryAfter int64    `json:"retry_after,omitempty"`
+	// OriginalStatus, refusing the retry of a request whose response
+	// could not be kept for replay, is that response's status.
+	OriginalStatus int `json:"original_status,omitempty"`
 	// Error is the refusal as an LLM provider's SDK reads an error (an
 	// extension member, as RFC 9457 allows): the OpenAI and Anthropic SDKs
 	// then surface its message, type and code.

@@ -191,9 +191,20 @@ func (e *Engine) adjustIn(st store.Store, adjust []store.Bucket) {
 
 // Refund gives back everything d charged, at once (one store call), to
 // the store that charged it, each bucket to the window or the very charge
-// that holds it: for a request that, once answered, should not count
-// (charge_on). It does nothing for a decision that charged nothing.
-func (d *Decision) Refund(ctx context.Context) error {
+// that holds it, and forgets its idempotency record: for a request that
+// should not count (one that will not go, held and given up). It does
+// nothing for a decision that charged nothing.
+func (d *Decision) Refund(ctx context.Context) error { return d.refund(ctx, true) }
+
+// RefundServed is Refund for a request whose response is served all the
+// same (charge_on: a response that does not count). Under
+// Idempotency.Replay its record stays: its response is to be kept, and
+// its retries answered with it.
+func (d *Decision) RefundServed(ctx context.Context) error {
+	return d.refund(ctx, !d.KeepsResponse())
+}
+
+func (d *Decision) refund(ctx context.Context, forget bool) error {
 	if !d.Allowed || len(d.Limits) == 0 {
 		return nil
 	}
@@ -205,7 +216,7 @@ func (d *Decision) Refund(ctx context.Context) error {
 		b.Cost, b.Charged = -b.Cost, d.ChargedAt(i)
 		adjust = append(adjust, b)
 	}
-	if d.recorded {
+	if d.recorded && forget {
 		// Charged nothing, it records nothing: a retry is a new request.
 		r := d.record
 		r.Cost = -1
@@ -247,12 +258,18 @@ func (d *Decision) Done(ctx context.Context) error {
 			}
 		}
 	}
-	if d.recorded {
+	if d.recorded && (d.forget || !d.e.cfg.Idempotency.Replay) {
 		r := d.record
 		r.Cost = 1
+		if d.forget {
+			r.Cost = -1 // charged at its own time: a newer record is another request's
+		}
 		end = append(end, r)
 	}
-	d.slots, d.recorded = false, false
+	d.slots, d.recorded, d.forget = false, false, false
+	if len(end) == 0 {
+		return nil
+	}
 	e := d.e
 	err := e.storeFor(d.Local, d.route).Adjust(ctx, end)
 	if err != nil {

@@ -45,6 +45,10 @@ type MemoryOptions struct {
 	// block's offset in a chunk is 32 bits). What is reserved counts as
 	// heap for the Go runtime (see reservedBytes).
 	Reserve int
+	// MaxReplayBytes bounds the responses kept for idempotent replay
+	// (see Memory.KeepResponse), in a table of their own: keys, bytes and
+	// ReplayEntryOverhead each. Zero means DefaultMaxReplayBytes (64 MiB).
+	MaxReplayBytes int64
 	// Clock overrides the wall clock, for tests.
 	Clock Clock
 }
@@ -64,6 +68,8 @@ type Memory struct {
 	interval chan time.Duration // a new sweep interval for the sweeper
 
 	evictions atomic.Int64
+
+	replay replayTable // the responses kept (see KeepResponse)
 }
 
 // NewMemory returns a Memory store and starts its sweeper.
@@ -82,6 +88,7 @@ func NewMemory(opts MemoryOptions) *Memory {
 		interval: make(chan time.Duration, 1),
 	}
 	m.maxKeys.Store(int64(opts.MaxKeys))
+	m.replay.init(opts.MaxReplayBytes)
 	reserve := opts.Reserve
 	if reserve == 0 {
 		reserve = min(reservedBytes, opts.MaxKeys*128)
@@ -254,12 +261,14 @@ func shardOf(hash uint64) uint8 { return uint8(hash % memoryShards) }
 // configuration), keeping its state; a zero or negative option keeps the
 // current setting. A lower MaxKeys applies to the buckets inserted from now
 // on: the store then shrinks as state expires, never by dropping live
-// buckets at once. SweepInterval takes effect at the next tick; a store
+// buckets at once. A lower MaxReplayBytes is reached at the next
+// KeepResponse. SweepInterval takes effect at the next tick; a store
 // created without a sweeper stays without one. Clock is ignored.
 func (m *Memory) Reconfigure(opts MemoryOptions) {
 	if opts.MaxKeys > 0 {
 		m.maxKeys.Store(int64(opts.MaxKeys))
 	}
+	m.replay.setMax(opts.MaxReplayBytes)
 	if opts.SweepInterval <= 0 {
 		return
 	}
@@ -299,7 +308,7 @@ func (m *Memory) StateBytes() int { return m.arena.heldBytes() }
 // Evictions is the number of buckets evicted at the MaxKeys cap so far.
 func (m *Memory) Evictions() int64 { return m.evictions.Load() }
 
-// Sweep removes every expired bucket now.
+// Sweep removes every expired bucket and kept response now.
 func (m *Memory) Sweep() {
 	now := m.clock()
 	for i := range m.shards {
@@ -308,6 +317,7 @@ func (m *Memory) Sweep() {
 		m.sweepShard(s, now)
 		s.mu.Unlock()
 	}
+	m.replay.sweepReplay(now)
 }
 
 func (m *Memory) sweepEvery(interval time.Duration) {

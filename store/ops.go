@@ -203,6 +203,9 @@ func (r *Redis) ResetMatching(ctx context.Context, m KeyMatch) (int, error) {
 				return err
 			}
 			for _, k := range keys {
+				if strings.Contains(k, ResponseKeySuffix) {
+					continue // a kept response (or its count of reads), not limit state
+				}
 				// One DEL per key: on a Cluster, SCAN's keys span slots.
 				n, err := c.Del(ctx, k).Result()
 				if err != nil {

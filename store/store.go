@@ -93,6 +93,37 @@ type Store interface {
 	Close() error
 }
 
+// Responses is implemented by stores that keep the responses of requests
+// that carried idempotency keys, so that a retry is answered from the
+// store without reaching the upstream (both stores do, and a store of
+// package lease passes them through).
+//
+// A response is opaque bytes to the store. Its first ResponseHead bytes
+// must say what a retry needs when the rest is gone: under pressure of its
+// bounds a store may keep only that head (the memory store truncates the
+// oldest responses before it drops any); a caller tells a
+// truncated response by its length.
+type Responses interface {
+	// Response returns the response kept under key, or nil and no error
+	// when none is (never kept, expired or dropped), and how many times
+	// it has been read since it was kept, this read included (so that a
+	// caller can bound what one response is read for free).
+	Response(ctx context.Context, key string) (response []byte, reads int64, err error)
+	// KeepResponse keeps response under key for ttl, replacing any kept
+	// before (its reads count from 0 again). The store does not keep the
+	// slice: it copies it.
+	KeepResponse(ctx context.Context, key string, response []byte, ttl time.Duration) error
+}
+
+// ResponseKeySuffix ends the key of every kept response: a store's
+// resets of limit state (ResetMatching) leave kept responses alone, so a
+// reset never makes an operation run twice.
+const ResponseKeySuffix = "#response"
+
+// ResponseHead is the length of the part of a kept response that a store
+// keeps when it cannot keep the whole (see Responses).
+const ResponseHead = 64
+
 // ErrUnavailable wraps every error that means the store could not decide
 // (Redis unreachable, timed out, …), so the handler can apply its declared
 // failure policy.

@@ -48,6 +48,11 @@ type Memory struct {
 	// MaxKeys caps the buckets tracked (default 1,000,000). At the cap the
 	// bucket nearest to expiry, among a sample, is evicted and counted.
 	MaxKeys int `json:"max_keys,omitempty"`
+	// MaxReplayBytes bounds, in bytes, the responses kept for idempotent
+	// replay (default 64 MiB), apart from the buckets: past it the oldest
+	// responses are cut to their first 64 bytes, then the oldest of those
+	// dropped (see store.Memory.KeepResponse).
+	MaxReplayBytes int64 `json:"max_replay_bytes,omitempty"`
 }
 
 // Redis configures the Redis store (standalone, Sentinel or Cluster).
@@ -251,16 +256,20 @@ type memorySettings struct {
 
 // configSettings are one configuration's settings of a memory store.
 type configSettings struct {
-	maxKeys int           // 0: not set
-	sweep   time.Duration // 0: not set
-	once    sync.Once
+	maxKeys   int           // 0: not set
+	maxReplay int64         // 0: not set
+	sweep     time.Duration // 0: not set
+	once      sync.Once
 }
 
 // options are the store options the settings mean, defaults filled in.
 func (c *configSettings) options() store.MemoryOptions {
-	o := store.MemoryOptions{MaxKeys: c.maxKeys, SweepInterval: c.sweep}
+	o := store.MemoryOptions{MaxKeys: c.maxKeys, MaxReplayBytes: c.maxReplay, SweepInterval: c.sweep}
 	if o.MaxKeys == 0 {
 		o.MaxKeys = 1_000_000
+	}
+	if o.MaxReplayBytes == 0 {
+		o.MaxReplayBytes = store.DefaultMaxReplayBytes
 	}
 	if o.SweepInterval == 0 {
 		o.SweepInterval = time.Minute
@@ -270,7 +279,7 @@ func (c *configSettings) options() store.MemoryOptions {
 
 // add merges one handler's settings into its configuration's, and returns
 // what the handler must run at its first request (nil when nothing waits).
-func (s *memorySettings) add(config <-chan struct{}, name string, maxKeys int, sweep time.Duration) (func(), error) {
+func (s *memorySettings) add(config <-chan struct{}, name string, maxKeys int, maxReplay int64, sweep time.Duration) (func(), error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	c := s.configs[config]
@@ -290,6 +299,12 @@ func (s *memorySettings) add(config <-chan struct{}, name string, maxKeys int, s
 			return nil, fmt.Errorf("memory store %s: max_keys %d here, %d in another handler: give them one value", name, maxKeys, c.maxKeys)
 		}
 		c.maxKeys = maxKeys
+	}
+	if maxReplay > 0 {
+		if c.maxReplay != 0 && c.maxReplay != maxReplay {
+			return nil, fmt.Errorf("memory store %s: max_replay_bytes %d here, %d in another handler: give them one value", name, maxReplay, c.maxReplay)
+		}
+		c.maxReplay = maxReplay
 	}
 	if sweep > 0 {
 		if c.sweep != 0 && c.sweep != sweep {
@@ -428,13 +443,16 @@ func (c *Config) Open(ctx caddy.Context, sweep time.Duration) (Opened, error) {
 	if m.MaxKeys < 0 {
 		return Opened{}, fmt.Errorf("memory max_keys %d must not be negative", m.MaxKeys)
 	}
+	if m.MaxReplayBytes < 0 {
+		return Opened{}, fmt.Errorf("memory max_replay_bytes %d must not be negative: give a size in bytes, or 0 for the default (64 MiB)", m.MaxReplayBytes)
+	}
 	name := m.Name
 	if name == "" {
 		name = "default"
 	}
 	poolKey := "memory/" + name
 	v, _, err := stores.LoadOrNew(poolKey, func() (caddy.Destructor, error) {
-		mem := store.NewMemory(store.MemoryOptions{MaxKeys: m.MaxKeys, SweepInterval: sweep})
+		mem := store.NewMemory(store.MemoryOptions{MaxKeys: m.MaxKeys, MaxReplayBytes: m.MaxReplayBytes, SweepInterval: sweep})
 		rt, err := control.New(control.NewMemoryBackend(), control.Options{Logger: ctx.Logger().With(zap.String("store", poolKey))})
 		if err != nil {
 			mem.Close()
@@ -452,7 +470,7 @@ func (c *Config) Open(ctx caddy.Context, sweep time.Duration) (Opened, error) {
 	if p.settings == nil { // not a memory store: the pool key says it is
 		return Opened{Pooled: p, PoolKey: poolKey}, nil
 	}
-	apply, err := p.settings.add(ctx.Done(), name, m.MaxKeys, sweep)
+	apply, err := p.settings.add(ctx.Done(), name, m.MaxKeys, m.MaxReplayBytes, sweep)
 	if err != nil {
 		stores.Delete(poolKey)
 		return Opened{}, err
