@@ -5,9 +5,10 @@
 #
 # On a fresh Debian machine it installs what the tests need first:
 # redis-server and redis-cli (Debian package redis-server), nginx (Debian
-# package nginx, for the auth_request example's test), Node.js and npm
-# (Debian packages nodejs and npm) and, with npm, the official OpenAI and
-# Anthropic SDKs that the LLM gateway's test drives (internal/sdktest).
+# package nginx, for the auth_request example's test), curl (its retry loop
+# against idempotency replay), Node.js and npm (Debian packages nodejs and
+# npm) and, with npm, the official OpenAI, Anthropic and Stripe SDKs that
+# the LLM gateway's and replay's tests drive (internal/sdktest).
 #
 #   scripts/test.sh                     # everything
 #   FUZZTIME=200000x scripts/test.sh    # fuzz longer (default 20000 inputs per target)
@@ -25,18 +26,19 @@ command -v redis-cli >/dev/null 2>&1 || need_install=1
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need_install=1
 command -v node >/dev/null 2>&1 || need_install=1
 command -v npm >/dev/null 2>&1 || need_install=1
+command -v curl >/dev/null 2>&1 || need_install=1
 if [ -n "$need_install" ]; then
-	echo "== installing redis-server, nginx, nodejs and npm (Debian packages)"
+	echo "== installing redis-server, nginx, curl, nodejs and npm (Debian packages)"
 	sudo=""
 	[ "$(id -u)" = 0 ] || sudo="sudo"
 	$sudo apt-get update -qq
-	pkgs="redis-server nginx"
+	pkgs="redis-server nginx curl"
 	command -v node >/dev/null 2>&1 || pkgs="$pkgs nodejs"
 	command -v npm >/dev/null 2>&1 || pkgs="$pkgs npm"
 	DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq $pkgs >/dev/null
 fi
 redis-server --version
-echo "== the OpenAI and Anthropic SDKs (npm ci in internal/sdktest)"
+echo "== the OpenAI, Anthropic and Stripe SDKs (npm ci in internal/sdktest)"
 (cd internal/sdktest && npm ci --no-audit --no-fund --loglevel=error)
 
 echo "== go vet"
