@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/caddy-cascade/cascade/store"
 )
@@ -149,7 +150,8 @@ func TestRecorder(t *testing.T) {
 	// that cannot stops the request.
 	sent := httptest.NewRecorder()
 	stopped := false
-	rec := &recorder{ResponseWriter: sent, max: 10, stop: func() { stopped = true }}
+	rec := &recorder{ResponseWriter: sent, max: 10, stop: func() { stopped = true }, until: time.Now().Add(time.Hour)}
+	defer rec.done()
 	rec.WriteHeader(200)
 	rec.Gone()
 	if n, err := io.WriteString(rec, "later"); n != 5 || err != nil || string(rec.body) != "later" || sent.Body.Len() != 0 || stopped {
