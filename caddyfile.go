@@ -40,6 +40,8 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	rate_limit {
 //	    tree <name> {
 //	        match { <matchers> }
+//	        plan <placeholder> default <plan>       # where a request's plan comes from (an entitlement's plan)
+//	        strict_allocation                       # a child tier allowed more than its parent is an error
 //	        tier <name> [<key>] {
 //	            key     <template>                  # e.g. {header.X-Org}, {http.auth.user.id}, {client_ip}
 //	            missing deny|shared|skip            # empty key: refuse (default), one shared bucket, or skip the tier
@@ -49,6 +51,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	                limit ...
 //	            }
 //	            value   <value...> unlimited
+//	            plan    <name> { limit ... } | plan <name> unlimited   # the limits of a plan
 //	            adaptive
 //	            penalty <for> after <n> [within <d>]  # refused n times within d (default: for): refused outright for <for>
 //	            sensitive [off]                     # values are secrets: shown as fingerprints (default when the key reads a credential)
@@ -156,6 +159,10 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    retry_within   <duration>                   # a longer wait says x-should-retry: false (default 1m)
 //	    refusal_body   problem|openai|anthropic     # a refusal's body: problem+json (default), or the provider's error object
 //	    fallback_model <model> <fallback...>        # refused by the model's limits or a money limit: served as the first fallback admitted
+//	    entitlements <name> {                       # a customer's plan, looked up by a tier's value
+//	        source file <path.json> | redis <key template> | http <url template>
+//	        key <tier>; ttl <d>; negative_ttl <d>; stale <d>; timeout <d>; header <field> <value>
+//	    }
 //	    alerts {                                    # where limits' alert thresholds go (always logged)
 //	        webhook <url>; header <name> <value>; timeout <duration>; retries <n>
 //	    }
@@ -324,6 +331,8 @@ func (h *Handler) unmarshalOption(d *caddyfile.Dispenser) error {
 		err = h.parseForwarded(d)
 	case "alerts":
 		err = h.parseAlerts(d)
+	case "entitlements":
+		err = h.parseEntitlements(d)
 	case "fallback_model":
 		args := d.RemainingArgs()
 		if len(args) < 2 {

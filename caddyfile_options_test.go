@@ -24,7 +24,7 @@ func TestUnknownOptionSuggests(t *testing.T) {
 		{"typo at the top", "rate_limit {\n on_store_eror deny\n}", []string{`did you mean "on_store_error"?`}},
 		{"typo in a redis store", "rate_limit {\n store redis {\n  adress 127.0.0.1:6379\n }\n}", []string{`store redis: unknown option "adress": did you mean "address"?`}},
 		{"typo in a cost", "rate_limit {\n cost tokens llm {\n  provder openai\n }\n}", []string{`did you mean "provider"?`}},
-		{"no near option", tree("   limit 10/s\n   frobnicate 3"), []string{`tier org: unknown option "frobnicate" (expected key, missing, limit, value, adaptive, penalty or sensitive)`}},
+		{"no near option", tree("   limit 10/s\n   frobnicate 3"), []string{`tier org: unknown option "frobnicate" (expected key, missing, limit, value, plan, adaptive, penalty or sensitive)`}},
 		{"short words need one edit", "rate_limit {\n tree api {\n  tie org {header.X-Org} {\n   limit 1/s\n  }\n }\n}", []string{`did you mean "tier"?`}},
 		{"limit directly in a tree", "rate_limit {\n tree api {\n  limit 100/min\n }\n}", []string{"tree api: limit is not an option here: a limit belongs to a tier", "tier <name> {header.X-Key} { limit 100/min }"}},
 		{"limit directly in rate_limit", "rate_limit {\n limit 100/min\n}", []string{"rate_limit: limit is not an option here: a limit belongs to a tier of a tree"}},
@@ -56,9 +56,9 @@ func TestReferenceNamesEveryOption(t *testing.T) {
 		t.Fatal(err)
 	}
 	blocks := map[string][]string{
-		"rate_limit": handlerOptions, "tree": treeOptions, "tier": tierOptions, "value": valueOptions,
+		"rate_limit": handlerOptions, "tree": treeOptions, "tier": tierOptions, "value": valueOptions, "plan": planOptions,
 		"zone": zoneOptions, "store memory": memoryOptions, "idempotency": idempotencyOptions,
-		"route": routeOptions, "forwarded": forwardedOptions, "alerts": alertsOptions,
+		"route": routeOptions, "forwarded": forwardedOptions, "alerts": alertsOptions, "entitlements": entitlementsOptions,
 		"cost llm": llmOptions, "cost graphql": graphqlOptions, "reconcile": reconcileOptions,
 	}
 	maps.Copy(blocks, storeconfig.CaddyfileOptions())

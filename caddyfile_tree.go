@@ -43,11 +43,21 @@ func (h *Handler) parseTree(d *caddyfile.Dispenser) error {
 	if _, dup := h.RateLimits[t.Name]; dup {
 		return d.Errf("tree %s has the name of a zone: give each its own name", t.Name)
 	}
+	start := at(d)
 	if d.NextArg() {
 		return d.Errf("tree %s: unexpected argument %q; tiers go in the block", t.Name, d.Val())
 	}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		switch d.Val() {
+		case "plan":
+			if err := parsePlanKey(d, &t.Tree); err != nil {
+				return err
+			}
+		case "strict_allocation":
+			if d.NextArg() {
+				return d.Errf("tree %s: strict_allocation takes no argument (got %q)", t.Name, d.Val())
+			}
+			t.StrictAllocation = true
 		case "tier":
 			tier, err := h.parseTier(d, t.Name, t.Tiers)
 			if err != nil {
@@ -66,6 +76,13 @@ func (h *Handler) parseTree(d *caddyfile.Dispenser) error {
 	}
 	if len(t.Tiers) == 0 {
 		return d.Errf("tree %s has no tiers: add tier <name> <key> { limit ... }", t.Name)
+	}
+	if t.PlanKey == "" {
+		for _, tier := range t.Tiers {
+			if len(tier.Plans) > 0 {
+				return start.errorf("tree %s: tier %s has plan blocks, but the tree does not say where a request's plan comes from: add plan <placeholder> default <plan> to the tree", t.Name, tier.Name)
+			}
+		}
 	}
 	h.Trees = append(h.Trees, t)
 	return nil
@@ -112,6 +129,10 @@ func (h *Handler) parseTier(d *caddyfile.Dispenser, tree string, before []*hiera
 			if err := h.parseValue(d, tree, tier); err != nil {
 				return nil, err
 			}
+		case "plan":
+			if err := h.parsePlan(d, tree, tier); err != nil {
+				return nil, err
+			}
 		case "adaptive":
 			tier.Adaptive = true
 		case "penalty":
@@ -133,7 +154,7 @@ func (h *Handler) parseTier(d *caddyfile.Dispenser, tree string, before []*hiera
 	if tier.Key == "" {
 		return nil, start.errorf("tier %s has no key: write tier %s {header.X-%s}, or key <placeholder> in its block", tier.Name, tier.Name, tier.Name)
 	}
-	if len(tier.Limits) == 0 && len(tier.Values) == 0 {
+	if len(tier.Limits) == 0 && len(tier.Values) == 0 && len(tier.Plans) == 0 {
 		return nil, start.errorf("tier %s has no limits: add one in its block, e.g. limit 1000/h", tier.Name)
 	}
 	return tier, nil
@@ -232,6 +253,70 @@ func (h *Handler) parseValue(d *caddyfile.Dispenser, tree string, tier *hierarch
 		}
 		tier.Values[v] = o
 	}
+	return nil
+}
+
+// parsePlanKey parses a tree's `plan <placeholder> default <plan>`: where
+// a request's plan comes from, and the plan of a request whose plan is
+// empty or that no tier lists. The placeholder's shorthands
+// ({header.X-Plan}) are expanded by Caddy's adapter, as tier keys' are.
+func parsePlanKey(d *caddyfile.Dispenser, t *hierarchy.Tree) error {
+	const usage = "plan <placeholder> default <plan>, e.g. plan {http.rate_limit.entitlement.customers.plan} default free"
+	if t.PlanKey != "" {
+		return d.Errf("tree %s: plan given twice: write one line, %s", t.Name, usage)
+	}
+	args := d.RemainingArgs()
+	if d.NextBlock(d.Nesting()) || len(args) == 2 && args[1] == "unlimited" {
+		return d.Errf("tree %s: a plan's limits belong to a tier: tier <name> <key> { plan <name> { limit ... } }; the tree's plan line says where a request's plan comes from: %s", t.Name, usage)
+	}
+	switch {
+	case len(args) == 1:
+		return d.Errf("tree %s: plan needs a default: plan %s default <plan> (the plan of a request whose plan is empty or that no tier lists)", t.Name, args[0])
+	case len(args) != 3 || args[1] != "default":
+		return d.Errf("tree %s: usage: %s", t.Name, usage)
+	case !strings.Contains(args[0], "{"):
+		return d.Errf("tree %s: plan %q is a constant: take a request's plan from a placeholder, e.g. %s", t.Name, args[0], usage)
+	}
+	t.PlanKey, t.DefaultPlan = args[0], args[2]
+	return nil
+}
+
+// parsePlan parses a tier's `plan <name> { limit ... }` or `plan <name>
+// unlimited`: its limits for the requests of that plan.
+func (h *Handler) parsePlan(d *caddyfile.Dispenser, tree string, tier *hierarchy.Tier) error {
+	args := d.RemainingArgs()
+	unlimited := len(args) == 2 && args[1] == "unlimited"
+	switch {
+	case len(args) == 3 && args[1] == "default":
+		return d.Errf("tier %s: plan %s default %s belongs to the tree: tree %s { plan %s default %s ... }", tier.Name, args[0], args[2], tree, args[0], args[2])
+	case len(args) == 0 || len(args) > 2 || len(args) == 2 && !unlimited:
+		return d.Errf("tier %s: usage: plan <name> { limit ... } or plan <name> unlimited, one plan a line", tier.Name)
+	}
+	name := args[0]
+	if _, dup := tier.Plans[name]; dup {
+		return d.Errf("tier %s: plan %s given twice: give each plan one block", tier.Name, name)
+	}
+	o := &hierarchy.Override{Unlimited: unlimited}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		if d.Val() != "limit" {
+			return unknownOption(d, "plan "+name, d.Val(), planOptions)
+		}
+		l, err := h.parseLimitOf(d, tree)
+		if err != nil {
+			return err
+		}
+		o.Limits = append(o.Limits, l)
+	}
+	if !unlimited && len(o.Limits) == 0 {
+		return d.Errf("tier %s: plan %s has no limits: add limit lines in its block, or write plan %s unlimited", tier.Name, name, name)
+	}
+	if unlimited && len(o.Limits) > 0 {
+		return d.Errf("tier %s: plan %s: unlimited and limits are exclusive", tier.Name, name)
+	}
+	if tier.Plans == nil {
+		tier.Plans = map[string]*hierarchy.Override{}
+	}
+	tier.Plans[name] = o
 	return nil
 }
 

@@ -237,7 +237,7 @@ var rateLimitOptions = []string{
 	"tree", "zone", "cost", "store", "route", "charge_on", "on_store_error", "mode",
 	"headers", "status_code", "use_error_routes", "priority", "shed_at_floor", "log_key",
 	"fingerprint_secret", "disable_metrics", "denial_log", "placeholders", "max_wait",
-	"idempotency", "max_queued", "jitter", "sweep_interval", "forwarded", "distributed", "storage",
+	"idempotency", "max_queued", "jitter", "sweep_interval", "forwarded", "distributed", "storage", "entitlements",
 }
 
 // globalOptionNames start a fragment of the global options block.

@@ -146,6 +146,9 @@ func (h *Handler) add(r *http.Request, repl *caddy.Replacer, d *decision, i int)
 	for j := range t.Tiers {
 		values = append(values, t.value(r, repl, j))
 	}
+	if t.PlanKey != "" {
+		return h.addEntitled(r, repl, d, i, values)
+	}
 	return h.engine.Add(&d.Decision, h.etrees[i], values)
 }
 

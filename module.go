@@ -156,6 +156,10 @@ type Handler struct {
 	// hierarchy.Limit.Alerts): a log line always, a webhook when set.
 	Alerts *AlertsConfig `json:"alerts,omitempty"`
 
+	// Entitlements are the sources a tree's plan is looked up from, by a
+	// tier's value (see EntitlementsConfig and docs/plans.md).
+	Entitlements []*EntitlementsConfig `json:"entitlements,omitempty"`
+
 	// FallbackModels, per model a request asks for, are the models to
 	// serve it instead, in order, when its path is refused by a limit of
 	// its model (a tier keyed on {http.rate_limit.model}) or of money: the
@@ -250,6 +254,7 @@ type Handler struct {
 	stores        storeHandles
 	waiting       waitLine
 	alerting      *alerting        // nil unless a limit has alert thresholds
+	plans         *planState       // nil unless entitlements are configured
 	reports       *pendingReports  // the decision endpoint's decisions waiting for their usage reports (Forwarded)
 	storeErrorLog *logsample.Every // store failures: one logged a second
 	config        configShare

@@ -226,6 +226,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		Idempotency: h.Idempotency.engineConfig(),
 		Logger:      h.logger, Reconciled: h.metrics.reconcile,
 	})
+	if err := h.provisionEntitlements(o.Redis); err != nil {
+		return err
+	}
 	if h.Idempotency != nil && h.Idempotency.Replay {
 		if err := h.engine.CheckReplay(); err != nil {
 			return fmt.Errorf("rate_limit: idempotency replay: %w", err)
@@ -430,6 +433,9 @@ func (h *Handler) Validate() error {
 // on while a newer config uses it, so limits survive reloads.
 func (h *Handler) Cleanup() error {
 	h.closeAlerts()
+	if h.plans != nil {
+		h.plans.close()
+	}
 	if h.config.unregister != nil {
 		h.config.unregister()
 	}

@@ -78,6 +78,9 @@ func (h *Handler) setPlaceholders(r *http.Request, repl *caddy.Replacer, d *deci
 		blocked: d.Blocked,
 		retry:   d.Retry,
 	}
+	if d.ents.n > 0 {
+		p.ents = d.ents.shown()
+	}
 	if d.Closest >= 0 && d.Closest < len(d.Results) {
 		c, res := &d.Buckets[d.Closest], &d.Results[d.Closest]
 		p.limit, p.tier = c.Limit, c.Tier
@@ -164,6 +167,9 @@ func (p placeholders) lookup(key string) (any, bool) {
 	if !ok {
 		return nil, false
 	}
+	if p.ents != nil && strings.HasPrefix(name, "entitlement.") {
+		return p.ents.lookup(name)
+	}
 	switch name {
 	case "allowed":
 		return p.allowed, true
@@ -207,8 +213,9 @@ type placeholders struct {
 	tier      *hierarchy.Tier
 	capacity  int64 // its effective capacity
 	remaining int64
-	reset     int64           // µs
-	exceeded  *hierarchy.Tree // the tree that refused the request (limited, impossible or penalty), else nil
+	reset     int64              // µs
+	exceeded  *hierarchy.Tree    // the tree that refused the request (limited, impossible or penalty), else nil
+	ents      *shownEntitlements // the request's entitlements, for {http.rate_limit.entitlement.*}; nil: none
 }
 
 // ownHeaders is a response writer that keeps Cascade's rate-limit headers

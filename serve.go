@@ -33,12 +33,13 @@ const (
 type decision struct {
 	engine.Decision
 	inputErr  *cost.InputError
-	model     string         // the model the request's body names, when a cost or key reads it
-	body      peeked         // the start of the body, when a cost or key reads it
-	fallback  string         // the model served instead of the one asked for (FallbackModels)
-	refunded  bool           // charge_on gave back its charges: nothing to reconcile (set on charge_on's copy)
-	recording bool           // its response is being recorded for replay (serveRecorded)
-	entry     *waiting.Entry // an interactive request registered as waiting while it is decided (priority)
+	model     string              // the model the request's body names, when a cost or key reads it
+	body      peeked              // the start of the body, when a cost or key reads it
+	fallback  string              // the model served instead of the one asked for (FallbackModels)
+	refunded  bool                // charge_on gave back its charges: nothing to reconcile (set on charge_on's copy)
+	recording bool                // its response is being recorded for replay (serveRecorded)
+	ents      requestEntitlements // its entitlements, once looked up (plans)
+	entry     *waiting.Entry      // an interactive request registered as waiting while it is decided (priority)
 }
 
 // atFloor tells whether the adaptive factor of this handler's class has

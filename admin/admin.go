@@ -11,13 +11,19 @@
 //	DELETE /rate_limit/overrides/<tree>/<tier>/<value>     back to the configuration's
 //	PUT    /rate_limit/mode/<tree>                         enforce, warn or shadow (ModeRequest)
 //	DELETE /rate_limit/mode/<tree>                         back to the configured mode
+//	GET    /rate_limit/entitlements                        the runtime entitlements
+//	PUT    /rate_limit/entitlements/<name>/<value>         set a value's plan (EntitlementRequest)
+//	DELETE /rate_limit/entitlements/<name>/<value>         back to the entitlements source's answer
 //	GET    /rate_limit/top?n=N                             the most-denied keys
 //
 // The API operates on the engines of the running configuration's
-// rate_limit handlers, which register them (package running). Overrides and modes
-// are written to the engines' stores through package control, so every
-// instance sharing a Redis applies them, and the memory store keeps them
-// across reloads.
+// rate_limit handlers, which register them (package running). Overrides,
+// modes and entitlements are written to the engines' stores through
+// package control, so every instance sharing a Redis applies them, and the
+// memory store keeps them across reloads. A value that may be a secret
+// can be named in the JSON body instead of the path, which Caddy's admin
+// log records: PUT and DELETE /rate_limit/overrides/<tree>/<tier> and
+// /rate_limit/entitlements/<name> with {"value": "…", …}.
 package admin
 
 import (
@@ -67,6 +73,8 @@ func (API) Routes() []caddy.AdminRoute {
 		{Pattern: "/rate_limit/overrides", Handler: caddy.AdminHandlerFunc(handleOverrides)},
 		{Pattern: "/rate_limit/overrides/", Handler: caddy.AdminHandlerFunc(handleOverrides)},
 		{Pattern: "/rate_limit/mode/", Handler: caddy.AdminHandlerFunc(handleMode)},
+		{Pattern: "/rate_limit/entitlements", Handler: caddy.AdminHandlerFunc(handleEntitlements)},
+		{Pattern: "/rate_limit/entitlements/", Handler: caddy.AdminHandlerFunc(handleEntitlements)},
 		{Pattern: "/rate_limit/top", Handler: caddy.AdminHandlerFunc(handleTop)},
 	}
 }

@@ -39,6 +39,9 @@ caddy rate-limit override delete <tree> <tier> <value>
 caddy rate-limit override list
 caddy rate-limit mode <tree> enforce|warn|shadow [--note "who and why"]
 caddy rate-limit mode <tree> --reset
+caddy rate-limit entitlements set <name> <value> [--plan <plan>] [--limit "<limit>"]... [--expires <RFC 3339 or duration> | --for <duration>] [--note "who and why"]
+caddy rate-limit entitlements delete <name> <value>
+caddy rate-limit entitlements [list]
 caddy rate-limit top [-n 20]`
 
 // synopsisFlags says what every command of synopsis takes.
@@ -49,7 +52,7 @@ the API's JSON instead of a table).`
 func init() {
 	caddycmd.RegisterCommand(caddycmd.Command{
 		Name:  "rate-limit",
-		Usage: "trees|inspect|reset|override|mode|top [args]",
+		Usage: "trees|inspect|reset|override|mode|entitlements|top [args]",
 		Short: "Inspects and steers Cascade's rate limits through the admin API",
 		Long: `
 Inspects and steers the rate limits of a running Caddy through its admin
@@ -85,11 +88,11 @@ func addCommands(cmd *cobra.Command) {
 	pf.Bool("json", false, "Print the API's JSON instead of a table")
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
 		if len(args) > 0 {
-			return fmt.Errorf("unknown command %q: use trees, inspect, reset, override, mode or top", args[0])
+			return fmt.Errorf("unknown command %q: use trees, inspect, reset, override, mode, entitlements or top", args[0])
 		}
 		return cmd.Help()
 	}
-	cmd.AddCommand(treesCommand(), inspectCommand(), resetCommand(), overrideCommand(), modeCommand(), topCommand())
+	cmd.AddCommand(treesCommand(), inspectCommand(), resetCommand(), overrideCommand(), modeCommand(), entitlementsCommand(), topCommand())
 }
 
 // now is the clock of the relative times printed ("in 2 h").
@@ -485,14 +488,14 @@ func overrideCommand() *cobra.Command {
 			if printed, err := c.do("PUT", overridePath(args[0], args[1]), req, &ch); err != nil || printed {
 				return err
 			}
-			fmt.Fprintf(c.out, "%s/%s/%s: %s → %s\n", args[0], args[1], show(answeredValue(ch)), overrideText(ch.Old), overrideText(ch.New)+expiresText(ch.New))
+			fmt.Fprintf(c.out, "%s/%s/%s: %s → %s\n", args[0], args[1], show(answeredValue(ch, overrideValue)), overrideText(ch.Old), overrideText(ch.New)+expiresText(ch.New))
 			return nil
 		},
 	}
 	sf := set.Flags()
 	sf.StringArray("limit", nil, `A limit, as in the Caddyfile: "50000/h", "5000000 tokens/h burst 100000" (repeatable)`)
 	sf.Bool("unlimited", false, "Exempt the value from the tier instead")
-	sf.String("expires", "", "When the override ends by itself, an RFC 3339 time such as 2026-12-01T16:00:00Z")
+	sf.String("expires", "", "When the override ends by itself: an RFC 3339 time such as 2026-12-01T16:00:00Z, or a duration such as 24h")
 	sf.String("for", "", "How long the override lasts, such as 2h or 30d (instead of --expires)")
 	sf.String("note", "", "Who set it and why")
 
@@ -512,7 +515,7 @@ func overrideCommand() *cobra.Command {
 			if ch.Old == nil {
 				fmt.Fprintf(c.out, "%s/%s: the value given had no override: nothing changed\n", args[0], args[1])
 			} else {
-				fmt.Fprintf(c.out, "%s/%s/%s: %s → the configuration's\n", args[0], args[1], show(answeredValue(ch)), overrideText(ch.Old))
+				fmt.Fprintf(c.out, "%s/%s/%s: %s → the configuration's\n", args[0], args[1], show(answeredValue(ch, overrideValue)), overrideText(ch.Old))
 			}
 			return nil
 		},
@@ -559,35 +562,46 @@ func overrideRequest(cmd *cobra.Command) (*OverrideRequest, error) {
 	case !req.Unlimited && len(specs) == 0:
 		return nil, errors.New(`give the value's limits, --limit "50000/h" (repeatable), or --unlimited`)
 	}
-	for _, s := range specs {
-		l, err := ParseLimit(s)
-		if err != nil {
-			return nil, err
-		}
-		req.Limits = append(req.Limits, l)
+	var err error
+	if req.Limits, err = parseLimits(specs); err != nil {
+		return nil, err
 	}
+	if req.Expires, err = expiresFlag(cmd); err != nil {
+		return nil, err
+	}
+	return req, nil
+}
+
+// expiresFlag reads --expires (an RFC 3339 time, or a duration from now)
+// and --for (a duration from now): the expiry to send, "" for none.
+func expiresFlag(cmd *cobra.Command) (string, error) {
+	fl := cmd.Flags()
 	expires, _ := fl.GetString("expires")
 	lasts, _ := fl.GetString("for")
 	switch {
 	case expires != "" && lasts != "":
-		return nil, errors.New("--expires and --for exclude each other: give one")
+		return "", errors.New("--expires and --for exclude each other: give one")
 	case expires != "":
 		t, err := time.Parse(time.RFC3339, expires)
 		if err != nil {
-			return nil, fmt.Errorf("--expires %q: write an RFC 3339 time such as %s", expires, now().Add(24*time.Hour).UTC().Format(time.RFC3339))
+			d, derr := caddy.ParseDuration(expires)
+			if derr != nil || d <= 0 {
+				return "", fmt.Errorf("--expires %q: write an RFC 3339 time such as %s, or a duration such as 24h", expires, now().Add(24*time.Hour).UTC().Format(time.RFC3339))
+			}
+			return now().Add(d).UTC().Format(time.RFC3339), nil
 		}
 		if !t.After(now()) {
-			return nil, fmt.Errorf("--expires %s is in the past", expires)
+			return "", fmt.Errorf("--expires %s is in the past", expires)
 		}
-		req.Expires = expires
+		return expires, nil
 	case lasts != "":
 		d, err := caddy.ParseDuration(lasts)
 		if err != nil || d <= 0 {
-			return nil, fmt.Errorf("--for %q: give a duration such as 90m, 2h or 30d", lasts)
+			return "", fmt.Errorf("--for %q: give a duration such as 90m, 2h or 30d", lasts)
 		}
-		req.Expires = now().Add(d).UTC().Format(time.RFC3339)
+		return now().Add(d).UTC().Format(time.RFC3339), nil
 	}
-	return req, nil
+	return "", nil
 }
 
 func overrideText(o *control.Override) string {
@@ -607,10 +621,18 @@ func overrideText(o *control.Override) string {
 }
 
 func expiresText(o *control.Override) string {
-	if o == nil || o.Expires.IsZero() {
+	if o == nil {
 		return ""
 	}
-	return " until " + whenText(o.Expires)
+	return untilText(o.Expires)
+}
+
+// untilText is " until <when>" for an expiry, "" for none.
+func untilText(expires time.Time) string {
+	if expires.IsZero() {
+		return ""
+	}
+	return " until " + whenText(expires)
 }
 
 func renderOverrides(w io.Writer, o *Overrides) {
@@ -698,6 +720,165 @@ func modeText(m *control.Mode) string {
 	return m.Mode
 }
 
+// --- entitlements
+
+// entitlementPath is the path of an entitlements block's runtime
+// entitlements; the value goes in the body, not the path, which Caddy's
+// admin log records.
+func entitlementPath(name string) string {
+	return "/rate_limit/entitlements/" + url.PathEscape(name)
+}
+
+func entitlementsCommand() *cobra.Command {
+	set := &cobra.Command{
+		Use:   "set <name> <value>",
+		Short: "Sets one value's plan (and limits of its own) in an entitlements block, on every instance sharing the store",
+		Args:  cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			req, err := entitlementRequest(cmd)
+			if err != nil {
+				return err
+			}
+			c, err := clientOf(cmd)
+			if err != nil {
+				return err
+			}
+			req.Value = &args[1]
+			var ch Change[control.Entitlement]
+			if printed, err := c.do("PUT", entitlementPath(args[0]), req, &ch); err != nil || printed {
+				return err
+			}
+			until := ""
+			if ch.New != nil {
+				until = untilText(ch.New.Expires)
+			}
+			fmt.Fprintf(c.out, "%s/%s: %s → %s\n", args[0], show(answeredValue(ch, entitlementValue)), entitlementText(ch.Old), entitlementText(ch.New)+until)
+			return nil
+		},
+	}
+	sf := set.Flags()
+	sf.String("plan", "", "The plan the value is on, such as pro")
+	sf.StringArray("limit", nil, `A limit of the value's own, as in the Caddyfile: "50000/h", "5000000 tokens/h burst 100000" (repeatable)`)
+	sf.String("expires", "", "When the entitlement ends by itself: an RFC 3339 time such as 2026-12-01T16:00:00Z, or a duration such as 24h")
+	sf.String("for", "", "How long the entitlement lasts, such as 2h or 30d (instead of --expires)")
+	sf.String("note", "", "Who set it and why")
+
+	del := &cobra.Command{
+		Use:   "delete <name> <value>",
+		Short: "Deletes the runtime entitlement of one value: the entitlements source answers for it again",
+		Args:  cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := clientOf(cmd)
+			if err != nil {
+				return err
+			}
+			var ch Change[control.Entitlement]
+			if printed, err := c.do("DELETE", entitlementPath(args[0]), map[string]string{"value": args[1]}, &ch); err != nil || printed {
+				return err
+			}
+			if ch.Old == nil {
+				fmt.Fprintf(c.out, "%s: the value given had no runtime entitlement: nothing changed\n", args[0])
+			} else {
+				fmt.Fprintf(c.out, "%s/%s: %s → the source's\n", args[0], show(answeredValue(ch, entitlementValue)), entitlementText(ch.Old))
+			}
+			return nil
+		},
+	}
+
+	listRun := func(cmd *cobra.Command, _ []string) error {
+		c, err := clientOf(cmd)
+		if err != nil {
+			return err
+		}
+		var es []*control.Entitlement
+		if printed, err := c.do("GET", "/rate_limit/entitlements", nil, &es); err != nil || printed {
+			return err
+		}
+		renderEntitlements(c.out, es)
+		return nil
+	}
+	list := &cobra.Command{
+		Use:   "list",
+		Short: "Lists the runtime entitlements",
+		Args:  cobra.NoArgs,
+		RunE:  listRun,
+	}
+
+	cmd := &cobra.Command{
+		Use:   "entitlements",
+		Short: "Sets, deletes and lists runtime entitlements: a value's plan, over what its entitlements source says (alone: list)",
+		Args:  cobra.NoArgs,
+		RunE:  listRun,
+	}
+	cmd.AddCommand(set, del, list)
+	return cmd
+}
+
+// entitlementRequest reads the flags of `entitlements set`.
+func entitlementRequest(cmd *cobra.Command) (*EntitlementRequest, error) {
+	fl := cmd.Flags()
+	specs, _ := fl.GetStringArray("limit")
+	req := &EntitlementRequest{}
+	req.Plan, _ = fl.GetString("plan")
+	req.Note, _ = fl.GetString("note")
+	if req.Plan == "" && len(specs) == 0 {
+		return nil, errors.New(`give the value's plan, --plan pro, its own limits, --limit "50000/h" (repeatable), or both`)
+	}
+	var err error
+	if req.Limits, err = parseLimits(specs); err != nil {
+		return nil, err
+	}
+	if req.Expires, err = expiresFlag(cmd); err != nil {
+		return nil, err
+	}
+	return req, nil
+}
+
+// entitlementText is an entitlement in a line: "plan pro, 100/h"; nil is
+// the source's answer.
+func entitlementText(e *control.Entitlement) string {
+	if e == nil {
+		return "the source's"
+	}
+	var parts []string
+	if e.Plan != "" {
+		parts = append(parts, "plan "+e.Plan)
+	}
+	for _, l := range e.Limits {
+		parts = append(parts, limitText(l))
+	}
+	if len(parts) == 0 {
+		return "-"
+	}
+	return strings.Join(parts, ", ")
+}
+
+func renderEntitlements(w io.Writer, es []*control.Entitlement) {
+	if len(es) == 0 {
+		fmt.Fprintln(w, "no runtime entitlements")
+		return
+	}
+	rows := make([][]string, 0, len(es))
+	for _, e := range es {
+		plan, limits, exp := "-", "-", "never"
+		if e.Plan != "" {
+			plan = e.Plan
+		}
+		if len(e.Limits) > 0 {
+			parts := make([]string, len(e.Limits))
+			for i, l := range e.Limits {
+				parts[i] = limitText(l)
+			}
+			limits = strings.Join(parts, ", ")
+		}
+		if !e.Expires.IsZero() {
+			exp = whenText(e.Expires)
+		}
+		rows = append(rows, []string{e.Name, show(e.Value), plan, limits, exp, note(e.Note)})
+	}
+	table(w, []string{"NAME", "VALUE", "PLAN", "LIMITS", "EXPIRES", "NOTE"}, rows)
+}
+
 // --- top
 
 func topCommand() *cobra.Command {
@@ -744,6 +925,19 @@ func renderTop(w io.Writer, t *Top) {
 }
 
 // --- the limit syntax
+
+// parseLimits parses the limits of repeated --limit flags.
+func parseLimits(specs []string) ([]*hierarchy.Limit, error) {
+	var out []*hierarchy.Limit
+	for _, s := range specs {
+		l, err := ParseLimit(s)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, l)
+	}
+	return out, nil
+}
 
 // ParseLimit parses a limit as the Caddyfile writes it: "<count>/<per>" or
 // "<count> <dimension>/<per>", then optionally "burst <n>", an algorithm
@@ -954,15 +1148,19 @@ func indentText(s, prefix string) string {
 	return strings.Join(lines, "\n")
 }
 
-// answeredValue is the value of an override as the API answered it: the
-// value given, or its fingerprint when its tier is sensitive. The CLI
-// prints that rather than its argument, so that a secret is never echoed.
-func answeredValue(ch Change[control.Override]) string {
+// answeredValue is the value of an override or entitlement as the API
+// answered it (valueOf reads it): the value given, or its fingerprint when
+// it is sensitive. The CLI prints that rather than its argument, so that
+// a secret is never echoed.
+func answeredValue[T any](ch Change[T], valueOf func(*T) string) string {
 	switch {
 	case ch.New != nil:
-		return ch.New.Value
+		return valueOf(ch.New)
 	case ch.Old != nil:
-		return ch.Old.Value
+		return valueOf(ch.Old)
 	}
 	return "(the value given)"
 }
+
+func overrideValue(o *control.Override) string       { return o.Value }
+func entitlementValue(e *control.Entitlement) string { return e.Value }

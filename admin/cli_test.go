@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddy-cascade/cascade/control"
 	"github.com/caddy-cascade/cascade/hierarchy"
 )
 
@@ -192,9 +193,10 @@ func TestCLIRequests(t *testing.T) {
 	fixClock(t, at)
 	long := strings.Repeat("a/b:ç ", 2000) // 14 KB: '/', ':', unicode, spaces
 	tests := []struct {
-		args  []string
-		want  exchange // Path, Segments, Query and Body (as JSON) are compared when set
-		check func(t *testing.T, body string)
+		args   []string
+		want   exchange // Path, Segments, Query and Body (as JSON) are compared when set
+		check  func(t *testing.T, body string)
+		answer string // the server's answer, "{}" when empty
 	}{
 		{args: []string{"trees"}, want: exchange{Method: "GET", Path: "/rate_limit/trees", Query: url.Values{}}},
 		{
@@ -242,6 +244,33 @@ func TestCLIRequests(t *testing.T) {
 		},
 		{args: []string{"override", "list"}, want: exchange{Method: "GET", Path: "/rate_limit/overrides", Query: url.Values{}}},
 		{
+			args: []string{"override", "set", "acme", "org", "x", "--unlimited", "--expires", "2h"},
+			want: exchange{Method: "PUT", Path: "/rate_limit/overrides/acme/org", Query: url.Values{},
+				Body: `{"value":"x","unlimited":true,"expires":"2026-11-24T14:00:00Z"}`},
+		},
+		// An entitlement's value goes in the body too: it may be an API key.
+		{
+			args: []string{"entitlements", "set", "customers", "acme", "--plan", "pro", "--limit", "100/h", "--expires", "24h", "--note", "upgrade, #12"},
+			want: exchange{Method: "PUT", Path: "/rate_limit/entitlements/customers", Query: url.Values{},
+				Body: `{"value":"acme","plan":"pro","limits":[{"count":100,"per":"h"}],"expires":"2026-11-25T12:00:00Z","note":"upgrade, #12"}`},
+		},
+		{
+			args: []string{"entitlements", "set", "keys", "a/b:c é%2F", "--limit", "5000 tokens/day", "--limit", "10/s", "--for", "30d"},
+			want: exchange{Method: "PUT", Path: "/rate_limit/entitlements/keys", Query: url.Values{},
+				Body: `{"value":"a/b:c é%2F","limits":[{"count":5000,"per":"day","dimension":"tokens"},{"count":10,"per":"s"}],"expires":"2026-12-24T12:00:00Z"}`},
+		},
+		{
+			args: []string{"entitlements", "set", "my block", "acme", "--plan", "pro", "--expires", "2026-12-01T16:00:00+01:00"},
+			want: exchange{Method: "PUT", Path: "/rate_limit/entitlements/my%20block", Segments: []string{"rate_limit", "entitlements", "my block"},
+				Query: url.Values{}, Body: `{"value":"acme","plan":"pro","expires":"2026-12-01T16:00:00+01:00"}`},
+		},
+		{
+			args: []string{"entitlements", "delete", "customers", long},
+			want: exchange{Method: "DELETE", Path: "/rate_limit/entitlements/customers", Query: url.Values{}, Body: `{"value":"` + long + `"}`},
+		},
+		{args: []string{"entitlements"}, answer: "[]", want: exchange{Method: "GET", Path: "/rate_limit/entitlements", Query: url.Values{}}},
+		{args: []string{"entitlements", "list"}, answer: "[]", want: exchange{Method: "GET", Path: "/rate_limit/entitlements", Query: url.Values{}}},
+		{
 			args: []string{"mode", "acme", "warn", "--note", "rollout"},
 			want: exchange{Method: "PUT", Path: "/rate_limit/mode/acme", Query: url.Values{}, Body: `{"mode":"warn","note":"rollout"}`},
 		},
@@ -253,6 +282,7 @@ func TestCLIRequests(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args[:min(3, len(tt.args))], " "), func(t *testing.T) {
 			rec, addr := newRecorder(t)
+			rec.body = tt.answer
 			if tt.args[0] == "trees" {
 				rec.body = "[]"
 			}
@@ -348,6 +378,15 @@ func TestCLIBadArguments(t *testing.T) {
 		{[]string{"override", "set", "acme", "org", "x", "--unlimited", "--for", "-1h"}, `--for "-1h"`},
 		{[]string{"override", "set", "acme", "org"}, "accepts 3 arg(s)"},
 		{[]string{"override", "delete", "acme", "org"}, "accepts 3 arg(s)"},
+		{[]string{"entitlements", "set", "customers", "acme"}, "give the value's plan, --plan pro"},
+		{[]string{"entitlements", "set", "customers", "acme", "--limit", "5/fortnight"}, "unknown period"},
+		{[]string{"entitlements", "set", "customers", "acme", "--plan", "pro", "--expires", "soon"}, `--expires "soon": write an RFC 3339 time such as 2026-11-25T12:00:00Z, or a duration such as 24h`},
+		{[]string{"entitlements", "set", "customers", "acme", "--plan", "pro", "--expires", "-1h"}, `--expires "-1h"`},
+		{[]string{"entitlements", "set", "customers", "acme", "--plan", "pro", "--expires", "2026-01-01T00:00:00Z"}, "in the past"},
+		{[]string{"entitlements", "set", "customers", "acme", "--plan", "pro", "--expires", "1h", "--for", "1h"}, "--expires and --for"},
+		{[]string{"entitlements", "set", "customers"}, "accepts 2 arg(s)"},
+		{[]string{"entitlements", "delete", "customers"}, "accepts 2 arg(s)"},
+		{[]string{"entitlements", "list", "extra"}, "unknown command"},
 		{[]string{"mode", "acme"}, "give a mode"},
 		{[]string{"mode", "acme", "loud"}, `mode "loud": use enforce, warn or shadow`},
 		{[]string{"mode", "acme", "warn", "--reset"}, "give no mode"},
@@ -518,6 +557,27 @@ func TestCLIOutput(t *testing.T) {
 			"mode of acme: already the configured one, nothing changed\n",
 		},
 		{
+			[]string{"entitlements", "set", "customers", "acme", "--plan", "pro", "--limit", "100/h", "--for", "1d"},
+			`{"old":null,"new":{"name":"customers","value":"acme","plan":"pro","limits":[{"count":100,"per":"h"}],"expires":"2026-11-25T12:00:00Z","updated":"2026-11-24T12:00:00Z"}}`,
+			"customers/acme: the source's → plan pro, 100/h until 2026-11-25T12:00:00Z (in 1 d)\n",
+		},
+		{
+			[]string{"entitlements", "set", "keys", "sk-secret", "--plan", "pro"},
+			`{"old":{"name":"keys","value":"fp:0123456789ab","plan":"free"},"new":{"name":"keys","value":"fp:0123456789ab","plan":"pro"}}`,
+			"keys/fp:0123456789ab: plan free → plan pro\n",
+		},
+		{
+			[]string{"entitlements", "delete", "customers", "a b"},
+			`{"old":{"name":"customers","value":"a b","limits":[{"count":5,"per":"month","dimension":"tokens","timezone":"Europe/Paris"}]},"new":null}`,
+			"customers/\"a b\": 5 tokens/month tz Europe/Paris → the source's\n",
+		},
+		{
+			[]string{"entitlements", "delete", "customers", "acme"},
+			`{"old":null,"new":null}`,
+			"customers: the value given had no runtime entitlement: nothing changed\n",
+		},
+		{[]string{"entitlements"}, `[]`, "no runtime entitlements\n"},
+		{
 			[]string{"reset", "acme", "org=acme", "--below"},
 			`{"tree":"acme","path":[{"tier":"org","value":"acme"}],"below":true,"buckets":2}`,
 			"reset 2 bucket(s) of acme: org=acme and below\n",
@@ -642,6 +702,29 @@ acme  warn  2026-11-24T11:30:00Z  rollout
 	out.Reset()
 	renderOverrides(&out, &Overrides{})
 	if out.String() != "no runtime overrides\n\nno runtime modes\n" {
+		t.Fatalf("%q", out.String())
+	}
+}
+
+func TestRenderEntitlements(t *testing.T) {
+	fixClock(t, time.Date(2026, 11, 24, 12, 0, 0, 0, time.UTC))
+	es := decodeJSON[[]*control.Entitlement](t, `[
+ {"name":"customers","value":"acme","plan":"pro","expires":"2026-12-01T16:00:00Z","note":"deal #4411, J. Doe","updated":"2026-11-24T11:00:00Z"},
+ {"name":"customers","value":"big corp","plan":"enterprise","limits":[{"count":50000,"per":"h"},{"count":5000000,"per":"h","dimension":"tokens","burst":100}],"updated":"2026-11-24T11:00:00Z"},
+ {"name":"keys","value":"fp:0123456789ab","limits":[{"count":10,"per":"s"}],"note":"line\nbreak","updated":"2026-11-24T11:00:00Z"}]`)
+	var out bytes.Buffer
+	renderEntitlements(&out, es)
+	want := `NAME       VALUE            PLAN        LIMITS                               EXPIRES                            NOTE
+customers  acme             pro         -                                    2026-12-01T16:00:00Z (in 7 d 4 h)  deal #4411, J. Doe
+customers  "big corp"       enterprise  50000/h, 5000000 tokens/h burst 100  never
+keys       fp:0123456789ab  -           10/s                                 never                              "line\nbreak"
+`
+	if out.String() != want {
+		t.Fatalf("\n%s\nwant\n%s", out.String(), want)
+	}
+	out.Reset()
+	renderEntitlements(&out, nil)
+	if out.String() != "no runtime entitlements\n" {
 		t.Fatalf("%q", out.String())
 	}
 }

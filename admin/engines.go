@@ -37,12 +37,19 @@ func describe(e *engine.Engine) []Tree {
 	}
 	out := make([]Tree, 0, len(e.Config().Trees))
 	for _, t := range e.Config().Trees {
-		at := Tree{Name: t.Name, Store: e.Config().StoreName, Mode: e.Mode(t), ConfiguredMode: e.Config().Mode}
+		at := Tree{Name: t.Name, Store: e.Config().StoreName, Mode: e.Mode(t), ConfiguredMode: e.Config().Mode,
+			Plan: t.PlanKey, DefaultPlan: t.DefaultPlan, AllocationProblems: t.AllocationProblems()}
 		if snap != nil {
 			at.ModeOverride = snap.Mode(t.Name)
 		}
 		for _, tier := range t.Tiers {
 			ti := Tier{Name: tier.Name, Key: tier.Key, Missing: string(tier.Missing), Adaptive: tier.Adaptive, Sensitive: tier.IsSensitive(), Limits: limitsOf(tier.Limits)}
+			for name, o := range tier.Plans {
+				if ti.Plans == nil {
+					ti.Plans = map[string]Value{}
+				}
+				ti.Plans[name] = Value{Value: name, Source: "plan", Limits: limitsOf(o.Limits), Unlimited: o.Unlimited}
+			}
 			values := map[string]*Value{}
 			for v, o := range tier.Values {
 				values[v] = &Value{Value: e.Show(tier, v), Source: "config", Limits: limitsOf(o.Limits), Unlimited: o.Unlimited}

@@ -22,7 +22,14 @@ type Tree struct {
 	Mode           string        `json:"mode"`
 	ConfiguredMode string        `json:"configured_mode"`
 	ModeOverride   *control.Mode `json:"mode_override,omitempty"`
-	Tiers          []Tier        `json:"tiers"`
+	// Plan is where a request's plan comes from, and DefaultPlan the plan
+	// of a request that names none or an unknown one (plans.md).
+	Plan        string `json:"plan,omitempty"`
+	DefaultPlan string `json:"default_plan,omitempty"`
+	// AllocationProblems are the tiers allowed more than their parent in
+	// some plan: limits they can never use.
+	AllocationProblems []string `json:"allocation_problems,omitempty"`
+	Tiers              []Tier   `json:"tiers"`
 }
 
 // Tier is one tier of a Tree.
@@ -35,6 +42,8 @@ type Tier struct {
 	// them as fingerprints ("fp:" and 12 hex digits).
 	Sensitive bool    `json:"sensitive,omitempty"`
 	Limits    []Limit `json:"limits,omitempty"`
+	// Plans are the tier's limits per plan (a plan's Unlimited: none).
+	Plans map[string]Value `json:"plans,omitempty"`
 	// Values are the per-value limits in force: the configuration's value
 	// blocks and the runtime overrides, which win over them (Source says
 	// which applies).
@@ -52,7 +61,7 @@ type Limit struct {
 // Value is the limits of one value of a tier.
 type Value struct {
 	Value     string  `json:"value"`
-	Source    string  `json:"source"` // "config" or "override"
+	Source    string  `json:"source"` // "config", "override", or "plan" (a tier's Plans)
 	Limits    []Limit `json:"limits,omitempty"`
 	Unlimited bool    `json:"unlimited,omitempty"`
 	// Configured is the configuration's value block that an override
@@ -141,14 +150,29 @@ type OverrideRequest struct {
 	Note    string `json:"note,omitempty"`
 }
 
+// EntitlementRequest is the body of PUT
+// /rate_limit/entitlements/<name>/<value>: a value's plan, limits of its
+// own, or both.
+type EntitlementRequest struct {
+	// Value is the value the entitlement is for, when the path names only
+	// the entitlements block (/rate_limit/entitlements/<name>): a value in
+	// a path is written to Caddy's admin log, a credential among them.
+	Value  *string            `json:"value,omitempty"`
+	Plan   string             `json:"plan,omitempty"`
+	Limits []*hierarchy.Limit `json:"limits,omitempty"`
+	// Expires, optional, is an RFC 3339 time in the future.
+	Expires string `json:"expires,omitempty"`
+	Note    string `json:"note,omitempty"`
+}
+
 // ModeRequest is the body of PUT /rate_limit/mode/<tree>.
 type ModeRequest struct {
 	Mode string `json:"mode"`
 	Note string `json:"note,omitempty"`
 }
 
-// Change is the answer of every write (PUT, DELETE) of overrides and modes:
-// what was there before and what is now (nil: nothing).
+// Change is the answer of every write (PUT, DELETE) of overrides, modes
+// and entitlements: what was there before and what is now (nil: nothing).
 type Change[T any] struct {
 	Old *T `json:"old"`
 	New *T `json:"new"`

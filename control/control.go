@@ -235,13 +235,15 @@ func checkMode(m *Mode) error {
 }
 
 // Fields of the backend. An override's field is "o", NUL, tree, NUL, tier,
-// NUL, value; a mode's is "m", NUL, tree. Names contain no NUL (checked)
-// and the value comes last, so any bytes in a value keep the field
-// unambiguous. The field, not the JSON document, is the authority on a
-// field's tree, tier and value: JSON cannot carry invalid UTF-8.
+// NUL, value; a mode's is "m", NUL, tree; an entitlement's is "e", NUL,
+// entitlements block, NUL, value. Names contain no NUL (checked) and the
+// value comes last, so any bytes in a value keep the field unambiguous.
+// The field, not the JSON document, is the authority on a field's names
+// and value: JSON cannot carry invalid UTF-8.
 const (
-	overridePrefix = "o\x00"
-	modePrefix     = "m\x00"
+	overridePrefix    = "o\x00"
+	modePrefix        = "m\x00"
+	entitlementPrefix = "e\x00"
 )
 
 func overrideField(tree, tier, value string) string {
@@ -260,6 +262,20 @@ func parseOverrideField(f string) (tree, tier, value string, ok bool) {
 	tree, rest, ok1 := strings.Cut(rest, "\x00")
 	tier, value, ok2 := strings.Cut(rest, "\x00")
 	return tree, tier, value, ok1 && ok2
+}
+
+func entitlementField(name, value string) string {
+	return entitlementPrefix + name + "\x00" + value
+}
+
+// parseEntitlementField returns the entitlements block's name and the
+// value of an entitlement's field.
+func parseEntitlementField(f string) (name, value string, ok bool) {
+	rest, ok := strings.CutPrefix(f, entitlementPrefix)
+	if !ok {
+		return "", "", false
+	}
+	return strings.Cut(rest, "\x00")
 }
 
 // clip shortens s to at most 256 bytes for a log line, at a character

@@ -293,6 +293,9 @@ func (r *Runtime) installLocked(version int64, fields map[string][]byte) (change
 		}
 		if tree, tier, value, ok := parseOverrideField(f); ok {
 			r.logger.Warn(msg, zap.String("tree", tree), zap.String("tier", tier), zap.String("value", r.shown(tree, tier, value)), zap.Error(rej.err))
+		} else if name, value, ok := parseEntitlementField(f); ok {
+			msg = "rate limit runtime state: an entitlement in the store is not valid and is ignored (the entitlements source answers); delete it, or set it again through the admin API"
+			r.logger.Warn(msg, zap.String("entitlements", clip(name)), valueNotShown(value), zap.Error(rej.err))
 		} else {
 			r.logger.Warn(msg, zap.Int("field_bytes", len(f)), zap.Error(rej.err))
 		}
@@ -341,7 +344,7 @@ func (r *Runtime) tick() {
 	if exp := r.Snapshot().expiry; !exp.IsZero() && !r.now().Before(exp) {
 		before := len(r.live)
 		r.installLocked(r.version, r.fields)
-		r.logger.Debug("rate limit overrides expired", zap.Int("expired", before-len(r.live)))
+		r.logger.Debug("rate limit overrides or entitlements expired", zap.Int("expired", before-len(r.live)))
 	}
 	r.mu.Unlock()
 
@@ -361,7 +364,8 @@ func (r *Runtime) tick() {
 		if err = r.loadLocked(ctx); err == nil {
 			s := r.Snapshot()
 			r.logger.Debug("rate limit runtime state changed in the store; applied",
-				zap.Int64("version", s.version), zap.Int("overrides", len(s.overrides)), zap.Int("modes", len(s.modes)))
+				zap.Int64("version", s.version), zap.Int("overrides", len(s.overrides)), zap.Int("modes", len(s.modes)),
+				zap.Int("entitlements", len(s.entitlements)))
 		}
 	}
 	if err == nil {
@@ -378,12 +382,20 @@ func (r *Runtime) tick() {
 		if err != nil {
 			return // the next poll tries again
 		}
-		if deleted {
-			o := decode[Override](fields[f])
-			if tree, tier, value, ok := parseOverrideField(f); ok && o != nil {
+		if !deleted {
+			continue
+		}
+		if tree, tier, value, ok := parseOverrideField(f); ok {
+			if o := decode[Override](fields[f]); o != nil {
 				r.logger.Info("rate limit override expired and removed from the store",
 					zap.String("tree", tree), zap.String("tier", tier), zap.String("value", r.shown(tree, tier, value)),
 					zap.Object("old", overrideLog{o}), zap.String("note", o.Note))
+			}
+		} else if name, value, ok := parseEntitlementField(f); ok {
+			if e := decode[Entitlement](fields[f]); e != nil {
+				r.logger.Info("rate limit entitlement expired and removed from the store",
+					zap.String("entitlements", name), valueNotShown(value),
+					zap.Object("old", entitlementLog{e}), zap.String("note", e.Note))
 			}
 		}
 	}

@@ -7,9 +7,10 @@ import (
 	"time"
 )
 
-// Snapshot is the runtime state at one moment: the overrides in force and
-// the modes. It is immutable once published, and shared: callers must not
-// modify it, nor the overrides, modes and limits it returns.
+// Snapshot is the runtime state at one moment: the overrides and
+// entitlements in force, and the modes. It is immutable once published,
+// and shared: callers must not modify it, nor the overrides, modes,
+// entitlements and limits it returns.
 //
 // A nil *Snapshot is the empty state.
 type Snapshot struct {
@@ -17,10 +18,20 @@ type Snapshot struct {
 	modes     []*Mode     // sorted by tree
 	byKey     map[overrideKey]*Override
 	byTree    map[string]*Mode
-	version   int64
-	// expiry is the earliest Expires of the overrides, zero when none
-	// expires: when the snapshot stops being true.
+	// entitlements are sorted by name, value.
+	entitlements  []*Entitlement
+	byEntitlement map[entitlementKey]*Entitlement
+	version       int64
+	// expiry is the earliest Expires of the overrides and entitlements,
+	// zero when none expires: when the snapshot stops being true.
 	expiry time.Time
+}
+
+// expires records that an entry of the snapshot ends at t (zero: never).
+func (s *Snapshot) expires(t time.Time) {
+	if !t.IsZero() && (s.expiry.IsZero() || t.Before(s.expiry)) {
+		s.expiry = t
+	}
 }
 
 type overrideKey struct{ tree, tier, value string }
@@ -62,8 +73,8 @@ func (s *Snapshot) Mode(tree string) *Mode {
 
 // Version is the backend's version the snapshot was read at: it grows
 // with every change, and is -1 until the backend was first read. Two
-// snapshots of one version may differ when an override expired between
-// them.
+// snapshots of one version may differ when an override or entitlement
+// expired between them.
 func (s *Snapshot) Version() int64 {
 	if s == nil {
 		return -1
@@ -77,7 +88,8 @@ type built struct {
 	// live are the fields the snapshot holds: two states are the same
 	// when their live fields are.
 	live map[string][]byte
-	// expired are the fields of expired overrides, to prune.
+	// expired are the fields of expired overrides and entitlements, to
+	// prune.
 	expired []string
 	// rejected are the fields that are not valid, each with what was done
 	// instead and why.
@@ -93,16 +105,18 @@ type rejection struct {
 }
 
 // build makes the snapshot of a backend's fields at version, as of now:
-// expired overrides are left out, and so are fields whose name is of
-// another format (written by a newer Cascade).
+// expired overrides and entitlements are left out, and so are fields
+// whose name is of another format (written by a newer Cascade).
 //
 // The fields come from a store that others may write to, so each is
 // validated as the admin call that writes it would be: an override that
 // does not decode or is not valid is left out (the configured limits
-// apply to its value), and a mode that is not valid counts as enforce, so
-// that a stray or hostile write never turns enforcement off.
+// apply to its value), and so is such an entitlement (the source
+// answers); a mode that is not valid counts as enforce, so that a stray
+// or hostile write never turns enforcement off.
 func build(version int64, fields map[string][]byte, now time.Time) built {
-	s := &Snapshot{version: version, byKey: map[overrideKey]*Override{}, byTree: map[string]*Mode{}}
+	s := &Snapshot{version: version, byKey: map[overrideKey]*Override{}, byTree: map[string]*Mode{},
+		byEntitlement: map[entitlementKey]*Entitlement{}}
 	b := built{snap: s, live: make(map[string][]byte, len(fields))}
 	reject := func(f string, enforced bool, err error) {
 		if b.rejected == nil {
@@ -126,9 +140,7 @@ func build(version int64, fields map[string][]byte, now time.Time) built {
 				reject(f, false, err)
 				continue
 			}
-			if !o.Expires.IsZero() && (s.expiry.IsZero() || o.Expires.Before(s.expiry)) {
-				s.expiry = o.Expires
-			}
+			s.expires(o.Expires)
 			s.overrides = append(s.overrides, o)
 			s.byKey[overrideKey{o.Tree, o.Tier, o.Value}] = o
 			b.live[f] = raw
@@ -146,6 +158,24 @@ func build(version int64, fields map[string][]byte, now time.Time) built {
 			s.modes = append(s.modes, m)
 			s.byTree[m.Tree] = m
 			b.live[f] = raw
+		case strings.HasPrefix(f, entitlementPrefix):
+			e, err := readEntitlement(f, raw)
+			if err != nil {
+				reject(f, false, err)
+				continue
+			}
+			if !e.Expires.IsZero() && !e.Expires.After(now) {
+				b.expired = append(b.expired, f)
+				continue
+			}
+			if err := e.check(now); err != nil {
+				reject(f, false, err)
+				continue
+			}
+			s.expires(e.Expires)
+			s.entitlements = append(s.entitlements, e)
+			s.byEntitlement[entitlementKey{e.Name, e.Value}] = e
+			b.live[f] = raw
 		}
 	}
 	slices.SortFunc(s.overrides, func(a, b *Override) int {
@@ -158,6 +188,12 @@ func build(version int64, fields map[string][]byte, now time.Time) built {
 		return strings.Compare(a.Value, b.Value)
 	})
 	slices.SortFunc(s.modes, func(a, b *Mode) int { return strings.Compare(a.Tree, b.Tree) })
+	slices.SortFunc(s.entitlements, func(a, b *Entitlement) int {
+		if c := strings.Compare(a.Name, b.Name); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Value, b.Value)
+	})
 	slices.Sort(b.expired)
 	return b
 }

@@ -196,6 +196,14 @@ func (err *MissingKeyError) Error() string {
 // enforcing tree, a missing key of a tier that refuses requests without it
 // is a *MissingKeyError, and d is refused (its Reason is missing_key).
 func (e *Engine) Add(d *Decision, t *Tree, values []string) error {
+	return e.AddEntitled(d, t, values, hierarchy.Entitlement{})
+}
+
+// AddEntitled is Add for a request whose customer's entitlement in tree t
+// is known: its plan chooses the limits of the tiers that have plans, and
+// its own limits those of its value of ent.Tier (see hierarchy.Tree's
+// Resolve for which wins).
+func (e *Engine) AddEntitled(d *Decision, t *Tree, values []string, ent hierarchy.Entitlement) error {
 	d.single = false
 	if t.IPv4Prefix != 0 || t.IPv6Prefix != 0 {
 		for i, v := range values {
@@ -203,7 +211,7 @@ func (e *Engine) Add(d *Decision, t *Tree, values []string) error {
 		}
 	}
 	mode := e.Mode(t)
-	plan := hierarchy.Plan{Buckets: d.Buckets}
+	plan := hierarchy.Plan{Buckets: d.Buckets, Entitled: ent}
 	before := len(plan.Buckets)
 	t.Resolve(values, &plan)
 	d.Buckets = plan.Buckets

@@ -8,6 +8,8 @@
 // that apply to every value of the key (the "*" of seed 004), and per-value
 // overrides (an enterprise organisation, the "trade" action) that replace
 // them. A tier without default limits constrains only its named values.
+// A tree may also have plans (free, pro, enterprise): a request's plan
+// selects each tier's block for it, below its value's overrides.
 //
 // A bucket's identity is the path of values from the root to its tier, so
 // "alice" under team "eng" and "alice" under team "ops" are different
@@ -60,11 +62,25 @@ type Tree struct {
 	Name string `json:"name"`
 	// Tiers from the root (e.g. org) down to the leaf (e.g. agent).
 	Tiers []*Tier `json:"tiers"`
+	// PlanKey is the template, resolved by the caller, whose value is a
+	// request's plan (free, pro…): it selects each tier's Plans block.
+	// Empty: the tree has no plans.
+	PlanKey string `json:"plan,omitempty"`
+	// DefaultPlan is the plan of a request whose plan is empty or declared
+	// by no tier; required with PlanKey (see PlanOf).
+	DefaultPlan string `json:"default_plan,omitempty"`
+	// StrictAllocation makes AllocationProblems errors of Compile.
+	StrictAllocation bool `json:"strict_allocation,omitempty"`
 
 	// qualified holds the limit names that QualifyPolicies found in other
 	// trees too: their policies are written tree/name, runtime overrides'
 	// included.
 	qualified map[string]bool
+	// plans numbers the plan names some tier declares, from 1 (KnownPlan,
+	// PlanIndex); defaultPlan is DefaultPlan's number, 0 when no tier
+	// declares it.
+	plans       map[string]int
+	defaultPlan int
 }
 
 // Tier returns the tier of that name and its index, or nil and -1.
@@ -115,6 +131,11 @@ type Tier struct {
 	Limits []*Limit `json:"limits,omitempty"`
 	// Values overrides the limits for named values of the key.
 	Values map[string]*Override `json:"values,omitempty"`
+	// Plans overrides the limits for the requests of a plan (free, pro…),
+	// below Values and a customer's own limits (see Tree.Resolve); a
+	// request of a plan the tier does not list gets Limits. The tree's
+	// PlanKey must be set.
+	Plans map[string]*Override `json:"plans,omitempty"`
 	// Adaptive lets the adaptive controller scale this tier's limits.
 	Adaptive bool `json:"adaptive,omitempty"`
 	// Penalty, when set, refuses a value outright for a while once the
@@ -133,6 +154,9 @@ type Tier struct {
 	// they win over Values. A map replaced whole, never changed, so
 	// Resolve reads it without a lock.
 	runtime atomic.Pointer[map[string]*Override]
+	// byPlan is Plans by the tree's plan numbers (PlanIndex): index 0,
+	// and a plan the tier has no block for, nil.
+	byPlan []*Override
 }
 
 // SetRuntime installs the runtime overrides of the tier, by value, each
@@ -304,7 +328,7 @@ func (t *Tree) Compile() error {
 			return fmt.Errorf("tree %s: tier %s: %w", t.Name, tier.Name, err)
 		}
 	}
-	return nil
+	return t.compilePlans()
 }
 
 // BarePlaceholders returns the placeholders of a key template that have no
@@ -352,8 +376,8 @@ func (tier *Tier) compile() error {
 	default:
 		return fmt.Errorf("missing policy %q: use deny, shared or skip", tier.Missing)
 	}
-	if len(tier.Limits) == 0 && len(tier.Values) == 0 {
-		return fmt.Errorf("no limits: add a limit (e.g. limit 1000/h) or a value override")
+	if len(tier.Limits) == 0 && len(tier.Values) == 0 && len(tier.Plans) == 0 {
+		return fmt.Errorf("no limits: add a limit (e.g. limit 1000/h), a value override or a plan block")
 	}
 	if err := compileLimits(tier.Name, tier.Limits); err != nil {
 		return err
@@ -364,16 +388,7 @@ func (tier *Tier) compile() error {
 		}
 	}
 	for v, o := range tier.Values {
-		if o == nil {
-			return fmt.Errorf("value %q: empty override", v)
-		}
-		if o.Unlimited && len(o.Limits) > 0 {
-			return fmt.Errorf("value %q: unlimited and limits are exclusive", v)
-		}
-		if !o.Unlimited && len(o.Limits) == 0 {
-			return fmt.Errorf("value %q: no limits (say unlimited to exempt it)", v)
-		}
-		if err := compileLimits(tier.Name, o.Limits); err != nil {
+		if err := o.compile(tier.Name); err != nil {
 			return fmt.Errorf("value %q: %w", v, err)
 		}
 	}
@@ -512,7 +527,7 @@ func (l *Limit) compileConcurrent() error {
 }
 
 // Limits yields every limit of the tree with its tier: each tier's own
-// limits, then those of its value overrides.
+// limits, then those of its value overrides, then those of its plans.
 func (t *Tree) Limits() iter.Seq2[*Tier, *Limit] {
 	return func(yield func(*Tier, *Limit) bool) {
 		for _, tier := range t.Tiers {
@@ -522,6 +537,13 @@ func (t *Tree) Limits() iter.Seq2[*Tier, *Limit] {
 				}
 			}
 			for _, o := range tier.Values {
+				for _, l := range o.Limits {
+					if !yield(tier, l) {
+						return
+					}
+				}
+			}
+			for _, o := range tier.Plans {
 				for _, l := range o.Limits {
 					if !yield(tier, l) {
 						return

@@ -22,12 +22,25 @@ type Plan struct {
 	// MissingTier is set when a tier whose key resolved to empty has the
 	// deny policy: the request must be refused and Buckets is incomplete.
 	MissingTier *Tier
+	// Entitled is an input: the request's plan and own limits in the tree
+	// about to be resolved. The caller sets it before each Tree.Resolve
+	// (its zero value: no plan, no limits of its own); Resolve reads it and
+	// leaves it as it is.
+	Entitled Entitlement
 }
 
 // Resolve appends the buckets of tree t for one request to plan. values[i]
 // is the resolved key of t.Tiers[i] ("" when missing). Tiers beyond
 // len(values) are left out: the path then ends at the last value given (as
 // an operator inspecting a team's buckets gives no user).
+//
+// A tier's limits for its value v are, most specific first: v's runtime
+// override, v's value block, the customer's own (plan.Entitled.Own, for
+// plan.Entitled.Tier), the tier's block for the request's plan
+// (PlanOf(plan.Entitled.Plan)), the tier's own; an unlimited one leaves the
+// tier out. Keys do not depend on which: a limit's key is its path and its
+// dimension, algorithm and period, so a customer changing plans keeps
+// counting in the buckets it had.
 //
 // The hash tag of every key is the tree name plus the value of the first
 // tier whose key has a placeholder (the tenant): one tenant's subtree lives
@@ -43,6 +56,10 @@ func (t *Tree) Resolve(values []string, plan *Plan) {
 	spans := spanBuf[:0]
 	size := 0
 	tag, tenantStart := -1, 0 // the tenant's segment in path: the hash tag
+	customerPlan := plan.Entitled.Index
+	if !plan.Entitled.Indexed && t.PlanKey != "" {
+		customerPlan, _ = t.PlanIndex(plan.Entitled.Plan)
+	}
 	for i, tier := range t.Tiers[:min(len(values), len(t.Tiers))] {
 		v := values[i]
 		if v == "" {
@@ -75,7 +92,11 @@ func (t *Tree) Resolve(values []string, plan *Plan) {
 			tenantStart = segment
 		}
 		limits := tier.Limits
-		if o, _ := tier.OverrideOf(v); o != nil {
+		o, _ := tier.OverrideOf(v)
+		if o == nil {
+			o = entitled(tier, customerPlan, &plan.Entitled)
+		}
+		if o != nil {
 			if o.Unlimited {
 				continue
 			}

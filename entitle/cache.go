@@ -1,0 +1,452 @@
+package entitle
+
+import (
+	"context"
+	"fmt"
+	"hash/maphash"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Options configure a Cache. Zero fields take their defaults.
+type Options struct {
+	// TTL is how long an answer is fresh (default 5m). A Get that sees
+	// an answer past 80% of it refreshes it in the background.
+	TTL time.Duration
+	// NegativeTTL is how long a "not found" is kept (default 1m;
+	// negative: not kept).
+	NegativeTTL time.Duration
+	// Stale is how long past its TTL the last good answer is served once
+	// a refresh has failed (default 1h; negative: never). A failed value
+	// is looked up again at most every TTL/10 (10s at most).
+	Stale time.Duration
+	// Timeout is the longest a Get waits for a lookup (default 1s). The
+	// lookup itself is given twice as long: a request waits the first
+	// Timeout, and an answer that comes in the second still fills the
+	// cache for the next request.
+	Timeout time.Duration
+	// MaxEntries is how many values are cached at most (default
+	// 100,000). Past it, a value among a few sampled that was used least
+	// recently is dropped.
+	MaxEntries int
+	// Clock tells the time that TTL, NegativeTTL and Stale are measured
+	// in (default: the monotonic clock). Timeout is always real time.
+	Clock func() time.Time
+}
+
+// The defaults of Options.
+const (
+	DefaultTTL         = 5 * time.Minute
+	DefaultNegativeTTL = time.Minute
+	DefaultStale       = time.Hour
+	DefaultTimeout     = time.Second
+	DefaultMaxEntries  = 100_000
+)
+
+const (
+	// maxRetryAfter bounds how long a value whose lookup failed waits
+	// before it is looked up again.
+	maxRetryAfter = 10 * time.Second
+	// touchEvery is how stale an entry's last-use time may get: hits
+	// within it do not write, so a busy value's hits stay reads.
+	touchEvery = int64(100 * time.Millisecond)
+	// maxShards and minPerShard size the sharded map: enough shards that
+	// concurrent misses rarely share a lock, few enough that each shard's
+	// share of MaxEntries is large and the bound stays close.
+	maxShards   = 64
+	minPerShard = 256
+	// evictSample is how many entries a full shard compares to choose
+	// the least recently used one to drop.
+	evictSample = 8
+)
+
+// Stats are a Cache's counters since it was made. Every Get that has a
+// value counts once in exactly one of Hits, Misses and Stale.
+type Stats struct {
+	Lookups  uint64 // lookups started
+	Failures uint64 // lookups that failed (the source's error, or out of time)
+	Hits     uint64 // Gets answered by a fresh answer in memory
+	Misses   uint64 // Gets with no fresh answer in memory that did not serve a stale one
+	Stale    uint64 // Gets answered by an answer past its TTL, the source having failed
+	Timeouts uint64 // Gets that stopped waiting for a lookup (after Timeout, or ctx's end)
+	Entries  int    // values in memory now
+}
+
+// Cache answers Gets from memory and keeps the answers fresh from a
+// Source. It is safe for concurrent use.
+//
+// Each value has at most one lookup in flight, started by a Get; no
+// goroutine outlives its lookup. The answers are kept in a map sharded by a
+// hash of the value, so a Get of a fresh value is a read lock and a map
+// read.
+type Cache struct {
+	src Source
+
+	ttl, negativeTTL, stale, retryAfter int64 // in nanoseconds
+	timeout, lookupTimeout              time.Duration
+	clock                               func() time.Time // nil: time.Since(epoch), which reads only the monotonic clock
+	epoch                               time.Time        // what now counts from
+
+	seed     maphash.Seed
+	shards   []shard
+	mask     uint64
+	perShard int
+
+	lookups, failures, misses, staleServed, timeouts atomic.Uint64
+
+	ctx    context.Context // the lookups'; cancelled by Close
+	cancel context.CancelFunc
+	life   sync.Mutex // guards closed and lookups' wg.Add
+	closed bool
+	wg     sync.WaitGroup // the lookups in flight
+}
+
+// shard is one part of the map, padded so that shards' locks and counters
+// do not share a cache line.
+type shard struct {
+	mu   sync.RWMutex
+	m    map[string]*entry
+	hits atomic.Uint64
+	_    [64]byte
+}
+
+// entry is one value's answer and its lookup state. ans, used and the
+// atomics are read without mu; flight, retryAt and failed change under mu.
+type entry struct {
+	ans     atomic.Pointer[answer] // nil until a lookup succeeds
+	used    atomic.Int64           // the last Get, in Cache.now's time, to touchEvery
+	flight  atomic.Pointer[flight] // the lookup in progress
+	retryAt atomic.Int64           // after a failure, no lookup starts before it
+	failed  atomic.Bool            // the last lookup failed
+	mu      sync.Mutex
+}
+
+// answer is what a lookup said, and until when it is good. It never
+// changes once stored.
+type answer struct {
+	e       Entitlement
+	found   bool
+	refresh int64 // from then a Get refreshes it in the background
+	expires int64 // from then it is stale
+}
+
+// flight is a lookup in progress; ans and err are set before done closes.
+type flight struct {
+	done chan struct{}
+	ans  *answer
+	err  error
+}
+
+// NewCache returns a cache of src's answers. Close it to stop its lookups
+// and close src.
+func NewCache(src Source, opts Options) *Cache {
+	opts = opts.withDefaults()
+	c := &Cache{
+		src:           src,
+		ttl:           int64(opts.TTL),
+		negativeTTL:   max(int64(opts.NegativeTTL), 0),
+		stale:         max(int64(opts.Stale), 0),
+		retryAfter:    int64(min(opts.TTL/10, maxRetryAfter)),
+		timeout:       opts.Timeout,
+		lookupTimeout: 2 * opts.Timeout,
+		clock:         opts.Clock,
+		seed:          maphash.MakeSeed(),
+	}
+	if c.clock != nil {
+		c.epoch = c.clock()
+	} else {
+		c.epoch = time.Now()
+	}
+	n := 1
+	for n < maxShards && opts.MaxEntries/(2*n) >= minPerShard {
+		n *= 2
+	}
+	c.shards = make([]shard, n)
+	for i := range c.shards {
+		c.shards[i].m = make(map[string]*entry)
+	}
+	c.mask = uint64(n - 1)
+	c.perShard = max(opts.MaxEntries/n, 1)
+	c.ctx, c.cancel = context.WithCancel(context.Background())
+	return c
+}
+
+// withDefaults is o with its zero fields set to their defaults.
+func (o Options) withDefaults() Options {
+	if o.TTL <= 0 {
+		o.TTL = DefaultTTL
+	}
+	if o.NegativeTTL == 0 {
+		o.NegativeTTL = DefaultNegativeTTL
+	}
+	if o.Stale == 0 {
+		o.Stale = DefaultStale
+	}
+	if o.Timeout <= 0 {
+		o.Timeout = DefaultTimeout
+	}
+	if o.MaxEntries <= 0 {
+		o.MaxEntries = DefaultMaxEntries
+	}
+	return o
+}
+
+// Get returns value's entitlement, shared and read-only (the cache's own,
+// which the caller must not change); ok is false when there is none to give:
+// the source knows no such value, or has not answered in time (the caller
+// then uses its default plan). An empty value has none, and is not looked
+// up.
+//
+// A fresh answer comes from memory; past 80% of its TTL, the first Get to
+// see it also starts a refresh in the background. With no fresh answer,
+// Get looks the value up, joining the lookup in flight if there is one,
+// and waits at most Timeout (or until ctx ends); a lookup that takes longer
+// fills the cache when it completes. When the source fails, the last good
+// answer is served up to Stale past its TTL; until the value's retry is
+// due, its Gets answer at once (that answer, or ok=false) and wait for no
+// lookup.
+func (c *Cache) Get(ctx context.Context, value string) (e *Entitlement, ok bool) {
+	if value == "" {
+		return nil, false
+	}
+	now := c.now()
+	sh := &c.shards[maphash.String(c.seed, value)&c.mask]
+	sh.mu.RLock()
+	en := sh.m[value]
+	sh.mu.RUnlock()
+	if en != nil {
+		en.touch(now)
+		if a := en.ans.Load(); a != nil && now < a.expires {
+			sh.hits.Add(1)
+			if now >= a.refresh && en.flight.Load() == nil && now >= en.retryAt.Load() {
+				c.start(en, value, now)
+			}
+			return &a.e, a.found
+		}
+	}
+	return c.miss(ctx, sh, en, value, now)
+}
+
+// miss is Get for a value with no fresh answer in memory (en nil: no entry).
+func (c *Cache) miss(ctx context.Context, sh *shard, en *entry, value string, now int64) (*Entitlement, bool) {
+	if en == nil {
+		en = c.insert(sh, value, now)
+	}
+	a := en.ans.Load()
+	if a != nil && now < a.expires { // filled since Get looked
+		sh.hits.Add(1)
+		return &a.e, a.found
+	}
+	stale := a != nil && now < a.expires+c.stale
+	if stale && en.failed.Load() {
+		// The source failed to refresh it: serve it at once, and retry
+		// in the background when the failure is old enough.
+		c.start(en, value, now)
+		return c.served(a)
+	}
+	f := c.start(en, value, now)
+	if f == nil {
+		// Nothing to wait for: an answer came meanwhile, the source
+		// failed lately, or the cache is closed.
+		if a := en.ans.Load(); a != nil && now < a.expires {
+			sh.hits.Add(1)
+			return &a.e, a.found
+		}
+		if stale {
+			return c.served(a)
+		}
+		c.misses.Add(1)
+		return nil, false
+	}
+	timer := time.NewTimer(c.timeout)
+	defer timer.Stop()
+	select {
+	case <-f.done:
+		if f.err == nil {
+			c.misses.Add(1)
+			return &f.ans.e, f.ans.found
+		}
+	case <-timer.C:
+		c.timeouts.Add(1)
+	case <-ctx.Done():
+		c.timeouts.Add(1)
+	}
+	if stale {
+		return c.served(a)
+	}
+	c.misses.Add(1)
+	return nil, false
+}
+
+// served counts a stale answer served and returns it.
+func (c *Cache) served(a *answer) (*Entitlement, bool) {
+	c.staleServed.Add(1)
+	return &a.e, a.found
+}
+
+// start returns value's lookup in flight, starting one if it is due: the
+// answer in memory (if any) is past its refresh time, and the last failure
+// (if any) is past its retry time. It returns nil when none is in flight
+// nor due, or the cache is closed.
+func (c *Cache) start(en *entry, value string, now int64) *flight {
+	en.mu.Lock()
+	defer en.mu.Unlock()
+	if f := en.flight.Load(); f != nil {
+		return f
+	}
+	if a := en.ans.Load(); a != nil && now < a.refresh {
+		return nil // a lookup completed since the caller looked
+	}
+	if now < en.retryAt.Load() {
+		return nil
+	}
+	c.life.Lock()
+	if c.closed {
+		c.life.Unlock()
+		return nil
+	}
+	c.wg.Add(1)
+	c.life.Unlock()
+	f := &flight{done: make(chan struct{})}
+	en.flight.Store(f)
+	c.lookups.Add(1)
+	go c.lookup(en, f, value)
+	return f
+}
+
+// lookup runs f, value's lookup, stores its answer in en, and ends f.
+func (c *Cache) lookup(en *entry, f *flight, value string) {
+	defer c.wg.Done()
+	ctx, cancel := context.WithTimeout(c.ctx, c.lookupTimeout)
+	e, found, err := c.call(ctx, value)
+	cancel()
+	now := c.now()
+	en.mu.Lock()
+	if err != nil {
+		c.failures.Add(1)
+		en.failed.Store(true)
+		en.retryAt.Store(now + c.retryAfter)
+	} else {
+		ttl := c.ttl
+		if !found {
+			e, ttl = Entitlement{}, c.negativeTTL
+		}
+		f.ans = &answer{e: e, found: found, refresh: now + ttl - ttl/5, expires: now + ttl}
+		en.ans.Store(f.ans)
+		en.failed.Store(false)
+		en.retryAt.Store(0)
+	}
+	f.err = err
+	en.flight.Store(nil)
+	en.mu.Unlock()
+	close(f.done)
+}
+
+// call is src.Lookup, with a panic turned into an error: a lookup runs in
+// a goroutine of its own, where a panic would end the process.
+func (c *Cache) call(ctx context.Context, value string) (e Entitlement, found bool, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("entitle: lookup of %q panicked: %v", value, r)
+		}
+	}()
+	return c.src.Lookup(ctx, value)
+}
+
+// insert returns value's entry in sh, adding it (and dropping another if
+// sh is full) if there is none.
+func (c *Cache) insert(sh *shard, value string, now int64) *entry {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if en := sh.m[value]; en != nil {
+		return en
+	}
+	if len(sh.m) >= c.perShard {
+		sh.evict()
+	}
+	en := &entry{}
+	en.used.Store(now)
+	sh.m[value] = en
+	return en
+}
+
+// evict drops the least recently used of a few entries (the map's
+// iteration starts at random). The caller holds sh.mu.
+func (sh *shard) evict() {
+	victim, oldest, n := "", int64(0), 0
+	for value, en := range sh.m {
+		if used := en.used.Load(); n == 0 || used < oldest {
+			victim, oldest = value, used
+		}
+		if n++; n == evictSample {
+			break
+		}
+	}
+	delete(sh.m, victim)
+}
+
+// touch records a use of en at now, unless one was recorded lately.
+func (en *entry) touch(now int64) {
+	if now-en.used.Load() >= touchEvery {
+		en.used.Store(now)
+	}
+}
+
+// Invalidate forgets value's answer, so that the next Get looks it up
+// again (after a change made at runtime, say). A lookup in flight still
+// answers those waiting for it, but no longer fills the cache.
+func (c *Cache) Invalidate(value string) {
+	sh := &c.shards[maphash.String(c.seed, value)&c.mask]
+	sh.mu.Lock()
+	delete(sh.m, value)
+	sh.mu.Unlock()
+}
+
+// Stats returns the cache's counters.
+func (c *Cache) Stats() Stats {
+	s := Stats{
+		Lookups:  c.lookups.Load(),
+		Failures: c.failures.Load(),
+		Misses:   c.misses.Load(),
+		Stale:    c.staleServed.Load(),
+		Timeouts: c.timeouts.Load(),
+	}
+	for i := range c.shards {
+		sh := &c.shards[i]
+		s.Hits += sh.hits.Load()
+		sh.mu.RLock()
+		s.Entries += len(sh.m)
+		sh.mu.RUnlock()
+	}
+	return s
+}
+
+// Close cancels the lookups in flight, waits for them to end, and closes
+// the source. Gets after Close answer from memory only. It is safe to call
+// more than once; only the first closes the source.
+func (c *Cache) Close() error {
+	c.life.Lock()
+	if c.closed {
+		c.life.Unlock()
+		return nil
+	}
+	c.closed = true
+	c.life.Unlock()
+	c.cancel()
+	c.wg.Wait()
+	if err := c.src.Close(); err != nil {
+		return fmt.Errorf("entitle: closing the source: %w", err)
+	}
+	return nil
+}
+
+// now is the time by Clock, in nanoseconds since the cache was made.
+// Without a Clock it is a monotonic count, and time.Since reads only the
+// monotonic clock: half the cost of time.Now, the largest of a hit's.
+func (c *Cache) now() int64 {
+	if c.clock == nil {
+		return int64(time.Since(c.epoch))
+	}
+	return int64(c.clock().Sub(c.epoch))
+}
