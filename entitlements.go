@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -16,6 +17,7 @@ import (
 	"github.com/caddy-cascade/cascade/control"
 	"github.com/caddy-cascade/cascade/entitle"
 	"github.com/caddy-cascade/cascade/hierarchy"
+	"github.com/caddy-cascade/cascade/logsample"
 	"github.com/caddy-cascade/cascade/running"
 	"github.com/caddy-cascade/cascade/store"
 )
@@ -34,7 +36,7 @@ import (
 // set through the admin API (PUT /rate_limit/entitlements/<name>/<value>)
 // wins over the source's, on every instance sharing the store.
 type EntitlementsConfig struct {
-	// Name names the source in placeholders, the admin API and metrics.
+	// Name names the source in placeholders, the admin API and logs.
 	Name string `json:"name"`
 	// Source says where entitlements are read: exactly one of its
 	// fields.
@@ -53,10 +55,11 @@ type EntitlementsConfig struct {
 	Timeout     caddy.Duration `json:"timeout,omitempty"`
 
 	cache *entitle.Cache
-	tree  *Tree           // the first tree with the Key tier
-	tier  *hierarchy.Tier // that tier
-	index int             // its index in the tree
-	slot  int             // its index in the handler's Entitlements
+	tree  *Tree                // the first tree with the Key tier
+	tier  *hierarchy.Tier      // that tier
+	index int                  // its index in the tree
+	slot  int                  // its index in the handler's Entitlements
+	none  *entitle.Entitlement // a value's without one: no plan (its placeholders empty)
 }
 
 // EntitlementSource is where entitlements are read.
@@ -132,6 +135,7 @@ type planState struct {
 	byName   map[string]*EntitlementsConfig
 	direct   map[*Tree]*EntitlementsConfig // trees whose plan is exactly {http.rate_limit.entitlement.<name>.plan}
 	own      sync.Map                      // ownKey → *ownLimits: a value's own limits, compiled once
+	owned    atomic.Int64                  // entries stored in own since it was last cleared
 	unknown  sync.Map                      // plan names logged as unknown, by tree
 	logger   *zap.Logger
 	runtime  func() *control.Snapshot
@@ -203,7 +207,9 @@ func (h *Handler) provisionEntitlements(redis *store.Redis) error {
 		}
 		c.cache = entitle.NewCache(src, entitle.Options{
 			TTL: time.Duration(c.TTL), NegativeTTL: time.Duration(c.NegativeTTL), Stale: time.Duration(c.Stale), Timeout: time.Duration(c.Timeout),
+			Name: c.Name, OnFailure: p.failed(c),
 		})
+		c.none = &entitle.Entitlement{Source: c.Name}
 	}
 	for _, t := range h.Trees {
 		if t.PlanKey == "" {
@@ -241,6 +247,19 @@ func (h *Handler) provisionEntitlements(redis *store.Redis) error {
 	return nil
 }
 
+// failed logs the failed lookups of source c, once a minute at most with
+// how many there were: its requests run on their last answer, or on the
+// default plan. The errors name templates, never a value.
+func (p *planState) failed(c *EntitlementsConfig) func(error) {
+	every := &logsample.Every{Interval: time.Minute}
+	return func(err error) {
+		if ok, held := every.Allow(time.Now()); ok {
+			p.logger.Warn("entitlements: a lookup failed; its value runs on its last answer (within stale) or on the default plan",
+				zap.String("entitlements", c.Name), zap.Int64("failures_not_logged", held), zap.Error(err))
+		}
+	}
+}
+
 // close stops following runtime entitlements and closes the sources.
 func (p *planState) close() {
 	for _, c := range p.closers {
@@ -261,6 +280,7 @@ func (h *Handler) entitlementSource(c *EntitlementsConfig, repl *caddy.Replacer,
 			OnError: func(err error) {
 				h.logger.Error("entitlements: the file cannot be read; the last good one is used", zap.String("entitlements", c.Name), zap.Error(err))
 			},
+			Show: func(v string) string { return h.engine.Show(c.tier, v) },
 		})
 	case c.Source.Redis != "":
 		if redis == nil {
@@ -292,6 +312,7 @@ func (p *planState) invalidate(snap *control.Snapshot) {
 		if old, ok := seen[k]; !ok || !old.Updated.Equal(e.Updated) {
 			if c := p.byName[e.Name]; c != nil {
 				c.cache.Invalidate(e.Value)
+				p.own.Delete(ownKey{c.tree, e.Value})
 			}
 		}
 		delete(seen, k)
@@ -299,6 +320,7 @@ func (p *planState) invalidate(snap *control.Snapshot) {
 	for k := range seen { // deleted: back to the source's answer
 		if c := p.byName[k[0]]; c != nil {
 			c.cache.Invalidate(k[1])
+			p.own.Delete(ownKey{c.tree, k[1]})
 		}
 	}
 }
@@ -311,7 +333,7 @@ func (p *planState) entitlement(ctx context.Context, value string, c *Entitlemen
 	}
 	if p.runtime != nil {
 		if e := p.runtime().Entitlement(c.Name, value); e != nil {
-			return &entitle.Entitlement{Plan: e.Plan, Limits: e.Limits, Fields: map[string]string{"plan": e.Plan}}, true
+			return &entitle.Entitlement{Plan: e.Plan, Limits: e.Limits, Fields: map[string]string{"plan": e.Plan}, Source: c.Name}, true
 		}
 	}
 	return c.cache.Get(ctx, value)
@@ -319,7 +341,7 @@ func (p *planState) entitlement(ctx context.Context, value string, c *Entitlemen
 
 // ownOverride is a value's own limits, compiled for tree t once (while
 // the same answer is cached).
-func (p *planState) ownOverride(t *Tree, tier *hierarchy.Tier, value string, limits []*hierarchy.Limit) *hierarchy.Override {
+func (p *planState) ownOverride(t *Tree, tier *hierarchy.Tier, value, plan string, limits []*hierarchy.Limit) *hierarchy.Override {
 	if len(limits) == 0 {
 		return nil
 	}
@@ -329,18 +351,49 @@ func (p *planState) ownOverride(t *Tree, tier *hierarchy.Tier, value string, lim
 	}
 	// Compiled on a copy: the answer is shared, read-only, and compiling
 	// writes into limits. Requests racing here compile alike; one's stays.
-	own := make([]*hierarchy.Limit, len(limits))
-	for i, l := range limits {
+	// Its own limits replace those of the dimensions they name: the
+	// plan's limits of every other dimension stay (a requests limit of its
+	// own must not lift the plan's tokens limit).
+	own := make([]*hierarchy.Limit, 0, len(limits))
+	named := map[string]bool{}
+	for _, l := range limits {
 		c := *l
-		own[i] = &c
+		own = append(own, &c)
+		named[limitDimension(l)] = true
+	}
+	for _, l := range t.PlanLimits(tier, plan) {
+		if !named[limitDimension(l)] {
+			c := hierarchy.Limit{Count: l.Count, Amount: l.Amount, Per: l.Per, Dimension: l.Dimension, Burst: l.Burst,
+				Algorithm: l.Algorithm, Timezone: l.Timezone, Alerts: l.Alerts}
+			own = append(own, &c)
+		}
 	}
 	o := &hierarchy.Override{Limits: own}
 	if err := t.CompileOverride(tier, o); err != nil {
 		p.logger.Warn("entitlements: a value's own limits are not valid; its plan's apply", zap.String("tree", t.Name), zap.Error(err))
 		o = nil
 	}
+	if p.owned.Add(1) > maxOwn { // bounded: a value's is compiled again when needed
+		p.own.Clear()
+		p.owned.Store(0)
+	}
 	p.own.Store(k, &ownLimits{first: limits[0], override: o})
 	return o
+}
+
+// maxOwn is how many values' own limits are kept compiled at most.
+const maxOwn = 100_000
+
+// limitDimension is what a limit counts, for own limits: its dimension
+// ("" requests), or "concurrent" for a concurrency limit.
+func limitDimension(l *hierarchy.Limit) string {
+	if l.Algorithm == "concurrent" {
+		return "concurrent"
+	}
+	if l.Dimension == "requests" {
+		return ""
+	}
+	return l.Dimension
 }
 
 // unknownPlan logs, once per tree and name, a plan no tier of tree t
@@ -393,6 +446,15 @@ type shownEntitlements struct {
 	more  []shownEntitlement
 }
 
+// shownOne is what placeholders show of re when its handler has one
+// source: that source's answer, which names it (nil when not looked up).
+func (re *requestEntitlements) shownOne() *entitle.Entitlement {
+	if re.n != 1 {
+		return nil
+	}
+	return re.inline[0].got
+}
+
 // shown is what placeholders show of re.
 func (re *requestEntitlements) shown() *shownEntitlements {
 	s := &shownEntitlements{first: shownEntitlement{re.slot(0).name, re.slot(0).got}}
@@ -421,13 +483,31 @@ func (s *shownEntitlements) lookup(name string) (any, bool) {
 		}
 		e = &s.more[i]
 	}
-	if e.got == nil {
+	return entitlementField(e.got, field)
+}
+
+// entitlementField is a field of e for its placeholder ("" when e is nil
+// or has none).
+func entitlementField(e *entitle.Entitlement, field string) (any, bool) {
+	if e == nil {
 		return "", true
 	}
 	if field == "plan" {
-		return e.got.Plan, true
+		return e.Plan, true
 	}
-	return e.got.Fields[field], true
+	return e.Fields[field], true
+}
+
+// entitlementPlaceholderOf answers {http.rate_limit.entitlement.<source>.<field>}
+// from e, the answer of source e.Source (name is what follows
+// "http.rate_limit.").
+func entitlementPlaceholderOf(e *entitle.Entitlement, name string) (any, bool) {
+	rest, _ := strings.CutPrefix(name, "entitlement.")
+	source, field, ok := strings.Cut(rest, ".")
+	if !ok || source != e.Source {
+		return nil, false
+	}
+	return entitlementField(e, field)
 }
 
 // lookup answers {http.rate_limit.entitlement.<name>.<field>} (name is
@@ -477,6 +557,7 @@ func (h *Handler) entitlementOf(r *http.Request, repl *caddy.Replacer, d *decisi
 		} else {
 			value = c.tree.value(r, repl, c.index)
 		}
+		sl.got = c.none
 		if e, ok := h.plans.entitlement(r.Context(), value, c); ok {
 			sl.got = e
 		}
@@ -515,14 +596,14 @@ func (h *Handler) addEntitled(r *http.Request, repl *caddy.Replacer, d *decision
 		if e := h.entitlementOf(r, repl, d, c, t, values); e != nil {
 			ent.Plan = e.Plan
 			if c.tree == t && len(e.Limits) > 0 {
-				ent.Tier, ent.Own = c.tier, p.ownOverride(t, c.tier, values[c.index], e.Limits)
+				ent.Tier, ent.Own = c.tier, p.ownOverride(t, c.tier, values[c.index], e.Plan, e.Limits)
 			}
 		}
 	} else {
 		for _, c := range h.Entitlements { // their placeholders first: the plan may read any
 			e := h.entitlementOf(r, repl, d, c, t, values)
 			if e != nil && c.tree == t && len(e.Limits) > 0 && ent.Own == nil {
-				ent.Tier, ent.Own = c.tier, p.ownOverride(t, c.tier, values[c.index], e.Limits)
+				ent.Tier, ent.Own = c.tier, p.ownOverride(t, c.tier, values[c.index], e.Plan, e.Limits)
 			}
 		}
 		publishEntitlements(repl, &d.ents)

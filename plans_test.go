@@ -746,7 +746,7 @@ func TestPlansOwnLimitsConcurrently(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				<-start
-				if o := p.ownOverride(tree, tree.Tiers[0], strconv.Itoa(v), limits); o == nil || len(o.Limits) != 1 || o.Limits[0].Count != 6 {
+				if o := p.ownOverride(tree, tree.Tiers[0], strconv.Itoa(v), "", limits); o == nil || len(o.Limits) != 1 || o.Limits[0].Count != 6 {
 					t.Errorf("value %d: own limits %+v, want 6/day", v, o)
 				}
 			}()

@@ -10,6 +10,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/caddy-cascade/cascade/engine"
+	"github.com/caddy-cascade/cascade/entitle"
 	"github.com/caddy-cascade/cascade/hierarchy"
 	"github.com/caddy-cascade/cascade/running"
 )
@@ -78,7 +79,10 @@ func (h *Handler) setPlaceholders(r *http.Request, repl *caddy.Replacer, d *deci
 		blocked: d.Blocked,
 		retry:   d.Retry,
 	}
-	if d.ents.n > 0 {
+	switch {
+	case d.ents.n == 1:
+		p.ent = d.ents.shownOne() // no copy: the answer names its source
+	case d.ents.n > 1:
 		p.ents = d.ents.shown()
 	}
 	if d.Closest >= 0 && d.Closest < len(d.Results) {
@@ -167,8 +171,13 @@ func (p placeholders) lookup(key string) (any, bool) {
 	if !ok {
 		return nil, false
 	}
-	if p.ents != nil && strings.HasPrefix(name, "entitlement.") {
-		return p.ents.lookup(name)
+	if strings.HasPrefix(name, "entitlement.") {
+		switch {
+		case p.ent != nil:
+			return entitlementPlaceholderOf(p.ent, name)
+		case p.ents != nil:
+			return p.ents.lookup(name)
+		}
 	}
 	switch name {
 	case "allowed":
@@ -213,9 +222,10 @@ type placeholders struct {
 	tier      *hierarchy.Tier
 	capacity  int64 // its effective capacity
 	remaining int64
-	reset     int64              // µs
-	exceeded  *hierarchy.Tree    // the tree that refused the request (limited, impossible or penalty), else nil
-	ents      *shownEntitlements // the request's entitlements, for {http.rate_limit.entitlement.*}; nil: none
+	reset     int64                // µs
+	exceeded  *hierarchy.Tree      // the tree that refused the request (limited, impossible or penalty), else nil
+	ent       *entitle.Entitlement // the request's entitlement, for a handler with one source ({http.rate_limit.entitlement.*})
+	ents      *shownEntitlements   // the request's entitlements, for a handler with several
 }
 
 // ownHeaders is a response writer that keeps Cascade's rate-limit headers

@@ -148,6 +148,9 @@ func keepsDimensions(tier *hierarchy.Tier, o *control.Override, c *hierarchy.Ove
 	if v := tier.Values[o.Value]; v != nil {
 		limits = append(slices.Clip(limits), v.Limits...)
 	}
+	for _, p := range tier.Plans { // whichever plan the value is on
+		limits = append(slices.Clip(limits), p.Limits...)
+	}
 	var missing []string
 	for _, l := range limits {
 		if d := dimensionOf(l); !has[d] && !slices.Contains(missing, d) {

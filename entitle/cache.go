@@ -30,6 +30,17 @@ type Options struct {
 	// 100,000). Past it, a value among a few sampled that was used least
 	// recently is dropped.
 	MaxEntries int
+	// MaxLookups is how many lookups may be in flight at once (default
+	// 64): past it, a value not cached yet is answered at once with
+	// ok=false (the default plan) and looked up by a later request, so
+	// that a flood of new values (random API keys) cannot queue
+	// thousands of calls at the source.
+	MaxLookups int
+	// OnFailure is told of every failed lookup (the source's error, or out
+	// of time), for a log line; nil ignores them.
+	OnFailure func(error)
+	// Name is set as the Source of every answer the cache keeps.
+	Name string
 	// Clock tells the time that TTL, NegativeTTL and Stale are measured
 	// in (default: the monotonic clock). Timeout is always real time.
 	Clock func() time.Time
@@ -42,6 +53,7 @@ const (
 	DefaultStale       = time.Hour
 	DefaultTimeout     = time.Second
 	DefaultMaxEntries  = 100_000
+	DefaultMaxLookups  = 64
 )
 
 const (
@@ -70,6 +82,7 @@ type Stats struct {
 	Misses   uint64 // Gets with no fresh answer in memory that did not serve a stale one
 	Stale    uint64 // Gets answered by an answer past its TTL, the source having failed
 	Timeouts uint64 // Gets that stopped waiting for a lookup (after Timeout, or ctx's end)
+	Shed     uint64 // lookups not started: MaxLookups were in flight
 	Entries  int    // values in memory now
 }
 
@@ -88,12 +101,22 @@ type Cache struct {
 	clock                               func() time.Time // nil: time.Since(epoch), which reads only the monotonic clock
 	epoch                               time.Time        // what now counts from
 
+	name      string      // Options.Name
+	onFailure func(error) // Options.OnFailure
+
+	// coarse is now, to tickEvery, without a Clock: a hit reads it
+	// rather than the clock (an atomic load against a clock read, the
+	// largest part of a hit); a ticker of the cache's keeps it.
+	coarse atomic.Int64
+
 	seed     maphash.Seed
 	shards   []shard
 	mask     uint64
 	perShard int
 
-	lookups, failures, misses, staleServed, timeouts atomic.Uint64
+	lookups, failures, misses, staleServed, timeouts, shed atomic.Uint64
+	inFlight                                               atomic.Int64
+	maxLookups                                             int64
 
 	ctx    context.Context // the lookups'; cancelled by Close
 	cancel context.CancelFunc
@@ -151,6 +174,9 @@ func NewCache(src Source, opts Options) *Cache {
 		timeout:       opts.Timeout,
 		lookupTimeout: 2 * opts.Timeout,
 		clock:         opts.Clock,
+		name:          opts.Name,
+		onFailure:     opts.OnFailure,
+		maxLookups:    int64(opts.MaxLookups),
 		seed:          maphash.MakeSeed(),
 	}
 	if c.clock != nil {
@@ -169,7 +195,28 @@ func NewCache(src Source, opts Options) *Cache {
 	c.mask = uint64(n - 1)
 	c.perShard = max(opts.MaxEntries/n, 1)
 	c.ctx, c.cancel = context.WithCancel(context.Background())
+	if c.clock == nil {
+		c.coarse.Store(int64(time.Since(c.epoch)))
+		go c.tick()
+	}
 	return c
+}
+
+// tickEvery is how often the coarse clock moves: the precision of TTLs.
+const tickEvery = 5 * time.Millisecond
+
+// tick keeps the coarse clock until the cache is closed.
+func (c *Cache) tick() {
+	t := time.NewTicker(tickEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-c.ctx.Done():
+			return
+		case <-t.C:
+			c.coarse.Store(int64(time.Since(c.epoch)))
+		}
+	}
 }
 
 // withDefaults is o with its zero fields set to their defaults.
@@ -185,6 +232,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.Timeout <= 0 {
 		o.Timeout = DefaultTimeout
+	}
+	if o.MaxLookups <= 0 {
+		o.MaxLookups = DefaultMaxLookups
 	}
 	if o.MaxEntries <= 0 {
 		o.MaxEntries = DefaultMaxEntries
@@ -301,9 +351,15 @@ func (c *Cache) start(en *entry, value string, now int64) *flight {
 	if now < en.retryAt.Load() {
 		return nil
 	}
+	if c.inFlight.Add(1) > c.maxLookups {
+		c.inFlight.Add(-1)
+		c.shed.Add(1)
+		return nil
+	}
 	c.life.Lock()
 	if c.closed {
 		c.life.Unlock()
+		c.inFlight.Add(-1)
 		return nil
 	}
 	c.wg.Add(1)
@@ -318,6 +374,7 @@ func (c *Cache) start(en *entry, value string, now int64) *flight {
 // lookup runs f, value's lookup, stores its answer in en, and ends f.
 func (c *Cache) lookup(en *entry, f *flight, value string) {
 	defer c.wg.Done()
+	defer c.inFlight.Add(-1)
 	ctx, cancel := context.WithTimeout(c.ctx, c.lookupTimeout)
 	e, found, err := c.call(ctx, value)
 	cancel()
@@ -325,6 +382,9 @@ func (c *Cache) lookup(en *entry, f *flight, value string) {
 	en.mu.Lock()
 	if err != nil {
 		c.failures.Add(1)
+		if c.onFailure != nil {
+			c.onFailure(err)
+		}
 		en.failed.Store(true)
 		en.retryAt.Store(now + c.retryAfter)
 	} else {
@@ -332,6 +392,7 @@ func (c *Cache) lookup(en *entry, f *flight, value string) {
 		if !found {
 			e, ttl = Entitlement{}, c.negativeTTL
 		}
+		e.Source = c.name
 		f.ans = &answer{e: e, found: found, refresh: now + ttl - ttl/5, expires: now + ttl}
 		en.ans.Store(f.ans)
 		en.failed.Store(false)
@@ -411,6 +472,7 @@ func (c *Cache) Stats() Stats {
 		Misses:   c.misses.Load(),
 		Stale:    c.staleServed.Load(),
 		Timeouts: c.timeouts.Load(),
+		Shed:     c.shed.Load(),
 	}
 	for i := range c.shards {
 		sh := &c.shards[i]
@@ -442,11 +504,11 @@ func (c *Cache) Close() error {
 }
 
 // now is the time by Clock, in nanoseconds since the cache was made.
-// Without a Clock it is a monotonic count, and time.Since reads only the
-// monotonic clock: half the cost of time.Now, the largest of a hit's.
+// Without a Clock it is the coarse clock (to tickEvery), which a hit reads
+// for the cost of an atomic load.
 func (c *Cache) now() int64 {
 	if c.clock == nil {
-		return int64(time.Since(c.epoch))
+		return c.coarse.Load()
 	}
 	return int64(c.clock().Sub(c.epoch))
 }

@@ -37,6 +37,10 @@ type Entitlement struct {
 	// number or a bool, as text (numbers as written), for placeholders. The
 	// plan is one of them; the limits are not.
 	Fields map[string]string
+	// Source names where it comes from: a Cache's Options.Name, set on
+	// every answer the cache keeps (so that an answer alone says whose it
+	// is, for placeholders).
+	Source string
 }
 
 // Source looks one value up.

@@ -26,6 +26,9 @@ type FileOptions struct {
 	// OnError is told of every reload that failed (the last good entries
 	// stay in use); nil ignores them.
 	OnError func(error)
+	// Show is how an error names a value (default: as it is): a
+	// fingerprint where values are secrets (API keys).
+	Show func(value string) string
 }
 
 // defaultPoll is FileOptions.Poll's default.
@@ -42,6 +45,7 @@ type File struct {
 	path    string
 	yaml    bool
 	onError func(error)
+	showFn  func(string) string
 
 	entries atomic.Pointer[map[string]Entitlement]
 
@@ -61,6 +65,7 @@ func NewFile(path string, opts FileOptions) (*File, error) {
 		path:    path,
 		yaml:    ext == ".yaml" || ext == ".yml",
 		onError: opts.OnError,
+		showFn:  opts.Show,
 		stop:    make(chan struct{}),
 		done:    make(chan struct{}),
 	}
@@ -162,6 +167,14 @@ func (f *File) load() error {
 	return nil
 }
 
+// show is how errors name value.
+func (f *File) show(value string) string {
+	if f.showFn != nil {
+		return f.showFn(value)
+	}
+	return value
+}
+
 // parse reads the file's entries, reporting every bad one (by value, in
 // order), not only the first.
 func (f *File) parse(data []byte) (map[string]Entitlement, error) {
@@ -174,7 +187,7 @@ func (f *File) parse(data []byte) (map[string]Entitlement, error) {
 	for _, value := range slices.Sorted(maps.Keys(raws)) {
 		e, err := parseEntry(raws[value])
 		if err != nil {
-			errs = append(errs, fmt.Errorf("value %q: %w", value, err))
+			errs = append(errs, fmt.Errorf("value %q: %w", f.show(value), err))
 			continue
 		}
 		entries[value] = e
@@ -209,7 +222,7 @@ func (f *File) rawEntries(data []byte) (map[string]json.RawMessage, error) {
 	for value, v := range doc {
 		raw, err := json.Marshal(v)
 		if err != nil {
-			return nil, fmt.Errorf("value %q: %w", value, err)
+			return nil, fmt.Errorf("value %q: %w", f.show(value), err)
 		}
 		raws[value] = raw
 	}

@@ -37,7 +37,7 @@ func (r *Redis) Lookup(ctx context.Context, value string) (Entitlement, bool, er
 	key := strings.ReplaceAll(r.template, valuePlaceholder, value)
 	hash, err := r.client.HGetAll(ctx, key).Result()
 	if err != nil {
-		return Entitlement{}, false, fmt.Errorf("entitle: redis HGETALL %s: %w", key, err)
+		return Entitlement{}, false, fmt.Errorf("entitle: redis HGETALL %s: %w", r.template, err) // the template: a value may be a secret
 	}
 	if len(hash) == 0 {
 		return Entitlement{}, false, nil
@@ -45,7 +45,7 @@ func (r *Redis) Lookup(ctx context.Context, value string) (Entitlement, bool, er
 	e := Entitlement{Plan: hash["plan"], Fields: hash}
 	if raw, ok := hash["limits"]; ok {
 		if e.Limits, err = parseLimits([]byte(raw)); err != nil {
-			return Entitlement{}, false, fmt.Errorf("entitle: redis %s: field limits: %w", key, err)
+			return Entitlement{}, false, fmt.Errorf("entitle: redis %s: field limits: %w", r.template, err)
 		}
 		delete(hash, "limits")
 	}

@@ -39,6 +39,22 @@ func (t *Tree) PlanIndex(name string) (index int, known bool) {
 	return t.defaultPlan, false
 }
 
+// PlanLimits are the limits tier has under plan name (PlanOf applied): its
+// block's for that plan, else its own; nil when the plan leaves it
+// unlimited. Valid after Compile; the limits are compiled and shared.
+func (t *Tree) PlanLimits(tier *Tier, name string) []*Limit {
+	i, _ := t.PlanIndex(name)
+	if i < len(tier.byPlan) {
+		if o := tier.byPlan[i]; o != nil {
+			if o.Unlimited {
+				return nil
+			}
+			return o.Limits
+		}
+	}
+	return tier.Limits
+}
+
 // PlanNames are the plans the tree's tiers declare, sorted (the default
 // among them only if a tier declares it).
 func (t *Tree) PlanNames() []string {
