@@ -133,10 +133,9 @@ func entitlementPlaceholder(name, field string) string {
 // and, per tree, the source its plan placeholder reads directly.
 type planState struct {
 	byName   map[string]*EntitlementsConfig
-	direct   map[*Tree]*EntitlementsConfig // trees whose plan is exactly {http.rate_limit.entitlement.<name>.plan}
-	own      sync.Map                      // ownKey → *ownLimits: a value's own limits, compiled once
-	owned    atomic.Int64                  // entries stored in own since it was last cleared
-	unknown  sync.Map                      // plan names logged as unknown, by tree
+	own      sync.Map     // ownKey → *ownLimits: a value's own limits, compiled once
+	owned    atomic.Int64 // entries stored in own since it was last cleared
+	unknown  sync.Map     // plan names logged as unknown, by tree
 	logger   *zap.Logger
 	runtime  func() *control.Snapshot
 	previous *control.Snapshot
@@ -175,7 +174,7 @@ func (h *Handler) provisionEntitlements(redis *store.Redis) error {
 		return nil
 	}
 	repl := caddy.NewReplacer()
-	p := &planState{byName: map[string]*EntitlementsConfig{}, direct: map[*Tree]*EntitlementsConfig{}, logger: h.logger}
+	p := &planState{byName: map[string]*EntitlementsConfig{}, logger: h.logger}
 	h.plans = p // closed by Cleanup, whatever fails below
 	for i, c := range h.Entitlements {
 		c.slot = i
@@ -217,7 +216,7 @@ func (h *Handler) provisionEntitlements(redis *store.Redis) error {
 		}
 		for name, c := range p.byName {
 			if t.PlanKey == "{"+entitlementPlaceholder(name, "plan")+"}" {
-				p.direct[t] = c
+				t.entitledBy = c
 			}
 		}
 	}
@@ -225,7 +224,7 @@ func (h *Handler) provisionEntitlements(redis *store.Redis) error {
 	for _, c := range h.Entitlements {
 		var plans []string
 		for _, t := range h.Trees {
-			if p.direct[t] == c {
+			if t.entitledBy == c {
 				plans = append(plans, t.PlanNames()...)
 				plans = append(plans, t.DefaultPlan)
 			}
@@ -349,6 +348,19 @@ func (p *planState) ownOverride(t *Tree, tier *hierarchy.Tier, value, plan strin
 	if v, ok := p.own.Load(k); ok && v.(*ownLimits).first == limits[0] {
 		return v.(*ownLimits).override
 	}
+	o := p.compileOwn(t, tier, plan, limits)
+	if p.owned.Add(1) > maxOwn { // bounded: a value's is compiled again when needed
+		p.own.Clear()
+		p.owned.Store(0)
+	}
+	p.own.Store(k, &ownLimits{first: limits[0], override: o})
+	return o
+}
+
+// compileOwn compiles a value's own limits into tree t's tier, with the
+// limits of plan of the dimensions they do not name (nil when they are
+// not valid: its plan's apply).
+func (p *planState) compileOwn(t *Tree, tier *hierarchy.Tier, plan string, limits []*hierarchy.Limit) *hierarchy.Override {
 	// Compiled on a copy: the answer is shared, read-only, and compiling
 	// writes into limits. Requests racing here compile alike; one's stays.
 	// Its own limits replace those of the dimensions they name: the
@@ -371,13 +383,8 @@ func (p *planState) ownOverride(t *Tree, tier *hierarchy.Tier, value, plan strin
 	o := &hierarchy.Override{Limits: own}
 	if err := t.CompileOverride(tier, o); err != nil {
 		p.logger.Warn("entitlements: a value's own limits are not valid; its plan's apply", zap.String("tree", t.Name), zap.Error(err))
-		o = nil
+		return nil
 	}
-	if p.owned.Add(1) > maxOwn { // bounded: a value's is compiled again when needed
-		p.own.Clear()
-		p.owned.Store(0)
-	}
-	p.own.Store(k, &ownLimits{first: limits[0], override: o})
 	return o
 }
 
@@ -589,17 +596,14 @@ func publishEntitlements(repl *caddy.Replacer, re *requestEntitlements) {
 func (h *Handler) addEntitled(r *http.Request, repl *caddy.Replacer, d *decision, i int, values []string) error {
 	t := h.trees[i]
 	p := h.plans
-	var ent hierarchy.Entitlement
-	if p == nil {
-		ent.Plan = resolveKey(repl, t.PlanKey, true)
-	} else if c := p.direct[t]; c != nil {
-		if e := h.entitlementOf(r, repl, d, c, t, values); e != nil {
-			ent.Plan = e.Plan
-			if c.tree == t && len(e.Limits) > 0 {
-				ent.Tier, ent.Own = c.tier, p.ownOverride(t, c.tier, values[c.index], e.Plan, e.Limits)
-			}
+	if p != nil {
+		if c := t.entitledBy; c != nil {
+			e := h.entitlementOf(r, repl, d, c, t, values)
+			return h.engine.AddEntitled(&d.Decision, h.etrees[i], values, p.entitledIn(t, c, e, values))
 		}
-	} else {
+	}
+	var ent hierarchy.Entitlement
+	if p != nil {
 		for _, c := range h.Entitlements { // their placeholders first: the plan may read any
 			e := h.entitlementOf(r, repl, d, c, t, values)
 			if e != nil && c.tree == t && len(e.Limits) > 0 && ent.Own == nil {
@@ -607,13 +611,55 @@ func (h *Handler) addEntitled(r *http.Request, repl *caddy.Replacer, d *decision
 			}
 		}
 		publishEntitlements(repl, &d.ents)
-		ent.Plan = resolveKey(repl, t.PlanKey, true)
 	}
+	ent.Plan = resolveKey(repl, t.PlanKey, true)
+	h.indexPlan(t, &ent)
+	return h.engine.AddEntitled(&d.Decision, h.etrees[i], values, ent)
+}
+
+// indexPlan looks ent's plan up in tree t, logging an unknown one.
+func (h *Handler) indexPlan(t *Tree, ent *hierarchy.Entitlement) {
 	var known bool
 	ent.Index, known = t.PlanIndex(ent.Plan)
 	ent.Indexed = true
-	if !known && ent.Plan != "" && p != nil {
-		p.unknownPlan(t, ent.Plan)
+	if !known && ent.Plan != "" && h.plans != nil {
+		h.plans.unknownPlan(t, ent.Plan)
 	}
-	return h.engine.AddEntitled(&d.Decision, h.etrees[i], values, ent)
+}
+
+// memoEntitled is what tree t makes of an answer, kept in the answer's
+// memo (entitle.Memo) for the next requests of its value.
+type memoEntitled struct {
+	tree *Tree
+	ent  hierarchy.Entitlement
+}
+
+// entitledIn is what answer e (of source c, whose plan tree t reads)
+// entitles a request to in t: its plan's index and, when t is c's tree,
+// its own limits compiled. Worked out once per answer the cache keeps.
+func (p *planState) entitledIn(t *Tree, c *EntitlementsConfig, e *entitle.Entitlement, values []string) hierarchy.Entitlement {
+	m := e.Memo()
+	if m != nil {
+		if v, ok := m.Load().(*memoEntitled); ok && v.tree == t {
+			return v.ent
+		}
+	}
+	ent := hierarchy.Entitlement{Plan: e.Plan}
+	var known bool
+	ent.Index, known = t.PlanIndex(e.Plan)
+	ent.Indexed = true
+	if !known && e.Plan != "" {
+		p.unknownPlan(t, e.Plan)
+	}
+	if c.tree == t && len(e.Limits) > 0 {
+		if m != nil {
+			ent.Tier, ent.Own = c.tier, p.compileOwn(t, c.tier, e.Plan, e.Limits)
+		} else { // a runtime entitlement: compiled once per value
+			ent.Tier, ent.Own = c.tier, p.ownOverride(t, c.tier, values[c.index], e.Plan, e.Limits)
+		}
+	}
+	if m != nil {
+		m.Store(&memoEntitled{tree: t, ent: ent})
+	}
+	return ent
 }

@@ -297,6 +297,9 @@ type Tree struct {
 	matchers caddyhttp.MatcherSets
 	dynamic  []bool   // per tier: does the key have placeholders?
 	header   []string // per tier: the header name when the key is just {http.request.header.NAME}
+	// entitledBy is the entitlements source whose plan is the tree's plan
+	// (its plan is exactly {http.rate_limit.entitlement.<name>.plan}).
+	entitledBy *EntitlementsConfig
 	// ipv4Prefix and ipv6Prefix group an IP address key by network (an
 	// mholt zone's settings; see Zone), for every tier of the tree.
 	ipv4Prefix, ipv6Prefix int

@@ -392,7 +392,7 @@ func (c *Cache) lookup(en *entry, f *flight, value string) {
 		if !found {
 			e, ttl = Entitlement{}, c.negativeTTL
 		}
-		e.Source = c.name
+		e.Source, e.memo = c.name, new(Memo)
 		f.ans = &answer{e: e, found: found, refresh: now + ttl - ttl/5, expires: now + ttl}
 		en.ans.Store(f.ans)
 		en.failed.Store(false)

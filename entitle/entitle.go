@@ -20,6 +20,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"sync/atomic"
 
 	"github.com/caddy-cascade/cascade/hierarchy"
 )
@@ -41,7 +42,28 @@ type Entitlement struct {
 	// every answer the cache keeps (so that an answer alone says whose it
 	// is, for placeholders).
 	Source string
+
+	memo *Memo // a Cache's answers': what its callers derive from it
 }
+
+// Memo keeps what a caller derives from an answer of a Cache (its
+// limits compiled into a tree, say), for as long as the cache keeps the
+// answer: the request path reads it rather than deriving it again.
+type Memo struct{ v atomic.Pointer[any] }
+
+// Load returns what was stored, nil if nothing was.
+func (m *Memo) Load() any {
+	if p := m.v.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// Store keeps v, replacing what was stored.
+func (m *Memo) Store(v any) { m.v.Store(&v) }
+
+// Memo is the answer's memo; nil for an Entitlement not kept by a Cache.
+func (e *Entitlement) Memo() *Memo { return e.memo }
 
 // Source looks one value up.
 type Source interface {
