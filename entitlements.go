@@ -130,12 +130,14 @@ func entitlementPlaceholder(name, field string) string {
 }
 
 // planState is what the handler keeps for plans: its sources by name,
-// and, per tree, the source its plan placeholder reads directly.
+// the own limits of runtime entitlements compiled, the unknown plans
+// logged, and the runtime entitlements it follows.
 type planState struct {
 	byName   map[string]*EntitlementsConfig
 	own      sync.Map     // ownKey → *ownLimits: a value's own limits, compiled once
 	owned    atomic.Int64 // entries stored in own since it was last cleared
 	unknown  sync.Map     // plan names logged as unknown, by tree
+	unknowns atomic.Int64 // how many: past maxUnknown, no more are logged
 	logger   *zap.Logger
 	runtime  func() *control.Snapshot
 	previous *control.Snapshot
@@ -388,6 +390,9 @@ func (p *planState) compileOwn(t *Tree, tier *hierarchy.Tier, plan string, limit
 	return o
 }
 
+// maxUnknown is how many unknown plan names are logged at most.
+const maxUnknown = 1000
+
 // maxOwn is how many values' own limits are kept compiled at most.
 const maxOwn = 100_000
 
@@ -406,7 +411,11 @@ func limitDimension(l *hierarchy.Limit) string {
 // unknownPlan logs, once per tree and name, a plan no tier of tree t
 // declares: the default plan's limits apply.
 func (p *planState) unknownPlan(t *Tree, name string) {
+	if _, logged := p.unknown.Load([2]string{t.Name, name}); logged || p.unknowns.Load() >= maxUnknown {
+		return // a plan from a header may take any name: the names logged are bounded
+	}
 	if _, logged := p.unknown.LoadOrStore([2]string{t.Name, name}, true); !logged {
+		p.unknowns.Add(1)
 		p.logger.Warn("entitlements: a plan no tier names; the default plan's limits apply",
 			zap.String("tree", t.Name), zap.String("plan", name), zap.String("default", t.DefaultPlan))
 	}
