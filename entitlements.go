@@ -237,7 +237,7 @@ func (h *Handler) provisionEntitlements(redis *store.Redis) error {
 		} else {
 			plans = nil // its plan may go anywhere (a match, a header): any is accepted
 		}
-		blocks = append(blocks, running.Entitlements{Name: c.Name, Tree: c.tree.Name, Tier: c.tier.Name, Plans: plans})
+		blocks = append(blocks, running.Entitlements{Name: c.Name, Tree: c.tree.Name, Tier: c.tier.Name, Plans: plans, Stats: c.cache.Stats})
 	}
 	p.closers = append(p.closers, running.RegisterEntitlements(h.engine, blocks...))
 	if rt := h.engine.Config().Runtime; rt != nil {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path"
 	"path/filepath"
 	"strconv"
@@ -293,4 +294,55 @@ func TestPlansOwnLimitsBounded(t *testing.T) {
 	if kept > entitle.DefaultMaxEntries {
 		t.Errorf("%d values' own limits kept compiled, more than the %d answers the cache itself may hold", kept, entitle.DefaultMaxEntries)
 	}
+}
+
+// TestPlansMetrics: an entitlements block's cache is exported: requests by
+// answer, lookups, values cached.
+func TestPlansMetrics(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "entitlements.json")
+	if err := os.WriteFile(path, []byte(`{"acme": {"plan": "pro"}}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	site, api := adminSite(t, fmt.Sprintf(`
+		entitlements metered {
+			source file %s
+			key org
+		}
+		tree metered {
+			plan {http.rate_limit.entitlement.metered.plan} default free
+			tier org {header.X-Org} {
+				plan free {
+					limit 100/day
+				}
+				plan pro {
+					limit 1000/day
+				}
+			}
+		}
+		%s`, path, memoryStore().block(t)))
+	admitN(t, 3, site, "X-Org: acme")
+	admitN(t, 1, site, "X-Org: nobody")
+	_, body := call(t, "GET", api+"/metrics", nil, nil)
+	for _, want := range []string{
+		`cascade_entitlement_requests_total{answer="cached",entitlements="metered"} 2`,
+		`cascade_entitlement_requests_total{answer="looked_up",entitlements="metered"} 2`,
+		`cascade_entitlement_lookups_total{entitlements="metered",result="started"} 2`,
+		`cascade_entitlement_lookups_total{entitlements="metered",result="failed"} 0`,
+		`cascade_entitlement_cached{entitlements="metered"} 2`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("no %s in /metrics:\n%s", want, grepLines(body, "cascade_entitlement"))
+		}
+	}
+}
+
+// grepLines are the lines of s that contain sub.
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }

@@ -4,6 +4,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/caddy-cascade/cascade/engine"
+	"github.com/caddy-cascade/cascade/entitle"
 	"github.com/caddy-cascade/cascade/running"
 	"github.com/caddy-cascade/cascade/store"
 	"github.com/caddy-cascade/cascade/storeconfig"
@@ -20,6 +21,7 @@ type stateCollector struct {
 	leaseDecisions, leaseGrants, leaseRenewals, leaseReleases   *prometheus.Desc
 	instances                                                   *prometheus.Desc
 	leasePeerResets, leasePeerRejected, busDropped              *prometheus.Desc
+	entRequests, entLookups, entCached                          *prometheus.Desc
 }
 
 func newStateCollector() *stateCollector {
@@ -54,6 +56,12 @@ func newStateCollector() *stateCollector {
 			[]string{"store"}, nil),
 		busDropped: prometheus.NewDesc("cascade_bus_messages_dropped_total", "Pub/Sub messages between instances dropped, by reason: unpublished (not sent), oversized, unauthenticated (no valid HMAC under the bus key), replayed.",
 			[]string{"store", "reason"}, nil),
+		entRequests: prometheus.NewDesc("cascade_entitlement_requests_total", "Requests whose entitlement an entitlements block answered, by answer: cached (fresh in memory), stale (the source failing), looked_up (not in memory: looked up, the request waiting at most the block's timeout, then on the default plan).",
+			[]string{"entitlements", "answer"}, nil),
+		entLookups: prometheus.NewDesc("cascade_entitlement_lookups_total", "Lookups of an entitlements block's source: started, failed (its error, or out of time), shed (not started: 64 were in flight).",
+			[]string{"entitlements", "result"}, nil),
+		entCached: prometheus.NewDesc("cascade_entitlement_cached", "Values an entitlements block holds an answer for.",
+			[]string{"entitlements"}, nil),
 		leasePeerResets: prometheus.NewDesc("cascade_lease_peer_resets_total", "Resets made through other instances sharing a Redis store with leases, which revoked this instance's leases on the reset buckets.",
 			[]string{"store"}, nil),
 	}
@@ -77,6 +85,9 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.leasePeerRejected
 	ch <- c.busDropped
 	ch <- c.instances
+	ch <- c.entRequests
+	ch <- c.entLookups
+	ch <- c.entCached
 }
 
 // Collect implements prometheus.Collector.
@@ -121,6 +132,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		return true
 	})
+	c.collectEntitlements(ch)
 	seen := map[string]bool{}
 	for _, e := range running.Engines() {
 		for _, t := range e.Config().Trees {
@@ -136,5 +148,40 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 				ch <- prometheus.MustNewConstMetric(c.mode, prometheus.GaugeValue, v, t.Name, mode)
 			}
 		}
+	}
+}
+
+// collectEntitlements exports the entitlements blocks' caches, summed by
+// name over the handlers that have one.
+func (c *stateCollector) collectEntitlements(ch chan<- prometheus.Metric) {
+	sums := map[string]*entitle.Stats{}
+	for _, e := range running.Engines() {
+		for _, b := range running.EntitlementsOf(e) {
+			if b.Stats == nil {
+				continue
+			}
+			st := b.Stats()
+			sum := sums[b.Name]
+			if sum == nil {
+				sum = &entitle.Stats{}
+				sums[b.Name] = sum
+			}
+			sum.Hits += st.Hits
+			sum.Stale += st.Stale
+			sum.Misses += st.Misses
+			sum.Lookups += st.Lookups
+			sum.Failures += st.Failures
+			sum.Shed += st.Shed
+			sum.Entries += st.Entries
+		}
+	}
+	for name, st := range sums {
+		ch <- prometheus.MustNewConstMetric(c.entRequests, prometheus.CounterValue, float64(st.Hits), name, "cached")
+		ch <- prometheus.MustNewConstMetric(c.entRequests, prometheus.CounterValue, float64(st.Stale), name, "stale")
+		ch <- prometheus.MustNewConstMetric(c.entRequests, prometheus.CounterValue, float64(st.Misses), name, "looked_up")
+		ch <- prometheus.MustNewConstMetric(c.entLookups, prometheus.CounterValue, float64(st.Lookups), name, "started")
+		ch <- prometheus.MustNewConstMetric(c.entLookups, prometheus.CounterValue, float64(st.Failures), name, "failed")
+		ch <- prometheus.MustNewConstMetric(c.entLookups, prometheus.CounterValue, float64(st.Shed), name, "shed")
+		ch <- prometheus.MustNewConstMetric(c.entCached, prometheus.GaugeValue, float64(st.Entries), name)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"sync"
 
 	"github.com/caddy-cascade/cascade/engine"
+	"github.com/caddy-cascade/cascade/entitle"
 )
 
 // Entitlements describes one entitlements block of a handler, for the
@@ -21,6 +22,8 @@ type Entitlements struct {
 	// API refuses a runtime entitlement to any other plan; nil accepts
 	// any.
 	Plans []string
+	// Stats are the block's cache's counters, for metrics (nil: none).
+	Stats func() entitle.Stats
 }
 
 // blocks holds the entitlements blocks registered, by engine.
