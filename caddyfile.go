@@ -160,7 +160,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    refusal_body   problem|openai|anthropic     # a refusal's body: problem+json (default), or the provider's error object
 //	    fallback_model <model> <fallback...>        # refused by the model's limits or a money limit: served as the first fallback admitted
 //	    entitlements <name> {                       # a customer's plan, looked up by a tier's value
-//	        source file <path.json> | redis <key template> | http <url template>
+//	        source file <path.json> | redis <key template> [store <name>] | http <url template>
 //	        key <tier>; ttl <d>; negative_ttl <d>; stale <d>; timeout <d>; header <field> <value>
 //	    }
 //	    alerts {                                    # where limits' alert thresholds go (always logged)

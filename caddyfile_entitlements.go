@@ -12,7 +12,7 @@ import (
 // parseEntitlements reads
 //
 //	entitlements <name> {
-//		source file <path.json> | redis <key template> | http <url template>
+//		source file <path.json> | redis <key template> [store <name>] | http <url template>
 //		key          <tier>
 //		ttl          <duration>
 //		negative_ttl <duration>
@@ -38,8 +38,11 @@ func (h *Handler) parseEntitlements(d *caddyfile.Dispenser) error {
 		switch opt := d.Val(); opt {
 		case "source":
 			args := d.RemainingArgs()
+			if len(args) == 4 && args[0] == "redis" && args[2] == "store" {
+				c.Source.RedisStore, args = args[3], args[:2]
+			}
 			if len(args) != 2 {
-				return d.Errf("entitlements %s: usage: source file <path.json> | source redis <key template> | source http <url template>", c.Name)
+				return d.Errf("entitlements %s: usage: source file <path.json> | source redis <key template> [store <name>] | source http <url template>", c.Name)
 			}
 			if c.Source.File != "" || c.Source.Redis != "" || c.Source.HTTP != "" {
 				return d.Errf("entitlements %s: give one source: a second source line (another entitlements block, with a name of its own, reads another source)", c.Name)

@@ -69,8 +69,9 @@ type EntitlementSource struct {
 	File string `json:"file,omitempty"`
 	// Redis is a key template ({value} replaced by the value) of a hash
 	// per value (fields plan, limits as JSON, others), in the handler's
-	// Redis store.
-	Redis string `json:"redis,omitempty"`
+	// Redis store, or in the named store RedisStore (one of Stores).
+	Redis      string `json:"redis,omitempty"`
+	RedisStore string `json:"redis_store,omitempty"`
 	// HTTP is a URL template ({value} replaced by the escaped value)
 	// answering GET with the JSON object {"plan": …, "limits": […], …};
 	// 404 for a value it does not know.
@@ -93,6 +94,9 @@ func (c *EntitlementsConfig) check() error {
 	}
 	if n != 1 {
 		return fmt.Errorf("entitlements %s: give one source: source file <path.json>, source redis <key template> or source http <url template>", c.Name)
+	}
+	if c.Source.RedisStore != "" && c.Source.Redis == "" {
+		return fmt.Errorf("entitlements %s: store %s applies to a redis source", c.Name, c.Source.RedisStore)
 	}
 	if c.Source.Header != nil && c.Source.HTTP == "" {
 		return fmt.Errorf("entitlements %s: header applies to an http source", c.Name)
@@ -161,7 +165,7 @@ type ownLimits struct {
 // provisionEntitlements opens each source, finds its tier and the trees
 // whose plan it gives, follows runtime entitlements, and logs the trees'
 // allocation problems. redis is the handler's Redis store, nil for memory.
-func (h *Handler) provisionEntitlements(redis *store.Redis) error {
+func (h *Handler) provisionEntitlements(ctx caddy.Context, redis *store.Redis) error {
 	for _, t := range h.Trees {
 		for _, problem := range t.AllocationProblems() {
 			h.logger.Warn("a child tier is allowed more than its parent: it can never use it (strict_allocation makes this an error)", zap.String("problem", problem))
@@ -202,7 +206,7 @@ func (h *Handler) provisionEntitlements(redis *store.Redis) error {
 			}
 			return fmt.Errorf("rate_limit: entitlements %s: key %s: no tree has a tier %s to look its value up; name one of the tiers: %s", c.Name, c.Key, c.Key, strings.Join(tiers, ", "))
 		}
-		src, err := h.entitlementSource(c, repl, redis)
+		src, err := h.entitlementSource(ctx, c, repl, redis)
 		if err != nil {
 			return fmt.Errorf("rate_limit: entitlements %s: %w", c.Name, err)
 		}
@@ -274,7 +278,7 @@ func (p *planState) close() {
 }
 
 // entitlementSource opens the source c names.
-func (h *Handler) entitlementSource(c *EntitlementsConfig, repl *caddy.Replacer, redis *store.Redis) (entitle.Source, error) {
+func (h *Handler) entitlementSource(ctx caddy.Context, c *EntitlementsConfig, repl *caddy.Replacer, redis *store.Redis) (entitle.Source, error) {
 	switch {
 	case c.Source.File != "":
 		return entitle.NewFile(repl.ReplaceKnown(c.Source.File, ""), entitle.FileOptions{
@@ -283,6 +287,18 @@ func (h *Handler) entitlementSource(c *EntitlementsConfig, repl *caddy.Replacer,
 			},
 			Show: func(v string) string { return h.engine.Show(c.tier, v) },
 		})
+	case c.Source.Redis != "" && c.Source.RedisStore != "":
+		sc := h.Stores[c.Source.RedisStore]
+		if sc == nil || sc.Redis == nil {
+			return nil, fmt.Errorf("source redis %s store %s: name a Redis store of the handler (store redis %s { ... }); stores: %v",
+				c.Source.Redis, c.Source.RedisStore, c.Source.RedisStore, keysOf(h.Stores))
+		}
+		o, err := sc.Open(ctx, time.Duration(h.SweepInterval))
+		if err != nil {
+			return nil, fmt.Errorf("store %s: %w", c.Source.RedisStore, err)
+		}
+		h.stores.routeKeys = append(h.stores.routeKeys, o.PoolKey) // released with the routes' stores
+		return entitle.NewRedis(o.Redis.Client(), c.Source.Redis)
 	case c.Source.Redis != "":
 		if redis == nil {
 			return nil, errors.New("source redis reads the handler's Redis store: give the handler store redis, or use source file or http")

@@ -267,7 +267,7 @@ type Handler struct {
 // reloads.
 type storeHandles struct {
 	poolKey   string
-	routeKeys []string                // the pool keys of the stores routes use
+	routeKeys []string                // the pool keys of the named stores (routes, entitlements sources) use
 	apply     *atomic.Pointer[func()] // store settings to apply at the first request (see StoreConfig.open)
 	local     *store.Memory           // on_store_error local's store
 }

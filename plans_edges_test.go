@@ -4,6 +4,7 @@ package cascade
 // names is there.
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -21,6 +22,8 @@ import (
 
 	"github.com/caddy-cascade/cascade/entitle"
 	"github.com/caddy-cascade/cascade/hierarchy"
+	"github.com/caddy-cascade/cascade/internal/redistest"
+	"github.com/redis/go-redis/v9"
 )
 
 // attackTokensTree: the org tier's pro plan limits requests and tokens.
@@ -345,4 +348,42 @@ func grepLines(s, sub string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// TestPlansFromNamedRedis: a redis source reads a Redis of its own (a
+// named store), the handler's counters on the memory store.
+func TestPlansFromNamedRedis(t *testing.T) {
+	srv := redistest.Shared(t)
+	prefix := fmt.Sprintf("named%d", testSeq.Add(1))
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	defer client.Close()
+	if err := client.HSet(context.Background(), prefix+":org:acme", "plan", "pro").Err(); err != nil {
+		t.Fatal(err)
+	}
+	site := site(t, fmt.Sprintf(`
+		entitlements named {
+			source redis %s:org:{value} store billing
+			key org
+		}
+		tree named {
+			plan {http.rate_limit.entitlement.named.plan} default free
+			tier org {header.X-Org} {
+				plan free {
+					limit 1/day
+				}
+				plan pro {
+					limit 3/day
+				}
+			}
+		}
+		store redis billing {
+			address %s
+		}
+		%s`, prefix, srv.Addr(), memoryStore().block(t)))
+	if n := admitN(t, 5, site, "X-Org: acme"); n != 3 {
+		t.Fatalf("acme, pro in the named Redis: %d admitted, want 3", n)
+	}
+	if n := admitN(t, 5, site, "X-Org: other"); n != 1 {
+		t.Fatalf("an org the named Redis does not know: %d admitted, want 1 (free)", n)
+	}
 }

@@ -226,7 +226,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		Idempotency: h.Idempotency.engineConfig(),
 		Logger:      h.logger, Reconciled: h.metrics.reconcile,
 	})
-	if err := h.provisionEntitlements(o.Redis); err != nil {
+	if err := h.provisionEntitlements(ctx, o.Redis); err != nil {
 		return err
 	}
 	if h.Idempotency != nil && h.Idempotency.Replay {

@@ -2,6 +2,7 @@ package cascade
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -37,8 +38,14 @@ type StoreRoute struct {
 // kept for Cleanup.
 func (h *Handler) provisionRoutes(ctx caddy.Context) ([]engine.Route, bool, error) {
 	if len(h.Routes) == 0 {
-		if len(h.Stores) > 0 {
-			return nil, false, fmt.Errorf("stores %v are named but no route uses them: add route <tier> <value...> <store>", keysOf(h.Stores))
+		var unused []string
+		for _, name := range keysOf(h.Stores) {
+			if !slices.ContainsFunc(h.Entitlements, func(c *EntitlementsConfig) bool { return c.Source.RedisStore == name }) {
+				unused = append(unused, name)
+			}
+		}
+		if len(unused) > 0 {
+			return nil, false, fmt.Errorf("stores %v are named but no route or entitlements source uses them: add route <tier> <value...> <store>, or source redis <key template> store <store>", unused)
 		}
 		return nil, false, nil
 	}
