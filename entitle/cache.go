@@ -152,6 +152,7 @@ type answer struct {
 	found   bool
 	refresh int64 // from then a Get refreshes it in the background
 	expires int64 // from then it is stale
+	memo    Memo  // e's (e.memo points here: one allocation, read together)
 }
 
 // flight is a lookup in progress; ans and err are set before done closes.
@@ -392,8 +393,9 @@ func (c *Cache) lookup(en *entry, f *flight, value string) {
 		if !found {
 			e, ttl = Entitlement{}, c.negativeTTL
 		}
-		e.Source, e.memo = c.name, new(Memo)
+		e.Source = c.name
 		f.ans = &answer{e: e, found: found, refresh: now + ttl - ttl/5, expires: now + ttl}
+		f.ans.e.memo = &f.ans.memo
 		en.ans.Store(f.ans)
 		en.failed.Store(false)
 		en.retryAt.Store(0)

@@ -49,18 +49,14 @@ type Entitlement struct {
 // Memo keeps what a caller derives from an answer of a Cache (its
 // limits compiled into a tree, say), for as long as the cache keeps the
 // answer: the request path reads it rather than deriving it again.
-type Memo struct{ v atomic.Pointer[any] }
+type Memo struct{ v atomic.Value }
 
 // Load returns what was stored, nil if nothing was.
-func (m *Memo) Load() any {
-	if p := m.v.Load(); p != nil {
-		return *p
-	}
-	return nil
-}
+func (m *Memo) Load() any { return m.v.Load() }
 
-// Store keeps v, replacing what was stored.
-func (m *Memo) Store(v any) { m.v.Store(&v) }
+// Store keeps v, replacing what was stored: always of one type (it is an
+// atomic.Value's).
+func (m *Memo) Store(v any) { m.v.Store(v) }
 
 // Memo is the answer's memo; nil for an Entitlement not kept by a Cache.
 func (e *Entitlement) Memo() *Memo { return e.memo }
