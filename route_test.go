@@ -189,7 +189,7 @@ func TestStoreRouteErrors(t *testing.T) {
 	for _, tt := range []struct{ name, handler, want string }{
 		{"unknown store", "store redis {\n address 127.0.0.1:1\n }\n route k a nowhere", `no store named "nowhere"`},
 		{"not a tenant tier", "store redis {\n address 127.0.0.1:1\n }\n store redis own {\n address 127.0.0.1:2\n }\n route other a own", "tree t's tenant tier is not other"},
-		{"unused store", "store redis {\n address 127.0.0.1:1\n }\n store redis own {\n address 127.0.0.1:2\n }", "no route uses them"},
+		{"unused store", "store redis {\n address 127.0.0.1:1\n }\n store redis own {\n address 127.0.0.1:2\n }", "no route or entitlements source uses them"},
 		{"bad policy", "store redis {\n address 127.0.0.1:1\n }\n store redis own {\n address 127.0.0.1:2\n }\n route k a own {\n on_store_error maybe\n }", `on_store_error "maybe"`},
 		{"named memory", "store memory own", "only redis stores are named"},
 	} {
