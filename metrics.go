@@ -16,6 +16,9 @@ type metrics struct {
 	ok        prometheus.Counter // decisions{result="ok"}, looked up once
 	denied    *prometheus.CounterVec
 	duration  prometheus.Histogram
+	// wouldBlock counts, by tree and mode, the refusals a tree in warn or
+	// shadow mode let pass; counted on refuse's path, not on every request.
+	wouldBlock *prometheus.CounterVec
 
 	reconciled      prometheus.Counter
 	reconcileErrors prometheus.Counter
@@ -39,6 +42,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Namespace: "cascade", Name: "denied_total",
 			Help: "Requests over a limit, by the tree/tier that denied them.",
 		}, []string{"blocked_by"}),
+		wouldBlock: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "cascade", Name: "would_block_total",
+			Help: "Requests a tree in warn or shadow mode would have refused (its limits denied them; they passed), by tree and mode; each denying tree counted once per request. Only requests no enforcing tree applies to: beside one, a lenient tree's denial is not seen.",
+		}, []string{"tree", "mode"}),
 		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: "cascade", Name: "decision_duration_seconds",
 			Help:    "Time to decide one request, store round trip included.",
@@ -84,6 +91,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			return nil, err
 		}
 		if m.denied, err = promreg.Register(reg, m.denied); err != nil {
+			return nil, err
+		}
+		if m.wouldBlock, err = promreg.Register(reg, m.wouldBlock); err != nil {
 			return nil, err
 		}
 		if m.duration, err = promreg.Register(reg, m.duration); err != nil {
@@ -150,6 +160,40 @@ func (m *metrics) observe(d *decision, took time.Duration) {
 	if d.Reason != engine.ReasonMissingKey && d.Reason != reasonBadCost {
 		m.duration.Observe(took.Seconds())
 	}
+}
+
+// wouldBlocked counts a refusal that passes because the trees that denied
+// it are in warn or shadow mode (refuse): once for each tree whose limits
+// denied, with that tree's mode in force.
+func (m *metrics) wouldBlocked(e *engine.Engine, d *decision) {
+	if m == nil || (d.Reason != engine.ReasonLimited && d.Reason != engine.ReasonImpossible && d.Reason != engine.ReasonPenalty) {
+		return
+	}
+	trees := e.Config().Trees
+	for i := range min(len(d.Results), len(d.Buckets)) {
+		if d.Results[i].Allowed || deniedEarlier(d, i) {
+			continue
+		}
+		for _, t := range trees {
+			if t.Tree != d.Buckets[i].Tree {
+				continue
+			}
+			if mode := e.Mode(t); mode == engine.Warn || mode == engine.Shadow {
+				m.wouldBlock.WithLabelValues(t.Name, mode).Inc()
+			}
+		}
+	}
+}
+
+// deniedEarlier reports whether a bucket before i, of bucket i's tree,
+// denied d: its tree is counted once.
+func deniedEarlier(d *decision, i int) bool {
+	for j := range i {
+		if !d.Results[j].Allowed && d.Buckets[j].Tree == d.Buckets[i].Tree {
+			return true
+		}
+	}
+	return false
 }
 
 // observeStore counts one decision of a handler with routes by the store

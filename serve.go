@@ -248,6 +248,7 @@ func (h *Handler) passReconciled(w http.ResponseWriter, r *http.Request, next ca
 func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, d *decision, mode string) error {
 	d.NoteDenial(r.URL.Path, func() string { return requestID(r) })
 	if mode == engine.Shadow || mode == engine.Warn {
+		h.metrics.wouldBlocked(h.engine, d)
 		return h.pass(w, r, next)
 	}
 	code := h.StatusCode

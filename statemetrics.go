@@ -1,10 +1,16 @@
 package cascade
 
 import (
+	"runtime"
+	"runtime/debug"
+	"slices"
+	"sync"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/caddy-cascade/cascade/engine"
 	"github.com/caddy-cascade/cascade/entitle"
+	"github.com/caddy-cascade/cascade/hierarchy"
 	"github.com/caddy-cascade/cascade/running"
 	"github.com/caddy-cascade/cascade/store"
 	"github.com/caddy-cascade/cascade/storeconfig"
@@ -13,8 +19,9 @@ import (
 // stateCollector exports the state Cascade keeps, read when Prometheus
 // scrapes (nothing is counted on the request path): each memory store's
 // bucket count and evictions and its kept responses' bytes and evictions,
-// the runtime overrides in force per store, and the mode of each tree of
-// the running configuration.
+// the runtime overrides in force per store, the mode of each tree of the
+// running configuration and the capacity of its configured limits, and
+// the build.
 type stateCollector struct {
 	keys, evictions, overrides, mode, breakerOpen, breakerTrips *prometheus.Desc
 	replayBytes, replayEvictions                                *prometheus.Desc
@@ -22,6 +29,7 @@ type stateCollector struct {
 	instances                                                   *prometheus.Desc
 	leasePeerResets, leasePeerRejected, busDropped              *prometheus.Desc
 	entRequests, entLookups, entCached                          *prometheus.Desc
+	capacity, buildInfo                                         *prometheus.Desc
 }
 
 func newStateCollector() *stateCollector {
@@ -62,6 +70,10 @@ func newStateCollector() *stateCollector {
 			[]string{"entitlements", "result"}, nil),
 		entCached: prometheus.NewDesc("cascade_entitlement_cached", "Values an entitlements block holds an answer for.",
 			[]string{"entitlements"}, nil),
+		capacity: prometheus.NewDesc("cascade_limit_capacity", "The capacity of each configured limit of each tree's tiers (its burst, else its count; money in micro-units), before any adaptive scaling: a tier's own limits (plan \"\") and its plan blocks'. Overrides of single values are not exported.",
+			[]string{"tree", "tier", "plan", "policy", "dimension"}, nil),
+		buildInfo: prometheus.NewDesc("cascade_build_info", "1, labelled with Cascade's module version (\"(devel)\" when unknown) and the Go version it was built with.",
+			[]string{"version", "go_version"}, nil),
 		leasePeerResets: prometheus.NewDesc("cascade_lease_peer_resets_total", "Resets made through other instances sharing a Redis store with leases, which revoked this instance's leases on the reset buckets.",
 			[]string{"store"}, nil),
 	}
@@ -88,11 +100,21 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.entRequests
 	ch <- c.entLookups
 	ch <- c.entCached
+	ch <- c.capacity
+	ch <- c.buildInfo
 }
 
 // Collect implements prometheus.Collector.
 func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
+	// Stores are labelled by Name, which two stores on one Redis (other
+	// key prefixes, a route's store) share: the first of a name is
+	// exported, a duplicate series would fail the whole scrape.
+	seenStores := map[string]bool{}
 	storeconfig.Each(func(_ string, p storeconfig.Pooled) bool {
+		if seenStores[p.Name] {
+			return true
+		}
+		seenStores[p.Name] = true
 		if m, ok := p.Store.(*store.Memory); ok {
 			ch <- prometheus.MustNewConstMetric(c.keys, prometheus.GaugeValue, float64(m.Len()), p.Name)
 			ch <- prometheus.MustNewConstMetric(c.evictions, prometheus.CounterValue, float64(m.Evictions()), p.Name)
@@ -147,9 +169,73 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 				}
 				ch <- prometheus.MustNewConstMetric(c.mode, prometheus.GaugeValue, v, t.Name, mode)
 			}
+			c.collectCapacities(ch, t.Tree)
+		}
+	}
+	ch <- prometheus.MustNewConstMetric(c.buildInfo, prometheus.GaugeValue, 1, moduleVersion(), runtime.Version())
+}
+
+// collectCapacities exports the capacity of each limit configured in t's
+// tiers and their plan blocks. Two limits alike in every label (which
+// compiling should not allow) are exported once: a repeated series would
+// fail the whole scrape.
+func (c *stateCollector) collectCapacities(ch chan<- prometheus.Metric, t *hierarchy.Tree) {
+	seen := map[[4]string]bool{}
+	each := func(tier, plan string, limits []*hierarchy.Limit) {
+		for _, l := range limits {
+			labels := [4]string{tier, plan, l.Policy(), l.Dimension}
+			if seen[labels] {
+				continue
+			}
+			seen[labels] = true
+			ch <- prometheus.MustNewConstMetric(c.capacity, prometheus.GaugeValue, float64(l.Rate().Capacity()),
+				t.Name, tier, plan, l.Policy(), l.Dimension)
+		}
+	}
+	for _, tier := range t.Tiers {
+		each(tier.Name, "", tier.Limits)
+		plans := make([]string, 0, len(tier.Plans))
+		for name := range tier.Plans {
+			plans = append(plans, name)
+		}
+		slices.Sort(plans)
+		for _, name := range plans {
+			if o := tier.Plans[name]; o != nil {
+				each(tier.Name, name, o.Limits)
+			}
 		}
 	}
 }
+
+// cascadeModule is this module's path, as a build lists it.
+const cascadeModule = "github.com/caddy-cascade/cascade"
+
+// moduleVersion is the version of Cascade built in: its module's among
+// the dependencies of a Caddy built with it (xcaddy), the main module's
+// when it is Cascade, else "(devel)".
+var moduleVersion = sync.OnceValue(func() string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "(devel)"
+	}
+	v := ""
+	if bi.Main.Path == cascadeModule {
+		v = bi.Main.Version
+	}
+	for _, dep := range bi.Deps {
+		if dep.Path != cascadeModule {
+			continue
+		}
+		v = dep.Version
+		if dep.Replace != nil {
+			v = dep.Replace.Version // "" for a local directory
+		}
+	}
+	if v == "" {
+		return "(devel)"
+	}
+	return v
+})
 
 // collectEntitlements exports the entitlements blocks' caches, summed by
 // name over the handlers that have one.

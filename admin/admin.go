@@ -15,6 +15,8 @@
 //	PUT    /rate_limit/entitlements/<name>/<value>         set a value's plan (EntitlementRequest)
 //	DELETE /rate_limit/entitlements/<name>/<value>         back to the entitlements source's answer
 //	GET    /rate_limit/top?n=N                             the most-denied keys
+//	GET    /rate_limit/status                              the stores' breakers and leases, the adaptive factor
+//	GET    /rate_limit/ui                                  a status page of all the above (ui.go)
 //
 // The API operates on the engines of the running configuration's
 // rate_limit handlers, which register them (package running). Overrides,
@@ -76,6 +78,9 @@ func (API) Routes() []caddy.AdminRoute {
 		{Pattern: "/rate_limit/entitlements", Handler: caddy.AdminHandlerFunc(handleEntitlements)},
 		{Pattern: "/rate_limit/entitlements/", Handler: caddy.AdminHandlerFunc(handleEntitlements)},
 		{Pattern: "/rate_limit/top", Handler: caddy.AdminHandlerFunc(handleTop)},
+		{Pattern: "/rate_limit/status", Handler: caddy.AdminHandlerFunc(handleStatus)},
+		{Pattern: "/rate_limit/ui", Handler: caddy.AdminHandlerFunc(handleUI)},
+		{Pattern: "/rate_limit/ui/", Handler: caddy.AdminHandlerFunc(handleUIAsset)},
 	}
 }
 

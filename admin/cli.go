@@ -42,7 +42,8 @@ caddy rate-limit mode <tree> --reset
 caddy rate-limit entitlements set <name> <value> [--plan <plan>] [--limit "<limit>"]... [--expires <RFC 3339 or duration> | --for <duration>] [--note "who and why"]
 caddy rate-limit entitlements delete <name> <value>
 caddy rate-limit entitlements [list]
-caddy rate-limit top [-n 20]`
+caddy rate-limit top [-n 20]
+caddy rate-limit ui [--listen 127.0.0.1:2020]`
 
 // synopsisFlags says what every command of synopsis takes.
 const synopsisFlags = `Every command takes --address <admin address> (else the admin address of
@@ -52,7 +53,7 @@ the API's JSON instead of a table).`
 func init() {
 	caddycmd.RegisterCommand(caddycmd.Command{
 		Name:  "rate-limit",
-		Usage: "trees|inspect|reset|override|mode|entitlements|top [args]",
+		Usage: "trees|inspect|reset|override|mode|entitlements|top|ui [args]",
 		Short: "Inspects and steers Cascade's rate limits through the admin API",
 		Long: `
 Inspects and steers the rate limits of a running Caddy through its admin
@@ -88,11 +89,11 @@ func addCommands(cmd *cobra.Command) {
 	pf.Bool("json", false, "Print the API's JSON instead of a table")
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
 		if len(args) > 0 {
-			return fmt.Errorf("unknown command %q: use trees, inspect, reset, override, mode, entitlements or top", args[0])
+			return fmt.Errorf("unknown command %q: use trees, inspect, reset, override, mode, entitlements, top or ui", args[0])
 		}
 		return cmd.Help()
 	}
-	cmd.AddCommand(treesCommand(), inspectCommand(), resetCommand(), overrideCommand(), modeCommand(), entitlementsCommand(), topCommand())
+	cmd.AddCommand(treesCommand(), inspectCommand(), resetCommand(), overrideCommand(), modeCommand(), entitlementsCommand(), topCommand(), uiCommand())
 }
 
 // now is the clock of the relative times printed ("in 2 h").

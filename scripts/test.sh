@@ -7,8 +7,12 @@
 # redis-server and redis-cli (Debian package redis-server), nginx (Debian
 # package nginx, for the auth_request example's test), curl (its retry loop
 # against idempotency replay), Node.js and npm (Debian packages nodejs and
-# npm) and, with npm, the official OpenAI, Anthropic and Stripe SDKs that
-# the LLM gateway's and replay's tests drive (internal/sdktest).
+# npm), prometheus and promtool (Debian package prometheus, for the alert
+# rules' and the Grafana dashboard's tests), Chromium (Debian package
+# chromium, for the status page's test) and, with npm, the official OpenAI,
+# Anthropic and Stripe SDKs that the LLM gateway's and replay's tests drive
+# (internal/sdktest). The prometheus package may start its own service;
+# the tests run their own prometheus on a free port.
 #
 #   scripts/test.sh                     # everything
 #   FUZZTIME=200000x scripts/test.sh    # fuzz longer (default 20000 inputs per target)
@@ -27,14 +31,19 @@ command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need_install=1
 command -v node >/dev/null 2>&1 || need_install=1
 command -v npm >/dev/null 2>&1 || need_install=1
 command -v curl >/dev/null 2>&1 || need_install=1
+command -v prometheus >/dev/null 2>&1 || need_install=1
+command -v promtool >/dev/null 2>&1 || need_install=1
+command -v chromium >/dev/null 2>&1 || need_install=1
 if [ -n "$need_install" ]; then
-	echo "== installing redis-server, nginx, curl, nodejs and npm (Debian packages)"
+	echo "== installing redis-server, nginx, curl, nodejs, npm, prometheus and chromium (Debian packages)"
 	sudo=""
 	[ "$(id -u)" = 0 ] || sudo="sudo"
 	$sudo apt-get update -qq
 	pkgs="redis-server nginx curl"
 	command -v node >/dev/null 2>&1 || pkgs="$pkgs nodejs"
 	command -v npm >/dev/null 2>&1 || pkgs="$pkgs npm"
+	{ command -v prometheus && command -v promtool; } >/dev/null 2>&1 || pkgs="$pkgs prometheus"
+	command -v chromium >/dev/null 2>&1 || pkgs="$pkgs chromium"
 	DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq $pkgs >/dev/null
 fi
 redis-server --version

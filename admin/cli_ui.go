@@ -1,0 +1,142 @@
+package admin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"os/signal"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/spf13/cobra"
+)
+
+// uiRoutes are the admin routes the status page reads: the only ones
+// `caddy rate-limit ui` passes on, and only to read them.
+var uiRoutes = []string{
+	"/rate_limit/ui", "/rate_limit/ui/app.js", "/rate_limit/ui/app.css",
+	"/rate_limit/trees", "/rate_limit/top", "/rate_limit/overrides", "/rate_limit/entitlements", "/rate_limit/status",
+}
+
+// uiCommand serves the status page on a loopback address. Caddy's admin
+// endpoint refuses a browser's navigation (it checks the origin of every
+// request a browser marks, and a typed address has none), so a browser
+// cannot open /rate_limit/ui there; this command passes the page's
+// requests on as a client's, reading only.
+func uiCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "ui [--listen 127.0.0.1:2020]",
+		Short: "Serves the status page for a browser, on a loopback address (read only)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			listen, _ := cmd.Flags().GetString("listen")
+			if err := loopback(listen); err != nil {
+				return err
+			}
+			c, err := clientOf(cmd)
+			if err != nil {
+				return err
+			}
+			h, err := uiProxy(c.address)
+			if err != nil {
+				return err
+			}
+			l, err := net.Listen("tcp", listen)
+			if err != nil {
+				return err
+			}
+			srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			go func() {
+				<-ctx.Done()
+				shut, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				_ = srv.Shutdown(shut)
+			}()
+			fmt.Fprintf(c.out, "The status page: http://%s/rate_limit/ui (Ctrl-C to stop)\n", l.Addr())
+			if err := srv.Serve(l); !errors.Is(err, http.ErrServerClosed) {
+				return err
+			}
+			return nil
+		},
+	}
+	cmd.Flags().String("listen", "127.0.0.1:2020", "The loopback address to serve the page on")
+	return cmd
+}
+
+// loopback refuses an address that is not a loopback one: the page shows
+// what the admin endpoint does, to whoever can reach it.
+func loopback(addr string) error {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("--listen %q: %v", addr, err)
+	}
+	if host == "localhost" {
+		return nil
+	}
+	if ip := net.ParseIP(host); ip == nil || !ip.IsLoopback() {
+		return fmt.Errorf("--listen %q: serve the page on a loopback address (127.0.0.1, ::1): it shows what the admin endpoint does to whoever reaches it", addr)
+	}
+	return nil
+}
+
+// uiProxy passes the status page's requests on to the admin endpoint at
+// address: GET and HEAD of uiRoutes only, stripped of what a browser adds
+// (Origin, Referer, Sec-Fetch-*), so that Caddy sees a client's request; a
+// request another site makes is refused.
+func uiProxy(address string) (http.Handler, error) {
+	target, transport, err := adminTarget(address)
+	if err != nil {
+		return nil, err
+	}
+	proxy := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(target)
+			for _, h := range []string{"Origin", "Referer", "Sec-Fetch-Mode", "Sec-Fetch-Site", "Sec-Fetch-Dest", "Sec-Fetch-User", "Cookie"} {
+				pr.Out.Header.Del(h)
+			}
+		},
+		Transport: transport,
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case r.Method != http.MethodGet && r.Method != http.MethodHead:
+			http.Error(w, "the status page only reads: use the admin API or the other commands to change anything", http.StatusMethodNotAllowed)
+		case r.Header.Get("Sec-Fetch-Site") == "cross-site" || r.Header.Get("Sec-Fetch-Site") == "same-site":
+			http.Error(w, "not from another site", http.StatusForbidden)
+		case r.URL.Path == "/":
+			http.Redirect(w, r, "/rate_limit/ui", http.StatusFound)
+		case !slices.Contains(uiRoutes, r.URL.Path):
+			http.Error(w, "not a route of the status page", http.StatusNotFound)
+		default:
+			proxy.ServeHTTP(w, r)
+		}
+	}), nil
+}
+
+// adminTarget is the URL and transport that reach the admin endpoint at
+// address, as caddy's own commands reach it (a TCP address or a Unix
+// socket).
+func adminTarget(address string) (*url.URL, http.RoundTripper, error) {
+	na, err := caddy.ParseNetworkAddress(address)
+	if err != nil || na.PortRangeSize() > 1 {
+		return nil, nil, fmt.Errorf("the admin address %q: not one address (%v)", address, err)
+	}
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	if na.IsUnixNetwork() {
+		path, _, _ := strings.Cut(na.Host, "|") // less the socket's permission bits
+		t.DialContext = func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", path)
+		}
+		return &url.URL{Scheme: "http", Host: "127.0.0.1"}, t, nil
+	}
+	return &url.URL{Scheme: "http", Host: na.JoinHostPort(0)}, t, nil
+}
