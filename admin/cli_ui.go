@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"os/signal"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -44,11 +45,11 @@ func uiCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			h, err := uiProxy(c.address)
+			l, err := net.Listen("tcp", listen)
 			if err != nil {
 				return err
 			}
-			l, err := net.Listen("tcp", listen)
+			h, err := uiProxy(c.address, l.Addr().(*net.TCPAddr).Port)
 			if err != nil {
 				return err
 			}
@@ -90,9 +91,11 @@ func loopback(addr string) error {
 
 // uiProxy passes the status page's requests on to the admin endpoint at
 // address: GET and HEAD of uiRoutes only, stripped of what a browser adds
-// (Origin, Referer, Sec-Fetch-*), so that Caddy sees a client's request; a
-// request another site makes is refused.
-func uiProxy(address string) (http.Handler, error) {
+// (Origin, Referer, Sec-Fetch-*), so that Caddy sees a client's request. A
+// request another site makes is refused, and so is one for another host
+// than the loopback one on port (a DNS name rebound to 127.0.0.1 would
+// make another site's page same-origin with this one).
+func uiProxy(address string, port int) (http.Handler, error) {
 	target, transport, err := adminTarget(address)
 	if err != nil {
 		return nil, err
@@ -108,6 +111,8 @@ func uiProxy(address string) (http.Handler, error) {
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch {
+		case !loopbackHost(r.Host, port):
+			http.Error(w, "open the status page at 127.0.0.1 or localhost", http.StatusMisdirectedRequest)
 		case r.Method != http.MethodGet && r.Method != http.MethodHead:
 			http.Error(w, "the status page only reads: use the admin API or the other commands to change anything", http.StatusMethodNotAllowed)
 		case r.Header.Get("Sec-Fetch-Site") == "cross-site" || r.Header.Get("Sec-Fetch-Site") == "same-site":
@@ -120,6 +125,16 @@ func uiProxy(address string) (http.Handler, error) {
 			proxy.ServeHTTP(w, r)
 		}
 	}), nil
+}
+
+// loopbackHost reports whether a request's Host names this machine's
+// loopback on port: localhost, 127.0.0.1 or [::1].
+func loopbackHost(host string, port int) bool {
+	h, p, err := net.SplitHostPort(host)
+	if err != nil || p != strconv.Itoa(port) {
+		return false
+	}
+	return h == "localhost" || h == "127.0.0.1" || h == "::1"
 }
 
 // adminTarget is the URL and transport that reach the admin endpoint at

@@ -19,7 +19,7 @@ func TestUIProxy(t *testing.T) {
 		io.WriteString(w, "from admin "+r.URL.Path)
 	}))
 	defer admin.Close()
-	h, err := uiProxy(strings.TrimPrefix(admin.URL, "http://"))
+	h, err := uiProxy(strings.TrimPrefix(admin.URL, "http://"), 2020)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -35,11 +35,18 @@ func TestUIProxy(t *testing.T) {
 		{"another route", "GET", "/config/", nil, 404},
 		{"another site", "GET", "/rate_limit/trees", map[string]string{"Sec-Fetch-Site": "cross-site"}, 403},
 		{"the root", "GET", "/", nil, 302},
+		{"a rebound name", "GET", "/rate_limit/status", map[string]string{"Host": "evil.example:2020"}, 421},
+		{"another port", "GET", "/rate_limit/status", map[string]string{"Host": "127.0.0.1:2019"}, 421},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got = nil
 			r := httptest.NewRequest(tc.method, tc.path, nil)
+			r.Host = "127.0.0.1:2020"
 			for k, v := range tc.header {
+				if k == "Host" {
+					r.Host = v
+					continue
+				}
 				r.Header.Set(k, v)
 			}
 			w := httptest.NewRecorder()
