@@ -44,7 +44,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"blocked_by"}),
 		wouldBlock: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "cascade", Name: "would_block_total",
-			Help: "Requests a tree in warn or shadow mode would have refused (its limits denied them; they passed), by tree and mode; each denying tree counted once per request. Only requests no enforcing tree applies to: beside one, a lenient tree's denial is not seen.",
+			Help: "Requests a tree in warn or shadow mode would have refused (its limits denied them; they passed), by tree and mode; each denying tree counted once per request. Beside a tree that enforces, counted too (the request then is the enforcing trees' to answer).",
 		}, []string{"tree", "mode"}),
 		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: "cascade", Name: "decision_duration_seconds",
@@ -181,6 +181,21 @@ func (m *metrics) wouldBlocked(e *engine.Engine, d *decision) {
 			if mode := e.Mode(t); mode == engine.Warn || mode == engine.Shadow {
 				m.wouldBlock.WithLabelValues(t.Name, mode).Inc()
 			}
+		}
+	}
+}
+
+// wouldBlockedBeside counts the trees in warn or shadow mode that denied a
+// request the enforcing trees beside them then decided alone.
+//
+//go:noinline
+func (m *metrics) wouldBlockedBeside(e *engine.Engine, d *decision) {
+	if m == nil {
+		return
+	}
+	for _, t := range d.WouldBlock {
+		if mode := e.Mode(t); mode == engine.Warn || mode == engine.Shadow {
+			m.wouldBlock.WithLabelValues(t.Name, mode).Inc()
 		}
 	}
 }

@@ -166,3 +166,28 @@ func TestMetricsStoresOfOneRedis(t *testing.T) {
 		t.Fatalf("/metrics with two stores on one Redis: %d\n%s", code, grepLines(body, "cascade_store_breaker"))
 	}
 }
+
+// TestMetricsWouldBlockBesideEnforced: a tree in shadow mode that denies a
+// request a tree that enforces admits is counted too (the engine decides
+// such a request again on the enforcing tree alone).
+func TestMetricsWouldBlockBesideEnforced(t *testing.T) {
+	site, api := adminSite(t, `
+		tree besideenforce {
+			tier user {header.X-User} {
+				limit 100/day
+			}
+		}
+		tree besideshadow {
+			tier team {header.X-Team} {
+				limit 1/day
+			}
+		}
+`+memoryStore().block(t))
+	if code, body := call(t, "PUT", api+"/rate_limit/mode/besideshadow", `{"mode":"shadow"}`, nil); code != http.StatusOK {
+		t.Fatalf("mode: %d %s", code, body)
+	}
+	if n := admitN(t, 3, site, "X-User: alice", "X-Team: red"); n != 3 {
+		t.Fatalf("admitted %d of 3: the enforcing tree admits them all", n)
+	}
+	metricsHas(t, api, `cascade_would_block_total{mode="shadow",tree="besideshadow"} 2`)
+}

@@ -80,6 +80,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	defer h.done(r, d) // concurrency slots and idempotency records, ended with the response
 	took := time.Since(h.epoch) - start
 	h.metrics.observe(d, took)
+	if len(d.WouldBlock) > 0 { // trees not enforcing denied, beside trees that do
+		h.metrics.wouldBlockedBeside(h.engine, d)
+	}
 	if h.alerting != nil && len(d.Results) > 0 {
 		// Refused too: a charge reconciled after its response may have
 		// taken a value over a threshold, and only shows now.

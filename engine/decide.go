@@ -119,6 +119,10 @@ type Decision struct {
 	// charged once its free replays are used up (see Replay). Its bytes
 	// are the front end's, as it kept them.
 	Response []byte
+	// WouldBlock are the trees in warn or shadow mode whose limits denied
+	// a request that trees enforcing their limits then decided alone
+	// (its answer is theirs): what the lenient trees would have blocked.
+	WouldBlock []*Tree
 	// OnStoreError, when the store of the path's route failed, is that
 	// route's failure policy ("deny" or "allow"; "" the front end's own).
 	OnStoreError string
@@ -173,7 +177,7 @@ func (d *Decision) Release() {
 	clear(sc.buckets[:n])
 	clear(sc.limits[:n])
 	clear(sc.values[:]) // all: a front end may have written values it never gave Add
-	d.scratch, d.Buckets, d.Limits, d.Costs, d.Results, d.full = nil, nil, nil, nil, nil, nil
+	d.scratch, d.Buckets, d.Limits, d.Costs, d.Results, d.full, d.WouldBlock = nil, nil, nil, nil, nil, nil, nil
 	scratchPool.Put(sc)
 }
 
@@ -349,7 +353,7 @@ func (d *Decision) Redecide(ctx context.Context) error {
 	d.Decision = store.Decision{}
 	d.Wait, d.Retry, d.Reason, d.Blocked, d.Closest = 0, 0, "", "", -1
 	d.Replayed, d.slots, d.recorded, d.Scaled, d.Local, d.unwidened = false, false, false, false, false, nil
-	d.Response, d.forget = nil, false
+	d.Response, d.forget, d.WouldBlock = nil, false, nil
 	return d.e.Decide(ctx, d, d.Request)
 }
 
@@ -742,6 +746,11 @@ func (e *Engine) enforceOnly(ctx context.Context, d *Decision) error {
 	for i, rr := range d.Results {
 		if !rr.Allowed && e.Mode(e.treeOf(d.Buckets[i].Tree)) == Enforce {
 			return nil // an enforcing tree denied: that is the answer
+		}
+	}
+	for i, rr := range d.Results { // the trees not enforcing that denied: they would have blocked
+		if t := e.treeOf(d.Buckets[i].Tree); !rr.Allowed && !slices.Contains(d.WouldBlock, t) {
+			d.WouldBlock = append(d.WouldBlock, t)
 		}
 	}
 	var buckets []hierarchy.Bucket
