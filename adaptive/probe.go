@@ -9,6 +9,7 @@ import (
 	"io"
 	"math"
 	"net/http"
+	neturl "net/url"
 	"strconv"
 	"strings"
 
@@ -38,29 +39,47 @@ const maxBody = 16 << 20
 
 // fetch GETs url and returns its body, failing on a status other than 2xx
 // or a body larger than maxBody.
-func fetch(ctx context.Context, client *http.Client, url, accept string) ([]byte, error) {
+func fetch(ctx context.Context, client *http.Client, url, shown, accept string) ([]byte, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("GET %s: not a URL a request can be made to", shown)
 	}
 	req.Header.Set("Accept", accept)
 	resp, err := client.Do(req)
 	if err != nil {
-		return nil, err
+		var ue *neturl.Error
+		if errors.As(err, &ue) {
+			err = ue.Err // it names the URL, credentials and all
+		}
+		return nil, fmt.Errorf("GET %s: %w", shown, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10)) // let the connection be reused
-		return nil, fmt.Errorf("GET %s: status %s", url, resp.Status)
+		return nil, fmt.Errorf("GET %s: status %s", shown, resp.Status)
 	}
 	body, err := io.ReadAll(io.LimitReader(resp.Body, maxBody+1))
 	if err != nil {
-		return nil, fmt.Errorf("GET %s: reading the body: %w", url, err)
+		return nil, fmt.Errorf("GET %s: reading the body: %w", shown, err)
 	}
 	if len(body) > maxBody {
-		return nil, fmt.Errorf("GET %s: body larger than %d bytes", url, maxBody)
+		return nil, fmt.Errorf("GET %s: body larger than %d bytes", shown, maxBody)
 	}
 	return body, nil
+}
+
+// shownURL is how errors and logs name a signal's URL: without its
+// password and its query, where credentials go when no header can.
+func shownURL(raw string) string {
+	u, err := neturl.Parse(raw)
+	if err != nil {
+		return "(a URL that cannot be parsed)"
+	}
+	u.RawQuery, u.Fragment = "", ""
+	if u.User != nil {
+		u.User = neturl.User(u.User.Username())
+	}
+	return u.String()
 }
 
 // prometheusProbe reads one series, or the ratio of two, from a Prometheus
@@ -68,6 +87,7 @@ func fetch(ctx context.Context, client *http.Client, url, accept string) ([]byte
 type prometheusProbe struct {
 	client   *http.Client
 	url      string
+	shown    string    // url as errors name it (shownURL)
 	num, den *selector // den nil: no ratio
 }
 
@@ -76,7 +96,7 @@ func newPrometheusProbe(client *http.Client, p *PrometheusSignal) (*prometheusPr
 	if err != nil {
 		return nil, fmt.Errorf("metric: %w", err)
 	}
-	probe := &prometheusProbe{client: client, url: p.URL, num: num}
+	probe := &prometheusProbe{client: client, url: p.URL, shown: shownURL(p.URL), num: num}
 	if p.DivideBy != "" {
 		if probe.den, err = parseSelector(p.DivideBy); err != nil {
 			return nil, fmt.Errorf("divide_by: %w", err)
@@ -87,7 +107,7 @@ func newPrometheusProbe(client *http.Client, p *PrometheusSignal) (*prometheusPr
 
 // Probe fetches the exposition and evaluates the selectors.
 func (p *prometheusProbe) Probe(ctx context.Context) (float64, error) {
-	body, err := fetch(ctx, p.client, p.url, string(expfmt.NewFormat(expfmt.TypeTextPlain)))
+	body, err := fetch(ctx, p.client, p.url, p.shown, string(expfmt.NewFormat(expfmt.TypeTextPlain)))
 	if err != nil {
 		return 0, err
 	}
@@ -99,21 +119,21 @@ func (p *prometheusProbe) eval(body []byte) (float64, error) {
 	parser := expfmt.NewTextParser(model.UTF8Validation)
 	families, err := parser.TextToMetricFamilies(bytes.NewReader(body))
 	if err != nil {
-		return 0, fmt.Errorf("%s: parsing the exposition: %w", p.url, err)
+		return 0, fmt.Errorf("%s: parsing the exposition: %w", p.shown, err)
 	}
 	v, err := p.num.value(families)
 	if err != nil {
-		return 0, fmt.Errorf("%s: %w", p.url, err)
+		return 0, fmt.Errorf("%s: %w", p.shown, err)
 	}
 	if p.den == nil {
 		return v, nil
 	}
 	d, err := p.den.value(families)
 	if err != nil {
-		return 0, fmt.Errorf("%s: %w", p.url, err)
+		return 0, fmt.Errorf("%s: %w", p.shown, err)
 	}
 	if !(d > 0) {
-		return 0, fmt.Errorf("%s: %s is %v: a ratio needs a positive divisor", p.url, p.den, d)
+		return 0, fmt.Errorf("%s: %s is %v: a ratio needs a positive divisor", p.shown, p.den, d)
 	}
 	return v / d, nil
 }
@@ -284,6 +304,7 @@ func parseSelector(src string) (*selector, error) {
 type httpProbe struct {
 	client *http.Client
 	url    string
+	shown  string // url as errors name it (shownURL)
 	field  string
 	path   []string
 }
@@ -293,7 +314,7 @@ func newHTTPProbe(client *http.Client, h *HTTPSignal) (*httpProbe, error) {
 	if err != nil {
 		return nil, fmt.Errorf("field: %w", err)
 	}
-	return &httpProbe{client: client, url: h.URL, field: h.Field, path: path}, nil
+	return &httpProbe{client: client, url: h.URL, shown: shownURL(h.URL), field: h.Field, path: path}, nil
 }
 
 // parseField splits a dotted path.
@@ -312,7 +333,7 @@ func parseField(field string) ([]string, error) {
 
 // Probe fetches the document and reads the field.
 func (p *httpProbe) Probe(ctx context.Context) (float64, error) {
-	body, err := fetch(ctx, p.client, p.url, "application/json")
+	body, err := fetch(ctx, p.client, p.url, p.shown, "application/json")
 	if err != nil {
 		return 0, err
 	}
@@ -325,19 +346,19 @@ func (p *httpProbe) eval(body []byte) (float64, error) {
 	dec.UseNumber()
 	var v any
 	if err := dec.Decode(&v); err != nil {
-		return 0, fmt.Errorf("%s: not JSON: %w", p.url, err)
+		return 0, fmt.Errorf("%s: not JSON: %w", p.shown, err)
 	}
 	for i, key := range p.path {
 		switch node := v.(type) {
 		case map[string]any:
 			var ok bool
 			if v, ok = node[key]; !ok {
-				return 0, fmt.Errorf("%s: no field %s", p.url, strings.Join(p.path[:i+1], "."))
+				return 0, fmt.Errorf("%s: no field %s", p.shown, strings.Join(p.path[:i+1], "."))
 			}
 		case []any:
 			n, err := strconv.Atoi(key)
 			if err != nil || n < 0 || n >= len(node) {
-				return 0, fmt.Errorf("%s: %s is an array of %d: %q is not an index in it", p.url, strings.Join(p.path[:i], "."), len(node), key)
+				return 0, fmt.Errorf("%s: %s is an array of %d: %q is not an index in it", p.shown, strings.Join(p.path[:i], "."), len(node), key)
 			}
 			v = node[n]
 		default:
@@ -345,16 +366,16 @@ func (p *httpProbe) eval(body []byte) (float64, error) {
 			if i == 0 {
 				where = "the document"
 			}
-			return 0, fmt.Errorf("%s: %s is not an object", p.url, where)
+			return 0, fmt.Errorf("%s: %s is not an object", p.shown, where)
 		}
 	}
 	num, ok := v.(json.Number)
 	if !ok {
-		return 0, fmt.Errorf("%s: %s is %s, not a number", p.url, p.field, jsonKind(v))
+		return 0, fmt.Errorf("%s: %s is %s, not a number", p.shown, p.field, jsonKind(v))
 	}
 	f, err := num.Float64()
 	if err != nil {
-		return 0, fmt.Errorf("%s: %s: %w", p.url, p.field, err)
+		return 0, fmt.Errorf("%s: %s: %w", p.shown, p.field, err)
 	}
 	return f, nil
 }

@@ -2,6 +2,8 @@ package admin
 
 import (
 	"context"
+	"crypto/rand"
+	"crypto/subtle"
 	"errors"
 	"fmt"
 	"net"
@@ -49,7 +51,8 @@ func uiCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			h, err := uiProxy(c.address, l.Addr().(*net.TCPAddr).Port)
+			token := rand.Text() // other local users reach the loopback address too
+			h, err := uiProxy(c.address, l.Addr().(*net.TCPAddr).Port, token)
 			if err != nil {
 				return err
 			}
@@ -62,7 +65,7 @@ func uiCommand() *cobra.Command {
 				defer cancel()
 				_ = srv.Shutdown(shut)
 			}()
-			fmt.Fprintf(c.out, "The status page: http://%s/rate_limit/ui (Ctrl-C to stop)\n", l.Addr())
+			fmt.Fprintf(c.out, "The status page: http://%s/rate_limit/ui?token=%s (Ctrl-C to stop)\n", l.Addr(), token)
 			if err := srv.Serve(l); !errors.Is(err, http.ErrServerClosed) {
 				return err
 			}
@@ -95,7 +98,11 @@ func loopback(addr string) error {
 // request another site makes is refused, and so is one for another host
 // than the loopback one on port (a DNS name rebound to 127.0.0.1 would
 // make another site's page same-origin with this one).
-func uiProxy(address string, port int) (http.Handler, error) {
+//
+// Only a browser that opened the address the command printed (with its
+// token, kept in a cookie from then on) is served: other local users
+// reach the loopback address too.
+func uiProxy(address string, port int, token string) (http.Handler, error) {
 	target, transport, err := adminTarget(address)
 	if err != nil {
 		return nil, err
@@ -115,6 +122,15 @@ func uiProxy(address string, port int) (http.Handler, error) {
 			http.Error(w, "open the status page at 127.0.0.1 or localhost", http.StatusMisdirectedRequest)
 		case r.Method != http.MethodGet && r.Method != http.MethodHead:
 			http.Error(w, "the status page only reads: use the admin API or the other commands to change anything", http.StatusMethodNotAllowed)
+		case r.URL.Query().Get("token") != "":
+			if subtle.ConstantTimeCompare([]byte(r.URL.Query().Get("token")), []byte(token)) != 1 {
+				http.Error(w, "not the token `caddy rate-limit ui` printed", http.StatusForbidden)
+				return
+			}
+			http.SetCookie(w, &http.Cookie{Name: uiCookie, Value: token, Path: "/", HttpOnly: true, SameSite: http.SameSiteStrictMode})
+			http.Redirect(w, r, r.URL.Path, http.StatusFound)
+		case !hasToken(r, token):
+			http.Error(w, "open the address `caddy rate-limit ui` printed (with its token)", http.StatusForbidden)
 		case r.Header.Get("Sec-Fetch-Site") == "cross-site" || r.Header.Get("Sec-Fetch-Site") == "same-site":
 			http.Error(w, "not from another site", http.StatusForbidden)
 		case r.URL.Path == "/":
@@ -125,6 +141,15 @@ func uiProxy(address string, port int) (http.Handler, error) {
 			proxy.ServeHTTP(w, r)
 		}
 	}), nil
+}
+
+// uiCookie keeps the token of `caddy rate-limit ui` in the browser.
+const uiCookie = "cascade_ui"
+
+// hasToken reports whether r bears the token in its cookie.
+func hasToken(r *http.Request, token string) bool {
+	c, err := r.Cookie(uiCookie)
+	return err == nil && subtle.ConstantTimeCompare([]byte(c.Value), []byte(token)) == 1
 }
 
 // loopbackHost reports whether a request's Host names this machine's

@@ -19,7 +19,7 @@ func TestUIProxy(t *testing.T) {
 		io.WriteString(w, "from admin "+r.URL.Path)
 	}))
 	defer admin.Close()
-	h, err := uiProxy(strings.TrimPrefix(admin.URL, "http://"), 2020)
+	h, err := uiProxy(strings.TrimPrefix(admin.URL, "http://"), 2020, "tok")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -29,6 +29,9 @@ func TestUIProxy(t *testing.T) {
 		status             int
 	}{
 		{"the page", "GET", "/rate_limit/ui", map[string]string{"Sec-Fetch-Mode": "navigate", "Sec-Fetch-Site": "none"}, 200},
+		{"without the token", "GET", "/rate_limit/status", map[string]string{"Cookie": ""}, 403},
+		{"with a wrong token", "GET", "/rate_limit/ui?token=nope", map[string]string{"Cookie": ""}, 403},
+		{"with the token", "GET", "/rate_limit/ui?token=tok", map[string]string{"Cookie": ""}, 302},
 		{"its data", "GET", "/rate_limit/trees", map[string]string{"Sec-Fetch-Mode": "cors", "Sec-Fetch-Site": "same-origin", "Origin": "http://127.0.0.1:2020", "Referer": "http://127.0.0.1:2020/rate_limit/ui"}, 200},
 		{"a write", "PUT", "/rate_limit/overrides/a/b/c", nil, 405},
 		{"a reset", "POST", "/rate_limit/reset", nil, 405},
@@ -42,6 +45,7 @@ func TestUIProxy(t *testing.T) {
 			got = nil
 			r := httptest.NewRequest(tc.method, tc.path, nil)
 			r.Host = "127.0.0.1:2020"
+			r.Header.Set("Cookie", "cascade_ui=tok")
 			for k, v := range tc.header {
 				if k == "Host" {
 					r.Host = v
@@ -63,7 +67,7 @@ func TestUIProxy(t *testing.T) {
 			if len(got) != 1 || got[0].URL.Path != tc.path {
 				t.Fatalf("the admin endpoint got %v", got)
 			}
-			for _, name := range []string{"Origin", "Referer", "Sec-Fetch-Mode", "Sec-Fetch-Site"} {
+			for _, name := range []string{"Origin", "Referer", "Sec-Fetch-Mode", "Sec-Fetch-Site", "Cookie"} {
 				if v := got[0].Header.Get(name); v != "" {
 					t.Fatalf("passed on %s: %q", name, v)
 				}

@@ -13,13 +13,12 @@ import (
 	"github.com/caddy-cascade/cascade/admin"
 )
 
-// TestAttackStatusLeaksSignalURLPassword: an adaptive prometheus signal
-// whose exporter needs basic auth is configured with the credentials in
-// its URL (the only way a signal can authenticate: it has no headers).
-// When the exporter answers with an error, GET /rate_limit/status (which
-// `caddy rate-limit ui` passes on to any local process, and the status
-// page shows on screen) must not show the password in the signal's error.
-func TestAttackStatusLeaksSignalURLPassword(t *testing.T) {
+// TestStatusHidesSignalCredentials: an adaptive prometheus signal whose
+// exporter needs basic auth is configured with the credentials in its URL
+// (a signal has no headers). When the exporter answers with an error, GET
+// /rate_limit/status (which the status page shows) names the URL without
+// its password.
+func TestStatusHidesSignalCredentials(t *testing.T) {
 	const secret = "s3cr3t-exporter-pw"
 	exporter := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "unauthorized", http.StatusServiceUnavailable)
