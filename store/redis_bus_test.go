@@ -351,23 +351,32 @@ func TestBusDropsForgedMessages(t *testing.T) {
 		b.Publish([]byte("hello"))
 		return errors.New("not heard yet")
 	})
+	// The message recorded to replay is one the Bus has heard: a "hello"
+	// published before it subscribed would be new to it, not a replay.
+	b.Publish([]byte("heard"))
+	waitFor(t, busWait, "the Bus to hear the recorded message", func() error {
+		if in.has("heard") {
+			return nil
+		}
+		return errors.New("not heard yet")
+	})
 	var recorded string
 	for recorded == "" {
 		m, err := ps.ReceiveMessage(t.Context())
 		if err != nil {
 			t.Fatal(err)
 		}
-		if strings.HasSuffix(m.Payload, "hello") {
+		if strings.HasSuffix(m.Payload, "heard") {
 			recorded = m.Payload
 		}
 	}
-	if recorded == "hello" {
+	if recorded == "heard" {
 		t.Fatalf("the message travelled unsigned")
 	}
 
 	other := store.NewBusCodec(store.BusKey("another secret", false), p+"leases")
 	forged := []byte(recorded)
-	forged[len(forged)-1] ^= 1 // "hellp" under the recorded HMAC
+	forged[len(forged)-1] ^= 1 // "heare" under the recorded HMAC
 	moved := store.NewBusCodec(store.BusKey("correct horse battery staple", false), p+"waiting").Seal([]byte("moved"))
 	attacks := []struct{ name, msg string }{
 		{"unsigned", `{"f":"x","glob":"*"}`},
@@ -393,7 +402,7 @@ func TestBusDropsForgedMessages(t *testing.T) {
 		return errors.New("not heard yet")
 	})
 	for _, got := range in.all() {
-		if got != "hello" && got != "marker" {
+		if got != "hello" && got != "heard" && got != "marker" {
 			t.Errorf("the Bus delivered %.40q", got)
 		}
 	}
