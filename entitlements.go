@@ -109,7 +109,7 @@ func (c *EntitlementsConfig) check() error {
 	}
 	for _, d := range []caddy.Duration{c.TTL, c.NegativeTTL, c.Stale, c.Timeout} {
 		if d < 0 {
-			return fmt.Errorf("entitlements %s: durations must be positive", c.Name)
+			return fmt.Errorf("entitlements %s: durations must not be negative (0 is the default)", c.Name)
 		}
 	}
 	return nil
@@ -542,33 +542,6 @@ func entitlementPlaceholderOf(e *entitle.Entitlement, name string) (any, bool) {
 	return entitlementField(e, field)
 }
 
-// lookup answers {http.rate_limit.entitlement.<name>.<field>} (name is
-// what follows "http.rate_limit.").
-func (re *requestEntitlements) lookup(name string) (any, bool) {
-	rest, ok := strings.CutPrefix(name, "entitlement.")
-	if !ok {
-		return nil, false
-	}
-	source, field, ok := strings.Cut(rest, ".")
-	if !ok {
-		return nil, false
-	}
-	for i := range re.n {
-		sl := re.slot(i)
-		if sl.name != source || !sl.done {
-			continue
-		}
-		if sl.got == nil {
-			return "", true
-		}
-		if field == "plan" {
-			return sl.got.Plan, true
-		}
-		return sl.got.Fields[field], true
-	}
-	return nil, false
-}
-
 // entitlementOf looks source c's entitlement up for the request, once.
 // values are tree t's values when t is c's tree (else c's tree's are
 // resolved).
@@ -638,17 +611,18 @@ func (h *Handler) addEntitled(r *http.Request, repl *caddy.Replacer, d *decision
 		publishEntitlements(repl, &d.ents)
 	}
 	ent.Plan = resolveKey(repl, t.PlanKey, true)
-	h.indexPlan(t, &ent)
+	p.indexPlan(t, &ent)
 	return h.engine.AddEntitled(&d.Decision, h.etrees[i], values, ent)
 }
 
-// indexPlan looks ent's plan up in tree t, logging an unknown one.
-func (h *Handler) indexPlan(t *Tree, ent *hierarchy.Entitlement) {
+// indexPlan looks ent's plan up in tree t, logging an unknown one (p may
+// be nil: no entitlements, nothing logged).
+func (p *planState) indexPlan(t *Tree, ent *hierarchy.Entitlement) {
 	var known bool
 	ent.Index, known = t.PlanIndex(ent.Plan)
 	ent.Indexed = true
-	if !known && ent.Plan != "" && h.plans != nil {
-		h.plans.unknownPlan(t, ent.Plan)
+	if !known && ent.Plan != "" && p != nil {
+		p.unknownPlan(t, ent.Plan)
 	}
 }
 
@@ -670,12 +644,7 @@ func (p *planState) entitledIn(t *Tree, c *EntitlementsConfig, e *entitle.Entitl
 		}
 	}
 	ent := hierarchy.Entitlement{Plan: e.Plan}
-	var known bool
-	ent.Index, known = t.PlanIndex(e.Plan)
-	ent.Indexed = true
-	if !known && e.Plan != "" {
-		p.unknownPlan(t, e.Plan)
-	}
+	p.indexPlan(t, &ent)
 	if c.tree == t && len(e.Limits) > 0 {
 		if m != nil {
 			ent.Tier, ent.Own = c.tier, p.compileOwn(t, c.tier, e.Plan, e.Limits)
@@ -683,7 +652,7 @@ func (p *planState) entitledIn(t *Tree, c *EntitlementsConfig, e *entitle.Entitl
 			ent.Tier, ent.Own = c.tier, p.ownOverride(t, c.tier, values[c.index], e.Plan, e.Limits)
 		}
 	}
-	if m != nil {
+	if m != nil && c.tree == t { // one tree's per answer: its source's (whose own limits it compiles)
 		m.Store(&memoEntitled{tree: t, ent: ent})
 	}
 	return ent

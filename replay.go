@@ -116,7 +116,7 @@ func decodeKept(b []byte) (*kept, error) {
 	}
 	copy(k.bodySum[:], b[16:replayHeadEnd])
 	total := int(binary.BigEndian.Uint32(b[4:]))
-	if k.status < 200 || k.status > 999 || k.bodyLen < 0 || total < store.ResponseHead || len(b) > total {
+	if k.status < 100 || k.status > 999 || k.bodyLen < 0 || total < store.ResponseHead || len(b) > total {
 		return nil, errKeptCorrupt
 	}
 	if len(b) < total {
@@ -207,6 +207,7 @@ type recorder struct {
 	body   []byte
 	whyNot string // why the response cannot be kept whole ("" while it can)
 	gone   bool   // the client has gone: nothing more is sent
+	ended  bool   // the request has ended (done): Gone starts no timer
 }
 
 func (w *recorder) Unwrap() http.ResponseWriter { return w.ResponseWriter }
@@ -289,7 +290,7 @@ func (w *recorder) Gone() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.gone = true
-	if w.stop == nil {
+	if w.stop == nil || w.ended {
 		return
 	}
 	if w.whyNot != "" {
@@ -303,6 +304,7 @@ func (w *recorder) Gone() {
 func (w *recorder) done() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.ended = true
 	if w.timer != nil {
 		w.timer.Stop()
 	}
@@ -504,6 +506,10 @@ func (h *Handler) replay(w http.ResponseWriter, r *http.Request, d *decision) er
 	}
 	same, err := sameBody(r, k)
 	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			return caddyhttp.Error(http.StatusRequestEntityTooLarge, err)
+		}
 		return caddyhttp.Error(http.StatusBadRequest, err)
 	}
 	if !same {

@@ -51,6 +51,7 @@ func uiCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			defer l.Close()
 			token := rand.Text() // other local users reach the loopback address too
 			h, err := uiProxy(c.address, l.Addr().(*net.TCPAddr).Port, token)
 			if err != nil {
@@ -153,13 +154,17 @@ func hasToken(r *http.Request, token string) bool {
 }
 
 // loopbackHost reports whether a request's Host names this machine's
-// loopback on port: localhost, 127.0.0.1 or [::1].
+// loopback on port: localhost, or a loopback address.
 func loopbackHost(host string, port int) bool {
 	h, p, err := net.SplitHostPort(host)
 	if err != nil || p != strconv.Itoa(port) {
 		return false
 	}
-	return h == "localhost" || h == "127.0.0.1" || h == "::1"
+	if h == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(h)
+	return ip != nil && ip.IsLoopback()
 }
 
 // adminTarget is the URL and transport that reach the admin endpoint at

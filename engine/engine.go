@@ -187,6 +187,7 @@ type Engine struct {
 	applying    sync.Mutex // orders applyRuntime's calls
 	unsubscribe func()
 	localLog    logsample.Every // deciding locally: logged once a second
+	keepLog     logsample.Every // responses that could not be kept: logged once a second
 	holders     atomic.Int64    // the last concurrency slot holder given out
 }
 

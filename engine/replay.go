@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -37,7 +38,8 @@ import (
 // a replay record lets no retry through free (its Burst is 0): a retry
 // either finds the response or is a new request.
 
-// responseKey is the store key of the response kept with record key k: in
+// responseKey is the store key of the response kept with the record of
+// key record: in
 // the record's hash tag, so that on a Redis Cluster it lives in the
 // record's slot.
 func responseKey(record string) string { return record + store.ResponseKeySuffix }
@@ -59,10 +61,11 @@ func (e *Engine) CheckReplay() error {
 	return nil
 }
 
-// kept looks up the response kept for d's record. It answers d (a retry
-// replayed from the store) and returns true when one is found; a store
-// error is left for settle to meet as a failure of the store (its policy
-// applies: no decision is made without the lookup).
+// kept looks up the response kept for d's record. It returns true when it
+// answers d: a retry replayed from the store, free. A response found past
+// its free replays is set in d, which is then decided as any request; a
+// store error is left for settle to meet as a failure of the store (its
+// policy applies: no decision is made without the lookup).
 func (e *Engine) kept(ctx context.Context, d *Decision) bool {
 	rs, ok := e.storeAt(d.route).(store.Responses)
 	if !ok {
@@ -116,9 +119,12 @@ func (d *Decision) Keep(ctx context.Context, response []byte) error {
 		return errNoResponses
 	}
 	err := rs.KeepResponse(ctx, responseKey(d.record.Key), response, e.cfg.Idempotency.TTL)
-	if err != nil {
-		e.cfg.Logger.Warn("rate limit: keeping a response for its retries failed; they are refused as duplicates until in_flight, then new attempts",
-			zap.Error(e.ShowError(err, d.Buckets)))
+	if err == nil {
+		return nil
+	}
+	if ok, held := e.keepLog.Allow(time.Now()); ok {
+		e.cfg.Logger.Warn("rate limit: keeping a response for its retries failed; they are refused as duplicates until in_flight, then new attempts (logged at most once a second)",
+			zap.Int64("not_logged", held), zap.Error(e.ShowError(err, d.Buckets)))
 	}
 	return err
 }

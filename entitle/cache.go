@@ -90,7 +90,8 @@ type Stats struct {
 // Source. It is safe for concurrent use.
 //
 // Each value has at most one lookup in flight, started by a Get; no
-// goroutine outlives its lookup. The answers are kept in a map sharded by a
+// lookup's goroutine outlives it. Without a Clock the cache runs a ticker
+// of its own (its coarse clock) until Close. The answers are kept in a map sharded by a
 // hash of the value, so a Get of a fresh value is a read lock and a map
 // read.
 type Cache struct {
@@ -104,9 +105,8 @@ type Cache struct {
 	name      string      // Options.Name
 	onFailure func(error) // Options.OnFailure
 
-	// coarse is now, to tickEvery, without a Clock: a hit reads it
-	// rather than the clock (an atomic load against a clock read, the
-	// largest part of a hit); a ticker of the cache's keeps it.
+	// coarse is now, to tickEvery, without a Clock: a hit reads it (an
+	// atomic load) rather than the clock; a ticker of the cache's keeps it.
 	coarse atomic.Int64
 
 	seed     maphash.Seed
