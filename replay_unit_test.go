@@ -84,7 +84,7 @@ func FuzzDecodeKept(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if k.status < 200 || k.bodyLen < 0 {
+		if k.status < 100 || k.status > 999 || k.bodyLen < 0 {
 			t.Fatalf("decoded %+v", k)
 		}
 		if !k.truncated {
