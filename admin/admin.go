@@ -338,26 +338,46 @@ func overrideOf(r *http.Request, tree, tier string, value *string, now time.Time
 	if err := decode(r, &req); err != nil {
 		return nil, err
 	}
-	switch {
-	case value == nil && req.Value == nil:
-		return nil, apiError(http.StatusBadRequest, `name the value: {"value": "…", "limits": …} (or in the path, /rate_limit/overrides/<tree>/<tier>/<value>, which Caddy's admin log records)`)
-	case value != nil && req.Value != nil && *req.Value != *value:
-		return nil, apiError(http.StatusBadRequest, "the body names another value than the path: name it once, in the body")
-	case value == nil:
-		value = req.Value
+	value, err := bodyValue(value, req.Value, `{"value": "…", "limits": …}`, "/rate_limit/overrides/<tree>/<tier>/<value>")
+	if err != nil {
+		return nil, err
 	}
 	o := &control.Override{Tree: tree, Tier: tier, Value: *value, Limits: req.Limits, Unlimited: req.Unlimited, Replace: req.Replace, Note: req.Note}
-	if req.Expires != "" {
-		t, err := time.Parse(time.RFC3339, req.Expires)
-		if err != nil {
-			return nil, apiError(http.StatusBadRequest, "expires %q: write an RFC 3339 time such as %s", req.Expires, now.Add(24*time.Hour).UTC().Format(time.RFC3339))
-		}
-		if !t.After(now) {
-			return nil, apiError(http.StatusBadRequest, "expires %s is in the past: give a future RFC 3339 time, or leave it out", req.Expires)
-		}
-		o.Expires = t
+	if o.Expires, err = parseExpires(req.Expires, now); err != nil {
+		return nil, err
 	}
 	return o, nil
+}
+
+// bodyValue is the value a change names: the path's, or the body's when
+// the path names none (example shows the body, route the path); naming
+// two different ones is an error.
+func bodyValue(path, body *string, example, route string) (*string, error) {
+	switch {
+	case path == nil && body == nil:
+		return nil, apiError(http.StatusBadRequest, "name the value: %s (or in the path, %s, which Caddy's admin log records)", example, route)
+	case path != nil && body != nil && *body != *path:
+		return nil, apiError(http.StatusBadRequest, "the body names another value than the path: name it once, in the body")
+	case path == nil:
+		return body, nil
+	}
+	return path, nil
+}
+
+// parseExpires reads a change's expires: "" for none, else an RFC 3339
+// time after now.
+func parseExpires(s string, now time.Time) (time.Time, error) {
+	if s == "" {
+		return time.Time{}, nil
+	}
+	t, err := time.Parse(time.RFC3339, s)
+	if err != nil {
+		return time.Time{}, apiError(http.StatusBadRequest, "expires %q: write an RFC 3339 time such as %s", s, now.Add(24*time.Hour).UTC().Format(time.RFC3339))
+	}
+	if !t.After(now) {
+		return time.Time{}, apiError(http.StatusBadRequest, "expires %s is in the past: give a future RFC 3339 time, or leave it out", s)
+	}
+	return t, nil
 }
 
 func handleOverrides(w http.ResponseWriter, r *http.Request) error {

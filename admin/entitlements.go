@@ -146,24 +146,13 @@ func entitlementOf(r *http.Request, name string, value *string, now time.Time) (
 	if err := decode(r, &req); err != nil {
 		return nil, err
 	}
-	switch {
-	case value == nil && req.Value == nil:
-		return nil, apiError(http.StatusBadRequest, `name the value: {"value": "…", "plan": …} (or in the path, /rate_limit/entitlements/<name>/<value>, which Caddy's admin log records)`)
-	case value != nil && req.Value != nil && *req.Value != *value:
-		return nil, apiError(http.StatusBadRequest, "the body names another value than the path: name it once, in the body")
-	case value == nil:
-		value = req.Value
+	value, err := bodyValue(value, req.Value, `{"value": "…", "plan": …}`, "/rate_limit/entitlements/<name>/<value>")
+	if err != nil {
+		return nil, err
 	}
 	en := &control.Entitlement{Name: name, Value: *value, Plan: req.Plan, Limits: req.Limits, Note: req.Note}
-	if req.Expires != "" {
-		t, err := time.Parse(time.RFC3339, req.Expires)
-		if err != nil {
-			return nil, apiError(http.StatusBadRequest, "expires %q: write an RFC 3339 time such as %s", req.Expires, now.Add(24*time.Hour).UTC().Format(time.RFC3339))
-		}
-		if !t.After(now) {
-			return nil, apiError(http.StatusBadRequest, "expires %s is in the past: give a future RFC 3339 time, or leave it out", req.Expires)
-		}
-		en.Expires = t
+	if en.Expires, err = parseExpires(req.Expires, now); err != nil {
+		return nil, err
 	}
 	return en, nil
 }
