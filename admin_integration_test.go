@@ -25,6 +25,15 @@ func adminSite(t *testing.T, rateLimit string) (site, api string) {
 	return adminSiteThen(t, rateLimit, `respond "ok" 200`)
 }
 
+// proxiedSite is adminSiteThen in front of upstream (host:port, or an
+// http:// URL): rate_limit then reverse_proxy. It returns the site's URL
+// without its trailing slash, and the admin endpoint's.
+func proxiedSite(t *testing.T, upstream, rateLimit string) (site, api string) {
+	t.Helper()
+	site, api = adminSiteThen(t, rateLimit, "reverse_proxy "+strings.TrimPrefix(upstream, "http://"))
+	return strings.TrimSuffix(site, "/"), api
+}
+
 // adminSiteThen is adminSite with then (a directive) after rate_limit.
 func adminSiteThen(t *testing.T, rateLimit, then string) (site, api string) {
 	t.Helper()

@@ -20,15 +20,6 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 )
 
-// llmGateway runs an LLM gateway site in front of upstream, with Caddy's
-// admin endpoint on a port of its own, and returns the site's URL (no
-// trailing slash) and the admin endpoint's.
-func llmGateway(t *testing.T, upstream, rateLimit string) (site, api string) {
-	t.Helper()
-	site, api = adminSiteThen(t, rateLimit, "reverse_proxy "+strings.TrimPrefix(upstream, "http://"))
-	return strings.TrimSuffix(site, "/"), api
-}
-
 // orgLeft is what organisation acme has left of its limit in tree llm
 // (in micro-units, for money), as the admin API reads it.
 func orgLeft(t *testing.T, api string) int64 {
@@ -66,7 +57,7 @@ func chat(model string) string {
 // intact.
 func TestModelAsKey(t *testing.T) {
 	up := newFakeLLM(t, 10, 10)
-	base, _ := llmGateway(t, up.srv.URL, `
+	base, _ := proxiedSite(t, up.srv.URL, `
 		tree llm {
 			tier org {header.X-Org} {
 				limit 100000 tokens/day
@@ -111,7 +102,7 @@ func TestModelAsKey(t *testing.T) {
 // the budget stops spending once the reconciled charges reach it.
 func TestMoneyBudget(t *testing.T) {
 	up := newFakeLLM(t, 100, 300)
-	base, api := llmGateway(t, up.srv.URL, `
+	base, api := proxiedSite(t, up.srv.URL, `
 		tree llm {
 			tier org {header.X-Org} {
 				limit 0.05 usd/day calendar
@@ -213,7 +204,7 @@ func TestRefusalBodies(t *testing.T) {
 		{"anthropic", `{"error":{"message":"Too Many Requests: %s","type":"rate_limit_error"},"type":"error"}`},
 	} {
 		t.Run(tc.format, func(t *testing.T) {
-			base, _ := llmGateway(t, up.srv.URL, `
+			base, _ := proxiedSite(t, up.srv.URL, `
 		tree llm {
 			tier org {header.X-Org} {
 				limit 100 tokens/day
@@ -410,7 +401,7 @@ func TestBudgetAlerts(t *testing.T) {
 // refused model is charged nothing; a limit no model avoids still refuses.
 func TestFallbackModel(t *testing.T) {
 	up := newFakeLLM(t, 10, 10)
-	base, api := llmGateway(t, up.srv.URL, `
+	base, api := proxiedSite(t, up.srv.URL, `
 		tree llm {
 			tier org {header.X-Org} {
 				limit 200 tokens/day
@@ -481,7 +472,7 @@ func TestFallbackConfigErrors(t *testing.T) {
 // Anthropic alike.
 func TestMoneyReconciledFromStreams(t *testing.T) {
 	up := newFakeLLM(t, 100, 300)
-	base, api := llmGateway(t, up.srv.URL, `
+	base, api := proxiedSite(t, up.srv.URL, `
 		tree llm {
 			tier org {header.X-Org} {
 				limit 1 usd/day calendar
@@ -512,7 +503,7 @@ func TestMoneyReconciledFromStreams(t *testing.T) {
 // served as gpt-4o-mini.
 func TestFallbackNoPenalty(t *testing.T) {
 	up := newFakeLLM(t, 10, 10)
-	base, _ := llmGateway(t, up.srv.URL, `
+	base, _ := proxiedSite(t, up.srv.URL, `
 		tree llm {
 			tier model {http.rate_limit.model} {
 				limit 10000 tokens/day
@@ -538,7 +529,7 @@ func TestFallbackNoPenalty(t *testing.T) {
 // named in another case is read as Go's decoder reads it.
 func TestModelMatchReadsStrictly(t *testing.T) {
 	up := newFakeLLM(t, 10, 10)
-	base, _ := llmGateway(t, up.srv.URL, `
+	base, _ := proxiedSite(t, up.srv.URL, `
 		tree premium {
 			match {
 				expression {http.rate_limit.model} == "gpt-4o"
@@ -589,7 +580,7 @@ func TestBudgetAlertAtFull(t *testing.T) {
 	}))
 	t.Cleanup(hook.Close)
 	up := newFakeLLM(t, 100, 300)
-	base, _ := llmGateway(t, up.srv.URL, fmt.Sprintf(`
+	base, _ := proxiedSite(t, up.srv.URL, fmt.Sprintf(`
 		tree llm {
 			tier org {header.X-Org} {
 				limit 0.0103 usd/day calendar alert 50%% 100%%
@@ -635,7 +626,7 @@ func TestOwnHeadersWin(t *testing.T) {
 		io.WriteString(w, `{"id":"chatcmpl-1","choices":[]}`)
 	}))
 	t.Cleanup(upstream.Close)
-	base, _ := llmGateway(t, upstream.URL, `
+	base, _ := proxiedSite(t, upstream.URL, `
 		tree llm {
 			tier org {header.X-Org} {
 				limit 2/min

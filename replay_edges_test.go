@@ -115,10 +115,7 @@ func (u *attackUpstream) count(path string) int {
 // record's identity.
 func TestReplayCallerByCookie(t *testing.T) {
 	up := newAttackUpstream(t)
-	port := freePort(t)
-	startCaddy(t, fmt.Sprintf(`
-http://127.0.0.1:%d {
-	rate_limit {
+	site, _ := proxiedSite(t, up.addr, fmt.Sprintf(`
 		tree api {
 			tier ip {remote_host} {
 				limit 1000/day
@@ -127,12 +124,8 @@ http://127.0.0.1:%d {
 		idempotency {
 			replay
 		}
-		%s
-	}
-	reverse_proxy %s
-}
-`, port, memoryStore().block(t), up.addr))
-	url := fmt.Sprintf("http://127.0.0.1:%d/transfer", port)
+		%s`, memoryStore().block(t)))
+	url := site + "/transfer"
 	alice := post(t, url, `{"amount":5}`, "Cookie: session=alice", "Idempotency-Key: order-42")
 	if alice.status != http.StatusCreated || !strings.Contains(alice.body, `"account":"alice"`) {
 		t.Fatalf("alice's transfer: %d %s", alice.status, alice.body)
@@ -150,10 +143,7 @@ http://127.0.0.1:%d {
 // response is no way to read it from the store without bound.
 func TestReplayFreeBounded(t *testing.T) {
 	up := newAttackUpstream(t)
-	port := freePort(t)
-	startCaddy(t, fmt.Sprintf(`
-http://127.0.0.1:%d {
-	rate_limit {
+	site, _ := proxiedSite(t, up.addr, fmt.Sprintf(`
 		tree api {
 			tier user {header.X-User} {
 				limit 2/day
@@ -162,12 +152,8 @@ http://127.0.0.1:%d {
 		idempotency {
 			replay
 		}
-		%s
-	}
-	reverse_proxy %s
-}
-`, port, redisStore().block(t), up.addr))
-	url := fmt.Sprintf("http://127.0.0.1:%d/report", port)
+		%s`, redisStore().block(t)))
+	url := site + "/report"
 	if r := post(t, url, `{}`, "X-User: mallory", "Idempotency-Key: r1"); r.status != http.StatusOK || len(r.body) != reportSize {
 		t.Fatalf("the first request: %d, %d bytes", r.status, len(r.body))
 	}
@@ -199,10 +185,7 @@ http://127.0.0.1:%d {
 // it.
 func TestReplayDetachedBounded(t *testing.T) {
 	up := newAttackUpstream(t)
-	port := freePort(t)
-	startCaddy(t, fmt.Sprintf(`
-http://127.0.0.1:%d {
-	rate_limit {
+	site, _ := proxiedSite(t, up.addr, fmt.Sprintf(`
 		tree api {
 			tier user {header.X-User} {
 				limit 100/day
@@ -213,12 +196,8 @@ http://127.0.0.1:%d {
 			ttl 1h
 			replay
 		}
-		%s
-	}
-	reverse_proxy %s
-}
-`, port, memoryStore().block(t), up.addr))
-	url := fmt.Sprintf("http://127.0.0.1:%d/generate", port)
+		%s`, memoryStore().block(t)))
+	url := site + "/generate"
 	req, _ := http.NewRequest("POST", url, strings.NewReader(`{"prompt":"hi"}`))
 	req.Header.Set("X-User", "alice")
 	req.Header.Set("Idempotency-Key", "g1")
@@ -254,10 +233,7 @@ http://127.0.0.1:%d {
 // grpc-status): a retry gets 409, never the body without its status.
 func TestReplayTrailers(t *testing.T) {
 	up := newAttackUpstream(t)
-	port := freePort(t)
-	startCaddy(t, fmt.Sprintf(`
-http://127.0.0.1:%d {
-	rate_limit {
+	site, _ := proxiedSite(t, up.addr, fmt.Sprintf(`
 		tree api {
 			tier user {header.X-User} {
 				limit 100/day
@@ -266,12 +242,8 @@ http://127.0.0.1:%d {
 		idempotency {
 			replay
 		}
-		%s
-	}
-	reverse_proxy %s
-}
-`, port, memoryStore().block(t), up.addr))
-	url := fmt.Sprintf("http://127.0.0.1:%d/grpcish", port)
+		%s`, memoryStore().block(t)))
+	url := site + "/grpcish"
 	send := func() (*http.Response, string) {
 		req, _ := http.NewRequest("POST", url, strings.NewReader("call"))
 		req.Header.Set("X-User", "alice")
@@ -301,10 +273,7 @@ http://127.0.0.1:%d {
 // the upstream runs once.
 func TestReplayChargeOnKeepsRecord(t *testing.T) {
 	up := newAttackUpstream(t)
-	port := freePort(t)
-	startCaddy(t, fmt.Sprintf(`
-http://127.0.0.1:%d {
-	rate_limit {
+	site, _ := proxiedSite(t, up.addr, fmt.Sprintf(`
 		tree api {
 			tier user {header.X-User} {
 				limit 100/day
@@ -314,12 +283,8 @@ http://127.0.0.1:%d {
 		idempotency {
 			replay
 		}
-		%s
-	}
-	reverse_proxy %s
-}
-`, port, memoryStore().block(t), up.addr))
-	url := fmt.Sprintf("http://127.0.0.1:%d/export", port)
+		%s`, memoryStore().block(t)))
+	url := site + "/export"
 	first := make(chan resp, 1)
 	go func() { first <- post(t, url, `{}`, "X-User: alice", "Idempotency-Key: e1") }()
 	waitFor(t, "the first export to reach the upstream", func() bool { return up.count("/export") > 0 })

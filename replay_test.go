@@ -176,16 +176,8 @@ func TestReplay(t *testing.T) {
 	for _, k := range replayStores() {
 		t.Run(k.name, func(t *testing.T) {
 			up := newOpsUpstream(t, 0)
-			port := freePort(t)
-			startCaddy(t, fmt.Sprintf(`
-http://127.0.0.1:%d {
-	rate_limit {
-%s
-	}
-	reverse_proxy %s
-}
-`, port, replayRateLimit(k.block(t), ""), up.addr))
-			base := fmt.Sprintf("http://127.0.0.1:%d", port)
+			site, _ := proxiedSite(t, up.addr, replayRateLimit(k.block(t), ""))
+			base := site
 			send := func(path, user, key, body string) resp {
 				t.Helper()
 				h := []string{"X-User: " + user}
@@ -285,16 +277,8 @@ http://127.0.0.1:%d {
 // TestReplayCookies: replay_cookies keeps Set-Cookie for replay.
 func TestReplayCookies(t *testing.T) {
 	up := newOpsUpstream(t, 0)
-	port := freePort(t)
-	startCaddy(t, fmt.Sprintf(`
-http://127.0.0.1:%d {
-	rate_limit {
-%s
-	}
-	reverse_proxy %s
-}
-`, port, replayRateLimit(memoryStore().block(t), "replay_cookies"), up.addr))
-	url := fmt.Sprintf("http://127.0.0.1:%d/op", port)
+	site, _ := proxiedSite(t, up.addr, replayRateLimit(memoryStore().block(t), "replay_cookies"))
+	url := site + "/op"
 	first := post(t, url, "{}", "X-User: alice", "Idempotency-Key: c1")
 	retry := post(t, url, "{}", "X-User: alice", "Idempotency-Key: c1")
 	if got, want := retry.header.Values("Set-Cookie"), first.header.Values("Set-Cookie"); len(want) != 1 || strings.Join(got, ",") != strings.Join(want, ",") {
@@ -311,16 +295,8 @@ http://127.0.0.1:%d {
 // gone — after 409s while it still ran.
 func TestReplayClientTimedOut(t *testing.T) {
 	up := newOpsUpstream(t, time.Second)
-	port := freePort(t)
-	startCaddy(t, fmt.Sprintf(`
-http://127.0.0.1:%d {
-	rate_limit {
-%s
-	}
-	reverse_proxy %s
-}
-`, port, replayRateLimit(memoryStore().block(t), ""), up.addr))
-	url := fmt.Sprintf("http://127.0.0.1:%d/slow", port)
+	site, _ := proxiedSite(t, up.addr, replayRateLimit(memoryStore().block(t), ""))
+	url := site + "/slow"
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, "POST", url, strings.NewReader(`{"amount":5}`))
@@ -364,18 +340,10 @@ func TestReplayCurl(t *testing.T) {
 		t.Fatal("curl is needed (scripts/test.sh installs it)")
 	}
 	up := newOpsUpstream(t, 1500*time.Millisecond)
-	port := freePort(t)
-	startCaddy(t, fmt.Sprintf(`
-http://127.0.0.1:%d {
-	rate_limit {
-%s
-	}
-	reverse_proxy %s
-}
-`, port, replayRateLimit(memoryStore().block(t), ""), up.addr))
+	site, _ := proxiedSite(t, up.addr, replayRateLimit(memoryStore().block(t), ""))
 	out, err := exec.Command("curl", "-sS", "--retry", "8", "--retry-all-errors", "--retry-delay", "1", "--max-time", "1",
 		"-H", "X-User: alice", "-H", "Idempotency-Key: curl-1", "-H", "Content-Type: application/json",
-		"--data", `{"amount":5}`, fmt.Sprintf("http://127.0.0.1:%d/slow", port)).Output()
+		"--data", `{"amount":5}`, site+"/slow").Output()
 	if err != nil {
 		t.Fatalf("curl: %v: %s", err, out)
 	}
@@ -394,10 +362,7 @@ http://127.0.0.1:%d {
 // still creating it.
 func TestReplayStripeSDK(t *testing.T) {
 	up := newOpsUpstream(t, 1500*time.Millisecond)
-	port := freePort(t)
-	startCaddy(t, fmt.Sprintf(`
-http://127.0.0.1:%d {
-	rate_limit {
+	site, _ := proxiedSite(t, up.addr, fmt.Sprintf(`
 		tree api {
 			tier key {header.Authorization} {
 				limit 100/day
@@ -406,11 +371,7 @@ http://127.0.0.1:%d {
 		idempotency {
 			replay
 		}
-		%s
-	}
-	reverse_proxy %s
-}
-`, port, memoryStore().block(t), up.addr))
+		%s`, memoryStore().block(t)))
 	var out struct {
 		Results []struct {
 			OK      bool
@@ -423,7 +384,7 @@ http://127.0.0.1:%d {
 			Key string
 		}
 	}
-	runNode(t, "stripe.mjs", map[string]any{"base": fmt.Sprintf("http://127.0.0.1:%d", port), "calls": 2, "timeout": 500, "retries": 8}, &out)
+	runNode(t, "stripe.mjs", map[string]any{"base": site, "calls": 2, "timeout": 500, "retries": 8}, &out)
 	if len(out.Results) != 2 || !out.Results[0].OK || out.Results[0].ID != "cus_1" || !out.Results[1].OK || out.Results[1].ID != "cus_2" {
 		t.Fatalf("the SDK's two creations: %+v, want cus_1 and cus_2", out.Results)
 	}

@@ -120,7 +120,7 @@ func TestSDKs(t *testing.T) {
 		cost tokens llm
 		%s`
 	gateway := func(t *testing.T, orgLimit, more string) string {
-		base, _ := llmGateway(t, up.srv.URL, strings.Replace(strings.Replace(limits, "%s", orgLimit, 1), "%s", more, 1))
+		base, _ := proxiedSite(t, up.srv.URL, strings.Replace(strings.Replace(limits, "%s", orgLimit, 1), "%s", more, 1))
 		return base
 	}
 	// Each call is estimated at 64 tokens (14 of input, 50 of output).
