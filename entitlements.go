@@ -389,10 +389,10 @@ func (p *planState) compileOwn(t *Tree, tier *hierarchy.Tier, plan string, limit
 	for _, l := range limits {
 		c := *l
 		own = append(own, &c)
-		named[limitDimension(l)] = true
+		named[l.Counts()] = true
 	}
 	for _, l := range t.PlanLimits(tier, plan) {
-		if !named[limitDimension(l)] {
+		if !named[l.Counts()] {
 			c := hierarchy.Limit{Count: l.Count, Amount: l.Amount, Per: l.Per, Dimension: l.Dimension, Burst: l.Burst,
 				Algorithm: l.Algorithm, Timezone: l.Timezone, Alerts: l.Alerts}
 			own = append(own, &c)
@@ -411,18 +411,6 @@ const maxUnknown = 1000
 
 // maxOwn is how many values' own limits are kept compiled at most.
 const maxOwn = 100_000
-
-// limitDimension is what a limit counts, for own limits: its dimension
-// ("" requests), or "concurrent" for a concurrency limit.
-func limitDimension(l *hierarchy.Limit) string {
-	if l.Algorithm == "concurrent" {
-		return "concurrent"
-	}
-	if l.Dimension == "requests" {
-		return ""
-	}
-	return l.Dimension
-}
 
 // unknownPlan logs, once per tree and name, a plan no tier of tree t
 // declares: the default plan's limits apply.

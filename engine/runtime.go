@@ -10,7 +10,6 @@ import (
 
 	"github.com/caddy-cascade/cascade/control"
 	"github.com/caddy-cascade/cascade/hierarchy"
-	"github.com/caddy-cascade/cascade/rate"
 )
 
 // What the engine does with the runtime state an operator sets: overrides
@@ -142,7 +141,7 @@ func keepsDimensions(tier *hierarchy.Tier, o *control.Override, c *hierarchy.Ove
 	}
 	has := map[string]bool{}
 	for _, l := range c.Limits {
-		has[dimensionOf(l)] = true
+		has[l.Counts()] = true
 	}
 	limits := tier.Limits
 	if v := tier.Values[o.Value]; v != nil {
@@ -153,7 +152,7 @@ func keepsDimensions(tier *hierarchy.Tier, o *control.Override, c *hierarchy.Ove
 	}
 	var missing []string
 	for _, l := range limits {
-		if d := dimensionOf(l); !has[d] && !slices.Contains(missing, d) {
+		if d := l.Counts(); !has[d] && !slices.Contains(missing, d) {
 			missing = append(missing, d)
 		}
 	}
@@ -163,16 +162,4 @@ func keepsDimensions(tier *hierarchy.Tier, o *control.Override, c *hierarchy.Ove
 	return fmt.Errorf("the override has no %s limit, and tier %s limits %s: it would lift that limit for this value. "+
 		"Add a %s limit to the override, or say \"replace\": true to replace all of the tier's limits for this value",
 		strings.Join(missing, " or "), tier.Name, strings.Join(missing, " and "), strings.Join(missing, " and a "))
-}
-
-// dimensionOf is what a limit counts, for keepsDimensions: its dimension,
-// or "concurrent" for a concurrency limit (requests in flight).
-func dimensionOf(l *hierarchy.Limit) string {
-	if l.Algorithm == string(rate.Concurrent) {
-		return "concurrent"
-	}
-	if l.Dimension == "" {
-		return hierarchy.Requests
-	}
-	return l.Dimension
 }

@@ -232,6 +232,19 @@ type Limit struct {
 	penalty  *Penalty // set on a penalty box (not a configured limit)
 }
 
+// Counts is what a limit counts, for telling whether two limits limit
+// the same thing: its dimension (requests when none is named), or
+// "concurrent" for a concurrency limit (requests in flight).
+func (l *Limit) Counts() string {
+	if l.Algorithm == string(rate.Concurrent) {
+		return "concurrent"
+	}
+	if l.Dimension == "" {
+		return Requests
+	}
+	return l.Dimension
+}
+
 // Rate returns the compiled limit. Valid after Tree.Compile.
 func (l *Limit) Rate() rate.Limit { return l.compiled }
 
