@@ -53,6 +53,13 @@ func (h *Handler) parseCost(d *caddyfile.Dispenser) error {
 			c.Reconcile = r
 			continue
 		}
+		if opt == "charged_header" {
+			if d.NextArg() {
+				return d.Errf("charged_header takes no argument, got %q", d.Val())
+			}
+			c.ChargedHeader = true
+			continue
+		}
 		var err error
 		switch {
 		case c.LLM != nil && (opt == "price" || opt == "default"):
@@ -188,6 +195,29 @@ func parseGraphQLOption(d *caddyfile.Dispenser, g *cost.GraphQL) error {
 		g.OnMalformed, err = caddyfileopt.OneOf(d, "reject", "default")
 	case "default_cost":
 		g.DefaultCost, err = caddyfileopt.Int64(d)
+	case "list_fields":
+		g.ListFields = d.RemainingArgs()
+		if len(g.ListFields) == 0 {
+			return d.Errf("list_fields needs glob patterns of field names, e.g. list_fields *s all* *Connection")
+		}
+		if err := (&cost.GraphQL{ListFields: g.ListFields}).Validate(); err != nil {
+			return d.Errf("%v", err)
+		}
+	case "depth_factor":
+		if g.DepthFactor, err = caddyfileopt.Float(d); err == nil {
+			if verr := (&cost.GraphQL{DepthFactor: g.DepthFactor}).Validate(); verr != nil {
+				return d.Errf("%v", verr)
+			}
+		}
+	case "mutation":
+		g.Mutation, err = caddyfileopt.Int64(d)
+	case "subscription":
+		g.Subscription, err = caddyfileopt.Int64(d)
+	case "extensions_cost":
+		if d.NextArg() {
+			return d.Errf("extensions_cost takes no argument, got %q", d.Val())
+		}
+		g.ExtensionsCost = true
 	default:
 		p, ok := intOpt[opt]
 		if !ok {

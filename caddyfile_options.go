@@ -22,9 +22,9 @@ var (
 	planOptions         = []string{"limit"}
 	entitlementsOptions = []string{"source", "key", "ttl", "negative_ttl", "stale", "timeout", "header"}
 	zoneOptions         = []string{"key", "events", "window", "match", "ipv4_prefix", "ipv6_prefix", "sensitive"}
-	costOptions         = []string{"reconcile"}
-	llmOptions          = []string{"provider", "chars_per_token", "default_max_tokens", "image_tokens", "max_body_bytes", "on_malformed", "default_cost", "price", "default", "reconcile"}
-	graphqlOptions      = []string{"model", "default_list_size", "slicing_arguments", "max_body_bytes", "max_tokens", "max_depth", "max_aliases", "max_directives", "max_batch", "max_cost", "schema", "on_malformed", "default_cost", "reconcile"}
+	costOptions         = []string{"reconcile", "charged_header"}
+	llmOptions          = []string{"provider", "chars_per_token", "default_max_tokens", "image_tokens", "max_body_bytes", "on_malformed", "default_cost", "price", "default", "reconcile", "charged_header"}
+	graphqlOptions      = []string{"model", "default_list_size", "slicing_arguments", "max_body_bytes", "max_tokens", "max_depth", "max_aliases", "max_directives", "max_batch", "max_cost", "schema", "on_malformed", "default_cost", "reconcile", "list_fields", "depth_factor", "mutation", "subscription", "extensions_cost", "charged_header"}
 	reconcileOptions    = []string{"provider", "format", "header", "actual"}
 	memoryOptions       = []string{"name", "max_keys", "max_replay_bytes"}
 	idempotencyOptions  = []string{"header", "ttl", "in_flight", "retries", "methods", "replay", "replay_cookies", "identity"}

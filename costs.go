@@ -8,12 +8,14 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 
 	"github.com/caddy-cascade/cascade/cost"
 	"github.com/caddy-cascade/cascade/engine"
 	"github.com/caddy-cascade/cascade/hierarchy"
+	"github.com/caddy-cascade/cascade/logsample"
 )
 
 // Cost is what a request costs in one dimension: a number, a placeholder,
@@ -47,9 +49,17 @@ type Cost struct {
 	// path is adjusted by actual − estimate (a refund, or a debt that later
 	// requests pay).
 	Reconcile *Reconcile `json:"reconcile,omitempty"`
+	// ChargedHeader says what an admitted request was charged in this
+	// dimension, when its path counts it, in the response header
+	// Cascade-Cost: points=12 (with other dimensions' items, comma
+	// separated): the estimate charged before the upstream answered.
+	ChargedHeader bool `json:"charged_header,omitempty"`
 
-	estimator cost.Estimator // nil for Value
-	at        position       // the Caddyfile line that wrote it, when one did
+	estimator cost.Estimator   // nil for Value
+	at        position         // the Caddyfile line that wrote it, when one did
+	shows     bool             // ChargedHeader, or a GraphQL cost's ExtensionsCost
+	skipLog   *logsample.Every // responses left without extensions.cost: one logged a minute
+	gzip      *cost.GzipPool   // the gzip coders of the responses extensions_cost rewrites
 }
 
 // Reconcile says where the upstream reports its usage and how to count it.
@@ -117,6 +127,10 @@ func (c *Cost) provision() error {
 		c.estimator = c.GraphQL
 	case c.BodySize:
 		c.estimator = cost.BodySize{}
+	}
+	c.shows = c.ChargedHeader || c.GraphQL != nil && c.GraphQL.ExtensionsCost
+	if c.GraphQL != nil && c.GraphQL.ExtensionsCost {
+		c.skipLog, c.gzip = &logsample.Every{Interval: time.Minute}, new(cost.GzipPool)
 	}
 	if c.Reconcile != nil {
 		if err := c.Reconcile.TapConfig.Provision(); err != nil {

@@ -140,7 +140,16 @@ func (h *Handler) serveDecided(w http.ResponseWriter, r *http.Request, next cadd
 		if h.ownHeaders {
 			w = keepOwnHeaders(w)
 		}
+		if d.Allowed && d.Request.Estimates != nil && h.showsCost() {
+			return h.passShowingCost(w, r, next, d, mode)
+		}
 	}
+	return h.passOn(w, r, next, d, mode)
+}
+
+// passOn passes a decided request on (charged on its outcome, its costs
+// reconciled, or as it is), or refuses it.
+func (h *Handler) passOn(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, d *decision, mode string) error {
 	if h.ChargeOn != nil && d.Allowed && len(d.Limits) > 0 {
 		return h.passChargedOn(w, r, next, d)
 	}
@@ -261,6 +270,11 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, next caddyhttp.
 	detail := d.Detail()
 	if h.UseErrorRoutes {
 		return caddyhttp.Error(code, errors.New(detail))
+	}
+	if w, ew := h.refusalShowingCost(w, d); ew != nil { // extensions_cost
+		err := h.problem(w, r, code, d.Reason, "Too Many Requests", detail, d)
+		_ = ew.Close()
+		return err
 	}
 	return h.problem(w, r, code, d.Reason, "Too Many Requests", detail, d)
 }

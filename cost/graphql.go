@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"math"
 	"mime"
 	"net/http"
 	"net/url"
+	"path"
 	"strings"
 
 	"github.com/vektah/gqlparser/v2/ast"
@@ -49,7 +51,10 @@ const (
 //	cost(field) = weight + cost(selection)          (other fields)
 //
 // Without a schema, a field is a list exactly when it has a slicing argument
-// (the Relay connection convention GitHub, Shopify and others follow).
+// (the Relay connection convention GitHub, Shopify and others follow) or
+// its name matches one of ListFields. DepthFactor weighs deeper fields
+// more, and Mutation and Subscription price an operation's top-level
+// fields (see their fields).
 // __typename costs nothing. Named and inline fragments are expanded where
 // they are spread; @skip and @include are ignored (the conservative reading).
 // A query costs at least 1.
@@ -131,6 +136,29 @@ type GraphQL struct {
 	// DefaultCost is charged for malformed input when OnMalformed is
 	// "default"; it must then be positive.
 	DefaultCost int64 `json:"default_cost,omitempty"`
+	// ListFields are glob patterns (path.Match: *, ?, [a-z]) of field names
+	// that are lists when no schema says otherwise (e.g. "*s", "all*",
+	// "*Connection"): such a field without a slicing argument counts as
+	// DefaultListSize items, its selection multiplied by it, as a schema
+	// list field does. A field a schema knows is what the schema says.
+	ListFields []string `json:"list_fields,omitempty"`
+	// DepthFactor, when above 1, multiplies each field's weight by
+	// DepthFactor^(level−1), level 1 being the operation's own fields, in
+	// the fields model: with 1.5, { a { b { c } } } costs 1 + 1.5 + 2.25 =
+	// 4.75, rounded up to 5. Lists multiply as before. 0 (the default) and
+	// 1 leave costs as they are.
+	DepthFactor float64 `json:"depth_factor,omitempty"`
+	// Mutation and Subscription are added, in either model, for each
+	// top-level field of a mutation or subscription operation (aliases
+	// and fragments' fields counted, __typename not): a fixed price for
+	// what a query's shape does not show (0, the default, adds nothing).
+	Mutation     int64 `json:"mutation,omitempty"`
+	Subscription int64 `json:"subscription,omitempty"`
+	// ExtensionsCost shows the request's cost to the client: Cascade adds
+	// Shopify's extensions.cost object to a JSON response, and to the
+	// problem body of a refusal. The estimator only carries the setting;
+	// the handler writes it (see [ExtensionsWriter]).
+	ExtensionsCost bool `json:"extensions_cost,omitempty"`
 	// CacheSize is the number of parsed queries kept for reuse (default
 	// 128; -1 disables the cache). Clients send the same few query texts
 	// with different variables, and parsing is most of the cost of an
@@ -221,12 +249,38 @@ func (g *GraphQL) Validate() error {
 			return fmt.Errorf("graphql: slicing_arguments must not contain an empty name")
 		}
 	}
+	for _, p := range g.ListFields {
+		if _, err := path.Match(p, ""); err != nil || p == "" {
+			return fmt.Errorf("graphql: list_fields: %q is not a glob pattern of field names (e.g. *s, all*, *Connection)", p)
+		}
+	}
+	if f := g.DepthFactor; math.IsNaN(f) || math.IsInf(f, 0) || f != 0 && f < 1 {
+		return fmt.Errorf("graphql: depth_factor must be at least 1 (e.g. 1.5), or 0 for none, got %v", f)
+	}
+	if g.DepthFactor > 1 && g.Model == ModelGitHub {
+		// Else silently ignored: GitHub's formula counts no field weights.
+		return fmt.Errorf("graphql: depth_factor weighs fields, which model github does not count: drop depth_factor, or use model fields")
+	}
+	if g.Mutation < 0 || g.Subscription < 0 {
+		return fmt.Errorf("graphql: mutation and subscription costs must not be negative, got %d and %d", g.Mutation, g.Subscription)
+	}
 	if g.OnMalformed != "" {
 		if err := validateOnMalformed(g.OnMalformed, g.DefaultCost); err != nil {
 			return fmt.Errorf("graphql: %w", err)
 		}
 	}
 	return nil
+}
+
+// isListField reports whether a field the schema does not know is a list
+// by its name (ListFields).
+func (g *GraphQL) isListField(name string) bool {
+	for _, p := range g.ListFields {
+		if ok, _ := path.Match(p, name); ok {
+			return true
+		}
+	}
+	return false
 }
 
 // NeedsBody returns true (POST requests carry the query in the body).
@@ -522,10 +576,21 @@ func (g *GraphQL) analyzeOne(q gqlQuery) (Complexity, error) {
 	if err != nil {
 		return Complexity{}, err
 	}
+	fields := acc.fields
+	if w.factor != 0 {
+		fields = ceilCost(acc.scaled)
+	}
+	fixed := int64(0)
+	switch op.Operation {
+	case ast.Mutation:
+		fixed = satMul(g.Mutation, acc.top)
+	case ast.Subscription:
+		fixed = satMul(g.Subscription, acc.top)
+	}
 	c := Complexity{
-		Fields:     max(acc.fields, 1),
+		Fields:     satAdd(max(fields, 1), fixed),
 		Requests:   acc.requests,
-		Points:     max(satAdd(acc.requests, 50)/100, 1),
+		Points:     satAdd(max(satAdd(acc.requests, 50)/100, 1), fixed),
 		Nodes:      acc.nodes,
 		Depth:      acc.depth,
 		Aliases:    w.aliases,
@@ -541,6 +606,23 @@ func (g *GraphQL) analyzeOne(q gqlQuery) (Complexity, error) {
 			"the query costs %d, more than the %d allowed per query", c.Cost, g.MaxCost)
 	}
 	return c, nil
+}
+
+// ceilCost rounds a scaled cost up to a whole number, saturating at the
+// int64 maximum. A cost within a part in 10^12 of a whole number is that
+// number, so that the binary rounding of a factor such as 1.1 never adds a
+// point of its own.
+func ceilCost(f float64) int64 {
+	switch {
+	case math.IsNaN(f) || f <= 0:
+		return 0
+	case f >= math.MaxInt64:
+		return math.MaxInt64
+	}
+	if r := math.Round(f); math.Abs(f-r) <= f*1e-12 {
+		return int64(r)
+	}
+	return int64(math.Ceil(f))
 }
 
 // parse parses a query, or reuses the document parsed for the same text.

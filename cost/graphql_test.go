@@ -604,3 +604,191 @@ func TestGraphQLQueryInURLOfAPost(t *testing.T) {
 		})
 	}
 }
+
+// abusive is the query that passes as cheap without a schema: four fields,
+// no slicing argument anywhere, yet every level is a list.
+const abusive = `{ allUsers { posts { comments { likes } } } }`
+
+// TestGraphQLPricingOptions: each option's price of the abusive query and
+// of queries with fragments, aliases, variables, mutations and batches,
+// each number worked out by hand in its comment.
+func TestGraphQLPricingOptions(t *testing.T) {
+	lists := []string{"all*", "*s"}
+	for _, tc := range []struct {
+		name string
+		g    GraphQL
+		body string
+		want int64
+	}{
+		// 1 + 1 + 1 + 1: every field once.
+		{"abusive, defaults", GraphQL{}, gqlBody(abusive, nil, ""), 4},
+		// Lists of 1 change nothing in the fields model.
+		{"abusive, list_fields alone", GraphQL{ListFields: lists}, gqlBody(abusive, nil, ""), 4},
+		// likes 1; comments 1 + 10×1 = 11; posts 1 + 10×11 = 111; allUsers 1 + 10×111.
+		{"abusive, list_fields, 10", GraphQL{ListFields: lists, DefaultListSize: 10}, gqlBody(abusive, nil, ""), 1111},
+		// Only allUsers is a list: 1 + 10 × (1 + 1 + 1).
+		{"abusive, all* only", GraphQL{ListFields: []string{"all*"}, DefaultListSize: 10}, gqlBody(abusive, nil, ""), 31},
+		// 1 + 1.5 + 2.25 + 3.375 = 8.125, rounded up.
+		{"abusive, depth_factor", GraphQL{DepthFactor: 1.5}, gqlBody(abusive, nil, ""), 9},
+		// 1 + 10 × (1.5 + 10 × (2.25 + 10 × 3.375)) = 1 + 10 × 361.5.
+		{"abusive, both", GraphQL{ListFields: lists, DefaultListSize: 10, DepthFactor: 1.5}, gqlBody(abusive, nil, ""), 3616},
+		// A query pays no mutation price.
+		{"abusive, mutation", GraphQL{Mutation: 10, Subscription: 50}, gqlBody(abusive, nil, ""), 4},
+		// GitHub: 1 + 10 × (1 + 10 × (1 + 10 × 1)) = 1111 requests: 11 points.
+		{"abusive, github", GraphQL{Model: ModelGitHub, ListFields: lists, DefaultListSize: 10}, gqlBody(abusive, nil, ""), 11},
+		// A factor of 1.1 over 3 levels: 1 + 1.1 + 1.21 = 3.31 → 4.
+		{"factor 1.1", GraphQL{DepthFactor: 1.1}, gqlBody(`{ a { b { c } } }`, nil, ""), 4},
+		{"factor 1 is none", GraphQL{DepthFactor: 1}, gqlBody(abusive, nil, ""), 4},
+		// Fragments: allUsers 1 (level 1) + 10 × (posts 1.5 + 10 × id 2.25),
+		// P costed once at its own levels and scaled by 1.5 where spread.
+		{"fragments", GraphQL{ListFields: lists, DefaultListSize: 10, DepthFactor: 1.5},
+			gqlBody(`query { ...U } fragment U on Query { allUsers { ...P } } fragment P on User { posts { id } }`, nil, ""), 241},
+		// Aliases: two lists of 10 users, 1 + 10 × 1 each.
+		{"aliases", GraphQL{ListFields: lists, DefaultListSize: 10},
+			gqlBody(`{ a: allUsers { id } b: allUsers { id } }`, nil, ""), 22},
+		// A slicing argument's variable sizes the list: 1 + 5 × 1.
+		{"variable first", GraphQL{ListFields: lists, DefaultListSize: 10},
+			gqlBody(`query($n: Int) { allUsers(first: $n) { id } }`, map[string]any{"n": 5}, ""), 6},
+		// Unbound, it counts default_list_size: 1 + 10 × 1.
+		{"variable first, unbound", GraphQL{ListFields: lists, DefaultListSize: 10},
+			gqlBody(`query($n: Int) { allUsers(first: $n) { id } }`, nil, ""), 11},
+		// Its default value: 1 + 3 × 1.
+		{"variable first, default", GraphQL{ListFields: lists, DefaultListSize: 10},
+			gqlBody(`query($n: Int = 3) { allUsers(first: $n) { id } }`, nil, ""), 4},
+		// Two of the abusive query: 2 × 1111.
+		{"batch", GraphQL{ListFields: lists, DefaultListSize: 10}, "[" + gqlBody(abusive, nil, "") + "," + gqlBody(abusive, nil, "") + "]", 2222},
+		// Fields 4, plus 10 for each of the two top-level fields.
+		{"mutation", GraphQL{Mutation: 10},
+			gqlBody(`mutation { createUser(name: "a") { id } deletePost(id: 1) { id } }`, nil, ""), 24},
+		// An alias and a fragment's field count, __typename does not:
+		// fields 2 + 2, plus 2 × 10.
+		{"mutation, alias and fragment", GraphQL{Mutation: 10},
+			gqlBody(`mutation { a: createUser { id } ...M __typename } fragment M on Mutation { deletePost { id } }`, nil, ""), 24},
+		// Fields 2, plus 50.
+		{"subscription", GraphQL{Mutation: 10, Subscription: 50}, gqlBody(`subscription { onPost { id } }`, nil, ""), 52},
+		// GitHub: 1 point, plus 10.
+		{"mutation, github", GraphQL{Model: ModelGitHub, Mutation: 10}, gqlBody(`mutation { createUser { id } }`, nil, ""), 11},
+		// A mutation in a batch of two, beside a query: (2 + 10) + 4.
+		{"mutation in a batch", GraphQL{Mutation: 10},
+			"[" + gqlBody(`mutation { createUser { id } }`, nil, "") + "," + gqlBody(abusive, nil, "") + "]", 16},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := provisioned(t, &tc.g)
+			got, err := g.Estimate(gqlPost(tc.body))
+			if err != nil || got != tc.want {
+				t.Fatalf("cost %d, %v; want %d", got, err, tc.want)
+			}
+		})
+	}
+}
+
+// TestGraphQLListFieldsYieldToTheSchema: a field the schema knows is what
+// the schema says, whatever its name; one it does not know follows
+// list_fields.
+func TestGraphQLListFieldsYieldToTheSchema(t *testing.T) {
+	g := provisioned(t, &GraphQL{ListFields: []string{"all*"}, DefaultListSize: 10,
+		Schema: "type Query { allUsers: User }\ntype User { id: ID }"})
+	for query, want := range map[string]int64{
+		`{ allUsers { id } }`:   2,      // not a list, says the schema
+		`{ allThings { id } }`:  1 + 10, // unknown: a list by its name
+		`{ allUsers { id } x }`: 3,
+	} {
+		if got, err := g.Estimate(gqlPost(gqlBody(query, nil, ""))); err != nil || got != want {
+			t.Errorf("%s: %d, %v; want %d", query, got, err, want)
+		}
+	}
+}
+
+// TestGraphQLPricingSaturates: a depth factor over huge lists saturates
+// instead of overflowing, and max_cost still refuses.
+func TestGraphQLPricingSaturates(t *testing.T) {
+	g := provisioned(t, &GraphQL{DepthFactor: 10, MaxDepth: 30})
+	q := `{ a(first: 1000000000) { b(first: 1000000000) { c(first: 1000000000) { d } } } }`
+	if got, err := g.Estimate(gqlPost(gqlBody(q, nil, ""))); err != nil || got != math.MaxInt64 {
+		t.Fatalf("%d, %v", got, err)
+	}
+	g = provisioned(t, &GraphQL{DepthFactor: 1.5, MaxCost: 8})
+	if _, err := g.Estimate(gqlPost(gqlBody(abusive, nil, ""))); !isType(err, TypeGraphQLCostExceeded) {
+		t.Fatalf("9 points over a max_cost of 8: %v", err)
+	}
+}
+
+func isType(err error, typ string) bool {
+	var ie *InputError
+	return errors.As(err, &ie) && ie.Type == typ
+}
+
+func TestGraphQLPricingValidate(t *testing.T) {
+	for name, g := range map[string]GraphQL{
+		"factor below 1":   {DepthFactor: 0.5},
+		"factor negative":  {DepthFactor: -2},
+		"factor NaN":       {DepthFactor: math.NaN()},
+		"factor infinite":  {DepthFactor: math.Inf(1)},
+		"negative price":   {Mutation: -1},
+		"bad glob":         {ListFields: []string{"[a-"}},
+		"empty glob":       {ListFields: []string{""}},
+		"negative sub fee": {Subscription: -5},
+		"factor in github": {DepthFactor: 1.5, Model: ModelGitHub}, // no weights to scale: silently ignored
+	} {
+		if err := g.Validate(); err == nil {
+			t.Errorf("%s: no error", name)
+		}
+	}
+}
+
+// TestGraphQLPricingDocsTable holds docs/costs.md's table of what each
+// option does to three queries to the estimator's numbers.
+func TestGraphQLPricingDocsTable(t *testing.T) {
+	queries := []string{
+		abusive,
+		`{ viewer { repositories(first: 10) { nodes { name } } } }`,
+		`mutation { createPost(title: "hi") { id author { name } } }`,
+	}
+	lists := []string{"*s", "all*"}
+	for _, row := range []struct {
+		name string
+		g    GraphQL
+		want [3]int64
+	}{
+		{"defaults", GraphQL{}, [3]int64{4, 22, 4}},
+		{"list_fields", GraphQL{ListFields: lists, DefaultListSize: 10}, [3]int64{1111, 112, 4}},
+		{"depth_factor", GraphQL{DepthFactor: 1.5}, [3]int64{9, 59, 7}},
+		{"both", GraphQL{ListFields: lists, DefaultListSize: 10, DepthFactor: 1.5}, [3]int64{3616, 363, 7}},
+		{"mutation", GraphQL{Mutation: 10}, [3]int64{4, 22, 14}},
+	} {
+		g := provisioned(t, &row.g)
+		for i, q := range queries {
+			if got, err := g.Estimate(gqlPost(gqlBody(q, nil, ""))); err != nil || got != row.want[i] {
+				t.Errorf("%s, query %d: %d, %v; want %d", row.name, i+1, got, err, row.want[i])
+			}
+		}
+	}
+}
+
+// FuzzGraphQLPricing: with every pricing option on, any request is costed
+// without a panic, and never cheaper than without them (sizes of at least
+// 1, a factor of at least 1 and fixed prices only add).
+func FuzzGraphQLPricing(f *testing.F) {
+	for _, q := range []string{abusive, `mutation { a: createUser { id } ...M } fragment M on Mutation { b { c } }`,
+		`subscription { s(first: 3) { items { x } } }`, `query($n: Int) { allUsers(first: $n) { posts { id } } }`} {
+		f.Add(gqlBody(q, map[string]any{"n": 7}, ""))
+	}
+	plain := &GraphQL{MaxCost: 0, CacheSize: -1}
+	priced := &GraphQL{ListFields: []string{"*s", "all*", "[a-c]"}, DefaultListSize: 7, DepthFactor: 1.7,
+		Mutation: 11, Subscription: 13, CacheSize: -1}
+	for _, g := range []*GraphQL{plain, priced} {
+		if err := g.Provision(); err != nil {
+			f.Fatal(err)
+		}
+	}
+	f.Fuzz(func(t *testing.T, body string) {
+		a, errA := plain.Estimate(gqlPost(body))
+		b, errB := priced.Estimate(gqlPost(body))
+		if (errA == nil) != (errB == nil) {
+			t.Fatalf("%q: errors %v and %v", body, errA, errB)
+		}
+		if errA == nil && b < a {
+			t.Fatalf("%q: %d with the options, %d without", body, b, a)
+		}
+	})
+}

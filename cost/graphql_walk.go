@@ -24,6 +24,11 @@ type acc struct {
 	requests int64 // GitHub: Σ over connections of 1 + size × requests(selection)
 	nodes    int64 // GitHub: Σ over connections of size × (1 + nodes(selection))
 	depth    int   // deepest field, relative to where the walk started
+	// scaled is fields with each field's weight multiplied by
+	// DepthFactor^(level−1), level counted from the walk's start (1 for
+	// its own fields); kept only when a DepthFactor is set.
+	scaled float64
+	top    int64 // the fields of the selection itself (through fragments), __typename aside
 }
 
 func (a *acc) add(b acc) {
@@ -31,6 +36,17 @@ func (a *acc) add(b acc) {
 	a.requests = satAdd(a.requests, b.requests)
 	a.nodes = satAdd(a.nodes, b.nodes)
 	a.depth = max(a.depth, b.depth)
+	a.scaled += b.scaled
+	a.top = satAdd(a.top, b.top)
+}
+
+// mulScaled is a × b for scaled costs, where a size of 0 wins over an
+// infinite cost (0 × +Inf would be NaN).
+func mulScaled(a, b float64) float64 {
+	if a == 0 || b == 0 {
+		return 0
+	}
+	return a * b
 }
 
 type fragState struct {
@@ -52,6 +68,7 @@ type walker struct {
 	maxDepth, maxAliases, maxDirectives int
 	slicing                             []string
 	defaultSize                         int64
+	factor                              float64 // DepthFactor, 0 when off
 
 	aliases, directives int
 	nesting             int
@@ -67,6 +84,9 @@ func newWalker(g *GraphQL, doc *ast.QueryDocument, op *ast.OperationDefinition, 
 		maxDirectives: int(orDefault(int64(g.MaxDirectives), DefaultGraphQLMaxDirectives)),
 		slicing:       g.SlicingArguments,
 		defaultSize:   orDefault(g.DefaultListSize, DefaultGraphQLListSize),
+	}
+	if g.DepthFactor > 1 {
+		w.factor = g.DepthFactor
 	}
 	if len(w.slicing) == 0 {
 		w.slicing = []string{"first", "last"}
@@ -172,6 +192,11 @@ func (w *walker) spread(name string, depth int) (acc, error) {
 	if res.depth > w.maxDepth {
 		return acc{}, w.tooDeep()
 	}
+	if w.factor != 0 && depth > 0 {
+		// Every field of the fragment sits depth levels deeper than in
+		// its own walk: each weight is multiplied by factor^depth.
+		res.scaled = mulScaled(res.scaled, math.Pow(w.factor, float64(depth)))
+	}
 	return res, nil
 }
 
@@ -214,7 +239,7 @@ func (w *walker) field(f *ast.Field, parent string, depth int) (acc, error) {
 	if err != nil {
 		return acc{}, err
 	}
-	res := acc{depth: max(depth, child.depth)}
+	res := acc{depth: max(depth, child.depth), top: 1}
 	if isList {
 		res.fields = satAdd(weight, satMul(size, child.fields))
 		res.requests = satAdd(1, satMul(size, child.requests))
@@ -223,6 +248,16 @@ func (w *walker) field(f *ast.Field, parent string, depth int) (acc, error) {
 		res.fields = satAdd(weight, child.fields)
 		res.requests = child.requests
 		res.nodes = child.nodes
+	}
+	if w.factor != 0 {
+		// The field's own weight at its level (depth is 1 at the top of
+		// this walk), its selection already scaled at theirs.
+		own := mulScaled(float64(weight), math.Pow(w.factor, float64(depth-1)))
+		if isList {
+			res.scaled = own + mulScaled(float64(size), child.scaled)
+		} else {
+			res.scaled = own + child.scaled
+		}
 	}
 	return res, nil
 }
@@ -254,7 +289,7 @@ func (w *walker) size(f *ast.Field, info *fieldInfo) (int64, bool) {
 		return size, true
 	case assumed >= 0:
 		return assumed, true
-	case found, info != nil && info.isList:
+	case found, info != nil && info.isList, info == nil && w.g.isListField(f.Name):
 		return w.defaultSize, true
 	}
 	return 1, false
