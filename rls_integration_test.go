@@ -218,7 +218,13 @@ func TestRLSCaddyfileErrors(t *testing.T) {
 		{"rls {\n\t\tlisten 127.0.0.1:8081\n\t\tdomain api tree\n\t}", "expected domain <name> [tree <tree>] [dimension <dimension>]"},
 		{"rls {\n\t\tlisten 127.0.0.1:8081\n\t\tdomain api color red\n\t}", `unknown setting "color"`},
 		{"rls {\n\t\tlisten 127.0.0.1:8081\n\t\tdomain api\n\t\tdomain api\n\t}", `domain "api" configured twice`},
-		{"rls {\n\t\tport 8081\n\t}", `unknown option "port": expected listen, tls or domain`},
+		{"rls {\n\t\tport 8081\n\t}", `unknown option "port": expected listen, tls, domain or config`},
+		{"rls {\n\t\tlisten 127.0.0.1:8081\n\t\tconfig\n\t}", "rls config: give envoyproxy/ratelimit's YAML"},
+		{"rls {\n\t\tlisten 127.0.0.1:8081\n\t\tconfig /x {\n\t\t\tatomic maybe\n\t\t}\n\t}", `atomic "maybe": use one of on, off`},
+		{"rls {\n\t\tlisten 127.0.0.1:8081\n\t\tconfig /x {\n\t\t\tstore disk\n\t\t}\n\t}", `unknown store "disk"`},
+		{"rls {\n\t\tlisten 127.0.0.1:8081\n\t\tconfig /x {\n\t\t\twatch often\n\t\t}\n\t}", `rls config watch "often": give how often`},
+		{"rls {\n\t\tlisten 127.0.0.1:8081\n\t\tconfig /x {\n\t\t\tbogus\n\t\t}\n\t}", `unknown option "bogus": expected store, atomic, descriptor_limits, max_hits_addend, shadow, headers or watch`},
+		{"rls {\n\t\tlisten 127.0.0.1:8081\n\t\tconfig /x {\n\t\t\theaders a b\n\t\t}\n\t}", `rls config headers: no names`},
 	} {
 		cf := "{\n\tcascade {\n\t\t" + tc.rls + "\n\t}\n}\n" + rlsSite(8080, 1, "")
 		_, err := adapt(t, cf)

@@ -284,6 +284,15 @@ func (a *App) Controller() *adaptive.Controller { return a.controller }
 //	                client_ca <file>                   # mutual TLS: only clients of these CAs
 //	            }
 //	            domain <name> [tree <tree>] [dimension <dim>] [max_hits_addend <n>] [allow_refunds] # default: every tree, by its name
+//	            config <file or directory>... {        # envoyproxy/ratelimit's YAML, as it is
+//	                store memory|redis { ... }         # where its counters live (default memory)
+//	                atomic on|off                      # off: each descriptor alone (default on)
+//	                descriptor_limits                  # honour a descriptor's own limit
+//	                max_hits_addend <n>
+//	                shadow                             # never refuse: statuses and metrics only
+//	                headers [<limit> <remaining> <reset>]
+//	                watch [<interval>]                 # read the files again when they change
+//	            }
 //	        }
 //	    }
 //	}

@@ -24,6 +24,7 @@ import (
 	"github.com/caddy-cascade/cascade/internal/promreg"
 	"github.com/caddy-cascade/cascade/rls"
 	"github.com/caddy-cascade/cascade/running"
+	"github.com/caddy-cascade/cascade/storeconfig"
 )
 
 // RLSConfig serves Envoy's rate limit service (gRPC,
@@ -43,6 +44,47 @@ type RLSConfig struct {
 	// Domains maps Envoy's rate limit domains to trees. Without any, every
 	// tree of every rate_limit handler is served under its own name.
 	Domains []RLSDomain `json:"domains,omitempty"`
+	// Config serves envoyproxy/ratelimit's YAML configuration as it is,
+	// beside the trees: its domains win over trees of the same names.
+	Config *RLSRules `json:"config,omitempty"`
+
+	rules *rls.Rules // Config's, read by validate
+}
+
+// RLSRules is envoyproxy/ratelimit's configuration, served with its
+// semantics (see package rls, Envoy).
+type RLSRules struct {
+	// Paths are YAML files, or directories whose *.yaml and *.yml files
+	// (in subdirectories too; any other file is an error) are read; each
+	// file is one domain. Read again on every reload of Caddy's
+	// configuration.
+	Paths []string `json:"paths"`
+	// Store is where the rules' counters live: the memory store (the
+	// default) or Redis, as a rate_limit handler's store.
+	Store *storeconfig.Config `json:"store,omitempty"`
+	// Atomic, false, decides each descriptor of a call alone, as
+	// envoyproxy/ratelimit does (Caddyfile: atomic off). By default (nil or
+	// true) a call refused by any descriptor is charged for none.
+	Atomic *bool `json:"atomic,omitempty"`
+	// DescriptorLimits honours the limit a descriptor carries (Envoy's
+	// limit override); by default such a call is INVALID_ARGUMENT.
+	DescriptorLimits bool `json:"descriptor_limits,omitempty"`
+	// MaxHitsAddend is the largest hits_addend taken; default 4294967295.
+	MaxHitsAddend int64 `json:"max_hits_addend,omitempty"`
+	// Shadow answers every call OK overall, its statuses, metrics and
+	// counters as if it enforced (envoyproxy/ratelimit's
+	// GLOBAL_SHADOW_MODE): for running beside it before switching.
+	Shadow bool `json:"shadow,omitempty"`
+	// Headers, when set, adds the RateLimit-Limit, -Remaining and -Reset
+	// headers (or the names it gives) of the status with the least left,
+	// as envoyproxy/ratelimit's LIMIT_RESPONSE_HEADERS_ENABLED does.
+	Headers *rls.EnvoyHeaders `json:"headers,omitempty"`
+	// Watch, when set, reads the files again this often, and serves
+	// their rules when they changed and load (as envoyproxy/ratelimit
+	// watches its runtime directory); rules that do not load are logged,
+	// and the rules before them go on. Without it the files are read at
+	// each load of Caddy's configuration only.
+	Watch caddy.Duration `json:"watch,omitempty"`
 }
 
 // RLSDomain is one domain Envoy's calls name.
@@ -95,14 +137,35 @@ type rlsLease struct {
 func (l *rlsLease) Destruct() error {
 	l.srv.leave(l.st)
 	_, err := rlsServers.Delete(l.listen)
+	if err2 := l.st.release(); err == nil {
+		err = err2
+	}
 	return err
 }
 
 // rlsState is what one configuration gives its rate limit service.
 type rlsState struct {
-	routes  map[string]rls.Route
-	observe rls.Observer
-	tls     *tls.Config // nil: plaintext
+	routes   map[string]rls.Route
+	envoy    *rls.Envoy // envoyproxy/ratelimit's rules, nil for none
+	storeKey string     // the rules' store in the stores pool, "" for none
+	// stopWatch stops the watcher of the rules' files; nil for none.
+	stopWatch chan struct{}
+	observe   rls.Observer
+	tls       *tls.Config // nil: plaintext
+}
+
+// release stops watching the rules' files and gives back their store.
+func (st *rlsState) release() error {
+	if st.stopWatch != nil {
+		close(st.stopWatch)
+		st.stopWatch = nil
+	}
+	if st.storeKey == "" {
+		return nil
+	}
+	key := st.storeKey
+	st.storeKey = ""
+	return storeconfig.Release(key)
 }
 
 // serve makes st the state served until it leaves.
@@ -130,7 +193,7 @@ func (s *rlsServer) leave(st *rlsState) {
 func (s *rlsServer) apply() {
 	st := s.states[len(s.states)-1]
 	s.creds.Set(st.tls)
-	s.svc.SetRoutes(st.routes, st.observe)
+	s.svc.Set(st.routes, st.envoy, st.observe)
 }
 
 // Destruct stops the server when no configuration uses its address any
@@ -146,8 +209,43 @@ func (s *rlsServer) Destruct() error {
 	return nil
 }
 
-// validate checks what can be checked without the handlers.
+// validate checks what can be checked without the handlers, and reads the
+// rules of Config.
 func (c *RLSConfig) validate() error {
+	if err := c.check(); err != nil {
+		return err
+	}
+	if c.Config == nil {
+		return nil
+	}
+	rules, err := rls.LoadRules(c.Config.Paths...)
+	if err != nil {
+		return fmt.Errorf("cascade rls: config: %w", err)
+	}
+	if err := c.checkRules(rules); err != nil {
+		return err
+	}
+	c.rules = rules
+	return nil
+}
+
+// checkRules refuses rules a domain line's tree has a domain of: when the
+// configuration loads, and when watch reads the files again.
+func (c *RLSConfig) checkRules(rules *rls.Rules) error {
+	for _, d := range c.Domains {
+		if slices.Contains(rules.Domains(), d.Domain) {
+			return fmt.Errorf("cascade rls: domain %s is a tree's and the domain of a file of config too: one of them", d.Domain)
+		}
+	}
+	return nil
+}
+
+// check checks what can be checked without reading files: what adapting
+// a Caddyfile reports.
+// minWatch is the shortest interval at which watch reads the rules' files.
+const minWatch = 10 * time.Millisecond
+
+func (c *RLSConfig) check() error {
 	if c.Listen == "" {
 		return errors.New("cascade rls: listen is required, e.g. listen 127.0.0.1:8081")
 	}
@@ -174,6 +272,17 @@ func (c *RLSConfig) validate() error {
 		seen[d.Domain] = true
 		if err := rls.ValidAddend(d.MaxHitsAddend); err != nil {
 			return fmt.Errorf("cascade rls: domain %s: %w", d.Domain, err)
+		}
+	}
+	if c.Config != nil {
+		if len(c.Config.Paths) == 0 {
+			return errors.New("cascade rls: config needs a file or directory of envoyproxy/ratelimit's YAML, e.g. config /etc/ratelimit/config")
+		}
+		if err := rls.ValidAddend(c.Config.MaxHitsAddend); err != nil {
+			return fmt.Errorf("cascade rls: config: %w", err)
+		}
+		if w := time.Duration(c.Config.Watch); w != 0 && w < minWatch {
+			return fmt.Errorf("cascade rls: config: watch %v: look at the files at most every %v (e.g. watch 2s)", w, minWatch)
 		}
 	}
 	return nil
@@ -218,8 +327,16 @@ func (c *RLSConfig) routes(engines []*engine.Engine, logger *zap.Logger) (map[st
 			}
 			routes[name] = r
 		}
-		if len(routes) == 0 {
-			return nil, errors.New("cascade rls: no rate_limit handler in this configuration has a tree to serve")
+		if c.rules != nil {
+			for _, d := range c.rules.Domains() {
+				if _, ok := routes[d]; ok {
+					logger.Warn("rls: a tree has the name of a domain of the rls config, whose rules decide its calls", zap.String("domain", d))
+					delete(routes, d)
+				}
+			}
+		}
+		if len(routes) == 0 && c.rules == nil {
+			return nil, errors.New("cascade rls: no rate_limit handler in this configuration has a tree to serve (serve envoyproxy/ratelimit's YAML with config <file>)")
 		}
 		return routes, nil
 	}
@@ -256,6 +373,17 @@ func (a *App) startRLS() error {
 		return err
 	}
 	st := &rlsState{routes: routes}
+	if a.RLS.rules != nil {
+		if st.envoy, st.storeKey, err = a.RLS.envoy(a.ctx); err != nil {
+			return err
+		}
+	}
+	started := false
+	defer func() {
+		if !started {
+			_ = st.release()
+		}
+	}()
 	if a.RLS.TLS != nil {
 		if st.tls, err = a.RLS.TLS.Config(); err != nil {
 			return fmt.Errorf("cascade rls: %w", err)
@@ -263,6 +391,15 @@ func (a *App) startRLS() error {
 	}
 	if st.observe, err = rlsMetrics(a.ctx.GetMetricsRegistry()); err != nil {
 		return fmt.Errorf("cascade rls: metrics: %w", err)
+	}
+	if st.envoy != nil {
+		if st.envoy.Observe, err = rlsRuleMetrics(a.ctx.GetMetricsRegistry()); err != nil {
+			return fmt.Errorf("cascade rls: metrics: %w", err)
+		}
+		if every := time.Duration(a.RLS.Config.Watch); every > 0 {
+			st.stopWatch = make(chan struct{})
+			go watchRules(st.envoy, a.RLS.Config.Paths, every, a.RLS.checkRules, st.stopWatch, a.logger)
+		}
 	}
 	na, err := caddy.ParseNetworkAddress(a.RLS.Listen)
 	if err != nil {
@@ -300,6 +437,7 @@ func (a *App) startRLS() error {
 		return fmt.Errorf("cascade rls: %w", err)
 	}
 	a.rlsKey = key
+	started = true // the lease releases the store from now on
 	srv.serve(st)
 	switch {
 	case localOnly(na):
@@ -364,6 +502,15 @@ func rlsMetrics(reg prometheus.Registerer) (rls.Observer, error) {
 //	        client_ca <file>        # mutual TLS: only clients with a certificate from these CAs
 //	    }
 //	    domain <name> [tree <tree>] [dimension <dim>] [max_hits_addend <n>] [allow_refunds]
+//	    config <file or directory>... {    # envoyproxy/ratelimit's YAML, as it is
+//	        store memory|redis { ... }      # where its counters live (default memory)
+//	        atomic on|off                   # off: each descriptor alone (default on)
+//	        descriptor_limits               # honour a descriptor's own limit
+//	        max_hits_addend <n>
+//	        shadow                          # never refuse: statuses and metrics only
+//	        headers [<limit> <remaining> <reset>] # RateLimit-Limit, -Remaining, -Reset
+//	        watch [<interval>]              # read the files again when they change (default 2s)
+//	    }
 //	}
 //
 // A domain's max_hits_addend (default 4294967295) is the largest hits_addend
@@ -400,11 +547,20 @@ func parseRLS(d *caddyfile.Dispenser) (*RLSConfig, error) {
 				return nil, err
 			}
 			c.Domains = append(c.Domains, dom)
+		case "config":
+			if c.Config != nil {
+				return nil, d.Errf("rls config: configured twice (give it several paths: config <path> <path>)")
+			}
+			rc, err := parseRLSRules(d)
+			if err != nil {
+				return nil, err
+			}
+			c.Config = rc
 		default:
-			return nil, d.Errf("rls: unknown option %q: expected listen, tls or domain", d.Val())
+			return nil, d.Errf("rls: unknown option %q: expected listen, tls, domain or config", d.Val())
 		}
 	}
-	if err := c.validate(); err != nil {
+	if err := c.check(); err != nil {
 		return nil, d.Errf("%v", err)
 	}
 	return c, nil

@@ -435,15 +435,21 @@ func randomCase(r *rand.Rand) testCase {
 			c.state.B += 0.5 // fractional counts appear after adjustments in tests
 		}
 		c.limit, c.cost = l, r.Int64N(l.Count+3)
-	default: // calendar
-		units := []rate.Unit{rate.Hour, rate.Day, rate.Week, rate.Month}
+	default: // calendar, or a fixed window aligned to the epoch
+		units := []rate.Unit{rate.Hour, rate.Day, rate.Week, rate.Month, rate.Fixed}
 		l := rate.Limit{Algorithm: rate.Calendar, Count: 1 + r.Int64N(100000), Unit: units[r.IntN(len(units))], Location: zones[r.IntN(len(zones))]}
+		skew := int64(5_000_000)
+		if l.Unit == rate.Fixed {
+			periods := []time.Duration{time.Second, time.Minute, 10 * time.Minute, time.Hour, 30 * 24 * time.Hour, 1234567 * time.Microsecond}
+			l.Period = periods[r.IntN(len(periods))]
+			skew = min(skew, l.Period.Microseconds()/2) // clocks less than half a window apart
+		}
 		start, end := l.Window(c.now)
 		if r.IntN(3) == 0 {
 			// Near a boundary, with Go's clock up to 5 s away from Redis's:
 			// the script must still use the window holding its own time.
-			c.now = end - 5_000_000 + r.Int64N(10_000_000)
-			c.wall = c.now - 5_000_000 + r.Int64N(10_000_001)
+			c.now = end - skew + r.Int64N(2*skew)
+			c.wall = c.now - skew + r.Int64N(2*skew+1)
 			start, _ = l.Window(c.now)
 		}
 		c.state.A = float64(r.Int64N(l.Count + 5))

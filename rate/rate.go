@@ -97,6 +97,11 @@
 // on the 1st. The window's bounds are computed in Go (Limit.Window), because
 // only Go knows time zones and month lengths; the Redis store passes the
 // bounds of the current and the next window to its script.
+//
+// A Calendar limit of Unit Fixed is a fixed window of any Period aligned to
+// the Unix epoch, not the calendar: the window holding t starts at
+// floor(t/Period)·Period, whatever the Location (envoyproxy/ratelimit's
+// windows: a minute, a day, its 30-day month).
 package rate
 
 import (
@@ -159,6 +164,8 @@ const (
 	Day   Unit = "day"
 	Week  Unit = "week"
 	Month Unit = "month"
+	// Fixed is a window of the limit's Period aligned to the Unix epoch.
+	Fixed Unit = "fixed"
 )
 
 // Limit is one limit: at most Count units per Period (or per calendar Unit).
@@ -166,7 +173,8 @@ type Limit struct {
 	Algorithm Algorithm
 	// Count is the number of units allowed per Period (or per Unit).
 	Count int64
-	// Period is the GCRA refill period or the sliding window. Unused by Calendar.
+	// Period is the GCRA refill period or the sliding window; for
+	// Calendar, the window of Unit Fixed only.
 	Period time.Duration
 	// Burst is GCRA's capacity; 0 means Count.
 	Burst int64
@@ -202,8 +210,12 @@ func (l Limit) Validate() error {
 	case Calendar:
 		switch l.Unit {
 		case Hour, Day, Week, Month:
+		case Fixed:
+			if l.Period < time.Microsecond {
+				return fmt.Errorf("a fixed window must be at least 1µs, got %v", l.Period)
+			}
 		default:
-			return fmt.Errorf("calendar limits need a unit of hour, day, week or month, got %q", l.Unit)
+			return fmt.Errorf("calendar limits need a unit of hour, day, week, month or fixed, got %q", l.Unit)
 		}
 		if l.Burst != 0 {
 			return fmt.Errorf("burst applies only to the gcra algorithm")
@@ -253,6 +265,8 @@ func (l Limit) WindowSeconds() int64 {
 			return 86400
 		case Week:
 			return 7 * 86400
+		case Fixed:
+			return max(int64(math.Ceil(l.Period.Seconds())), 1)
 		default:
 			return 30 * 86400
 		}
@@ -271,6 +285,11 @@ func (l Limit) WindowSeconds() int64 {
 
 // Window returns the calendar window [start, end) containing t, in µs.
 func (l Limit) Window(t int64) (start, end int64) {
+	if l.Unit == Fixed {
+		p := l.Period.Microseconds()
+		start := t - mod(t, p)
+		return start, start + p
+	}
 	loc := l.Location
 	if loc == nil {
 		loc = time.UTC

@@ -103,6 +103,61 @@ func TestCalendarWindows(t *testing.T) {
 	}
 }
 
+// TestFixedWindows: a Fixed window is floor(t/Period)·Period, whatever the
+// location (envoyproxy/ratelimit's alignment), and a calendar hour or day
+// in UTC is the Fixed window of that length: the same bounds at any instant.
+func TestFixedWindows(t *testing.T) {
+	paris, err := time.LoadLocation("Europe/Paris")
+	if err != nil {
+		paris = time.FixedZone("CET", 3600)
+	}
+	at := time.Date(2026, 3, 18, 10, 37, 5, 250_000_000, time.UTC)
+	tests := []struct {
+		period     time.Duration
+		start, end time.Time
+	}{
+		{time.Second, time.Date(2026, 3, 18, 10, 37, 5, 0, time.UTC), time.Date(2026, 3, 18, 10, 37, 6, 0, time.UTC)},
+		{time.Minute, time.Date(2026, 3, 18, 10, 37, 0, 0, time.UTC), time.Date(2026, 3, 18, 10, 38, 0, 0, time.UTC)},
+		{10 * time.Minute, time.Date(2026, 3, 18, 10, 30, 0, 0, time.UTC), time.Date(2026, 3, 18, 10, 40, 0, 0, time.UTC)},
+		// epoch-aligned weeks start on Thursdays, 30-day months anywhere
+		{7 * 24 * time.Hour, time.Date(2026, 3, 12, 0, 0, 0, 0, time.UTC), time.Date(2026, 3, 19, 0, 0, 0, 0, time.UTC)},
+		{30 * 24 * time.Hour, time.Date(2026, 3, 8, 0, 0, 0, 0, time.UTC), time.Date(2026, 4, 7, 0, 0, 0, 0, time.UTC)},
+	}
+	for _, tt := range tests {
+		for _, loc := range []*time.Location{nil, paris} {
+			l := Limit{Algorithm: Calendar, Count: 1, Unit: Fixed, Period: tt.period, Location: loc}
+			if err := l.Validate(); err != nil {
+				t.Fatalf("%v: %v", tt.period, err)
+			}
+			s, e := l.Window(at.UnixMicro())
+			if s != tt.start.UnixMicro() || e != tt.end.UnixMicro() {
+				t.Errorf("fixed %v (%v): window [%v, %v), want [%v, %v)", tt.period, loc,
+					time.UnixMicro(s).UTC(), time.UnixMicro(e).UTC(), tt.start, tt.end)
+			}
+		}
+	}
+	for _, unit := range []struct {
+		u Unit
+		p time.Duration
+	}{{Hour, time.Hour}, {Day, 24 * time.Hour}} {
+		cal := Limit{Algorithm: Calendar, Count: 1, Unit: unit.u}
+		fixed := Limit{Algorithm: Calendar, Count: 1, Unit: Fixed, Period: unit.p}
+		for ts := at.UnixMicro(); ts < at.AddDate(0, 0, 3).UnixMicro(); ts += 7*60*1e6 + 13 {
+			s1, e1 := cal.Window(ts)
+			s2, e2 := fixed.Window(ts)
+			if s1 != s2 || e1 != e2 {
+				t.Fatalf("%s at %v: calendar [%d, %d), fixed [%d, %d)", unit.u, time.UnixMicro(ts).UTC(), s1, e1, s2, e2)
+			}
+		}
+		if cal.WindowSeconds() != fixed.WindowSeconds() {
+			t.Errorf("%s: WindowSeconds %d, fixed %d", unit.u, cal.WindowSeconds(), fixed.WindowSeconds())
+		}
+	}
+	if err := (Limit{Algorithm: Calendar, Count: 1, Unit: Fixed}).Validate(); err == nil {
+		t.Error("a fixed window without a period validated")
+	}
+}
+
 // TestSlidingApproxError measures the two-counter estimate against an exact
 // log of admitted events. Its documented error: (1) the first window is
 // exact; (2) in any trailing window the exact count never exceeds 2×Count

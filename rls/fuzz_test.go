@@ -2,6 +2,8 @@ package rls
 
 import (
 	"context"
+	"os"
+	"strings"
 	"testing"
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
@@ -112,6 +114,70 @@ func FuzzTranslate(f *testing.F) {
 		// The whole call, on the memory store: no panic, no other error.
 		if _, err := s.ShouldRateLimit(context.Background(), &req); err != nil && status.Code(err) != codes.InvalidArgument {
 			t.Fatalf("ShouldRateLimit: %v", err)
+		}
+	})
+}
+
+// FuzzParseRules feeds ParseRules any file: it must not panic, and an
+// error must name the file.
+func FuzzParseRules(f *testing.F) {
+	example, err := os.ReadFile("testdata/envoy-example.yaml")
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(example)
+	f.Add([]byte("domain: d\ndescriptors:\n  - key: a\n    value: b*\n    share_threshold: true\n    rate_limit: {unit: hour, requests_per_unit: 1}\n"))
+	f.Add([]byte("domain: d\ndescriptors: {a: b}\n"))
+	f.Add([]byte("- 1\n- 2\n"))
+	f.Add([]byte("domain: d\ndescriptors:\n  - &b\n    key: a\n    shadow_mode: yes\n    rate_limit: &r {unit: hour, requests_per_unit: 0x2}\n  - <<: [*b, {value: v}]\n    key: c\n    descriptors: [*b]\n"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		_, err := ParseRules("f.yaml", data)
+		if err != nil && !strings.Contains(err.Error(), "f.yaml") {
+			t.Fatalf("an error that names no file: %v", err)
+		}
+	})
+}
+
+// FuzzEnvoyDecide feeds a domain of the rls config whatever a caller
+// could send: no panic, no error but InvalidArgument, one status per
+// descriptor, and an over-limit status only with a limit.
+func FuzzEnvoyDecide(f *testing.F) {
+	seed := func(req *rlsv3.RateLimitRequest) {
+		b, err := proto.Marshal(req)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b, false)
+		f.Add(b, true)
+	}
+	own := desc("nope", "v")
+	own.Limit = &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 1, Unit: 3}
+	zero := desc("foo", "x", "bar", "banned")
+	zero.HitsAddend = wrapperspb.UInt64(0)
+	seed(&rlsv3.RateLimitRequest{Domain: "rl", Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("category", "account"), desc("foo", "x", "bar", "bkthomps")}})
+	seed(&rlsv3.RateLimitRequest{Domain: "rl", HitsAddend: 3, Descriptors: []*ratelimitv3.RateLimitDescriptor{own, zero, desc("foo", "x", "baz", "shady")}})
+	seed(&rlsv3.RateLimitRequest{Domain: "other", Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("a", "b")}})
+	s, _, _ := envoyServer(f, true)
+	f.Fuzz(func(t *testing.T, wire []byte, atomic bool) {
+		var req rlsv3.RateLimitRequest
+		if proto.Unmarshal(wire, &req) != nil {
+			return
+		}
+		s.config.Load().envoy.Atomic = atomic
+		res, err := s.ShouldRateLimit(context.Background(), &req)
+		if err != nil {
+			if status.Code(err) != codes.InvalidArgument {
+				t.Fatalf("%v: want InvalidArgument", err)
+			}
+			return
+		}
+		if len(res.Statuses) != len(req.GetDescriptors()) {
+			t.Fatalf("%d statuses for %d descriptors", len(res.Statuses), len(req.GetDescriptors()))
+		}
+		for i, st := range res.Statuses {
+			if st.Code == rlsv3.RateLimitResponse_OVER_LIMIT && st.CurrentLimit == nil {
+				t.Fatalf("status %d over no limit", i)
+			}
 		}
 	})
 }

@@ -33,6 +33,10 @@
 //
 // A tier whose key is a constant (a global ceiling) is one bucket: an entry
 // naming it cannot choose another value, whatever value it gives.
+//
+// Beside trees, a Server serves envoyproxy/ratelimit's YAML configuration
+// as it is (LoadRules), with its semantics where its users rely on them
+// (Envoy): its domains are decided by their rules, not by trees.
 package rls
 
 import (
@@ -113,6 +117,7 @@ type Server struct {
 	logger *zap.Logger
 
 	storeErrorLog logsample.Every // store failures: one logged a second
+	unknownDomain logsample.Every // calls on unknown domains beside rules: one logged a second
 }
 
 // logStoreError logs a store failure at most once a second, with the
@@ -129,6 +134,7 @@ func (s *Server) logStoreError(msg, domain string, err error) {
 // config is what a configuration gives the server.
 type config struct {
 	routes  map[string]Route
+	envoy   *Envoy // the domains of envoyproxy/ratelimit's configuration, nil for none
 	observe Observer
 }
 
@@ -149,7 +155,14 @@ func (s *Server) Register(g *grpc.Server) { rlsv3.RegisterRateLimitServiceServer
 // SetRoutes replaces the routes by domain, and the observer of calls (nil
 // for none).
 func (s *Server) SetRoutes(routes map[string]Route, observe Observer) {
-	s.config.Store(&config{routes: routes, observe: observe})
+	s.Set(routes, nil, observe)
+}
+
+// Set replaces the routes by domain, the domains of envoyproxy/ratelimit's
+// configuration (nil for none: they win over a route of the same name),
+// and the observer of calls (nil for none), all at once.
+func (s *Server) Set(routes map[string]Route, envoy *Envoy, observe Observer) {
+	s.config.Store(&config{routes: routes, envoy: envoy, observe: observe})
 }
 
 func invalid(format string, args ...any) error {
@@ -160,12 +173,12 @@ func invalid(format string, args ...any) error {
 func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	cfg := s.config.Load()
 	if cfg.observe == nil {
-		return s.decide(ctx, cfg.routes, req)
+		return s.decideAny(ctx, cfg, req)
 	}
 	start := time.Now()
-	res, err := s.decide(ctx, cfg.routes, req)
+	res, err := s.decideAny(ctx, cfg, req)
 	domain := req.GetDomain()
-	if _, ok := cfg.routes[domain]; !ok {
+	if _, ok := cfg.routes[domain]; !ok && cfg.envoy.domain(domain) == nil {
 		domain = "unknown" // not a label an attacker may choose
 	}
 	outcome := "ok"
@@ -179,6 +192,47 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 	}
 	cfg.observe(domain, outcome, time.Since(start))
 	return res, err
+}
+
+// decideAny decides a call on the domain of envoyproxy/ratelimit's
+// configuration it names, else on its route. With such a configuration, a
+// domain that neither has is answered as envoyproxy/ratelimit answers it:
+// OK, nothing limited.
+func (s *Server) decideAny(ctx context.Context, cfg *config, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	if top := cfg.envoy.domain(req.GetDomain()); top != nil {
+		res, err := cfg.envoy.decide(ctx, top, req)
+		if err != nil && status.Code(err) == codes.Unknown {
+			s.logStoreError("rls: the rate limit store failed", req.GetDomain(), err)
+			return nil, status.Errorf(codes.Unavailable, "cascade: the rate limit store could not decide: %v", err)
+		}
+		return res, err
+	}
+	if _, ok := cfg.routes[req.GetDomain()]; !ok && cfg.envoy != nil {
+		if req.GetDomain() == "" {
+			return nil, invalid("the domain is empty")
+		}
+		if len(req.GetDescriptors()) == 0 {
+			return nil, invalid("a call needs at least one descriptor")
+		}
+		s.unknownDomainLog(req.GetDomain())
+		res := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK, Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(req.GetDescriptors()))}
+		for i := range res.Statuses {
+			res.Statuses[i] = &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
+		}
+		return res, nil
+	}
+	return s.decide(ctx, cfg.routes, req)
+}
+
+// unknownDomainLog warns of a call on a domain nobody configured, at most
+// once a second: envoyproxy/ratelimit lets it through, and so does Cascade
+// beside its configuration, but it is likely a mistake.
+func (s *Server) unknownDomainLog(domain string) {
+	ok, held := s.unknownDomain.Allow(time.Now())
+	if !ok {
+		return
+	}
+	s.logger.Warn("rls: a call on a domain of no rule nor tree is not limited", zap.String("domain", truncate(domain, 128)), zap.Int64("calls", held+1))
 }
 
 func (s *Server) decide(ctx context.Context, routes map[string]Route, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {

@@ -71,6 +71,11 @@ func slidingApprox(count int64, period time.Duration) rate.Limit {
 	return rate.Limit{Algorithm: rate.SlidingApprox, Count: count, Period: period}
 }
 
+// fixed is a fixed window of period aligned to the Unix epoch.
+func fixed(count int64, period time.Duration) rate.Limit {
+	return rate.Limit{Algorithm: rate.Calendar, Count: count, Unit: rate.Fixed, Period: period}
+}
+
 func calendar(count int64, unit rate.Unit, loc *time.Location) rate.Limit {
 	return rate.Limit{Algorithm: rate.Calendar, Count: count, Unit: unit, Location: loc}
 }
@@ -235,6 +240,14 @@ func scenarios() []scenario {
 			{buckets: []store.Bucket{b("c1", "k", calendar(5, rate.Day, nil), 1)}, allowed: false, remaining: []int64{0},
 				retry: time.Minute, retrySet: true, retryToo: true},
 			{buckets: []store.Bucket{b("c1", "k", calendar(5, rate.Day, nil), 1)}, allowed: true, remaining: []int64{3}},
+		}},
+		{"a fixed window of 10 minutes is aligned to the epoch, a second one too", []step{
+			{at: time.Date(2026, 3, 18, 10, 39, 0, 0, time.UTC), buckets: []store.Bucket{b("f1", "k", fixed(3, 10*time.Minute), 1)}, repeat: 3, allowed: true},
+			{buckets: []store.Bucket{b("f1", "k", fixed(3, 10*time.Minute), 1)}, allowed: false, remaining: []int64{0},
+				retry: time.Minute, retrySet: true, retryToo: true},
+			{buckets: []store.Bucket{b("f1", "k", fixed(3, 10*time.Minute), 2)}, allowed: true, remaining: []int64{0}},
+			{at: time.Date(2026, 3, 18, 10, 50, 0, 400_000_000, time.UTC), buckets: []store.Bucket{b("f1", "s", fixed(2, time.Second), 2)}, allowed: true, remaining: []int64{0}},
+			{buckets: []store.Bucket{b("f1", "s", fixed(2, time.Second), 1)}, allowed: false, retry: 600 * time.Millisecond, retrySet: true, retryToo: true},
 		}},
 		{"calendar month resets on the 1st in the configured zone", []step{
 			{at: time.Date(2026, 1, 31, 22, 0, 0, 0, time.UTC), buckets: []store.Bucket{b("c2", "k", calendar(100000, rate.Month, paris), 60000)}, allowed: true, remaining: []int64{40000}},
