@@ -353,7 +353,7 @@ type countedAt struct {
 // parseLimit parses `limit <count>[ <dimension>]/<per> [burst <n>] [algorithm] [tz <zone>]`
 // or `limit <count> concurrent`.
 func parseLimit(d *caddyfile.Dispenser) (*hierarchy.Limit, error) {
-	const usage = "usage: limit <count>/<per> or limit <count> <dimension>/<per>, then optionally burst <n>, gcra|sliding|sliding approx|calendar, tz <zone>, alert <n>%...; or limit <count> concurrent; e.g. limit 1000/h or limit 100000 tokens/h burst 5000 or limit 10 concurrent"
+	const usage = "usage: limit <count>/<per> or limit <count> <dimension>/<per>, then optionally burst <n>, gcra|sliding|sliding approx|calendar|fixed, tz <zone>, alert <n>%...; or limit <count> concurrent; e.g. limit 1000/h or limit 100000 tokens/h burst 5000 or limit 10 concurrent"
 	args := d.RemainingArgs()
 	if len(args) == 0 {
 		return nil, d.Errf("%s", usage)
@@ -430,7 +430,7 @@ func parseLimit(d *caddyfile.Dispenser) (*hierarchy.Limit, error) {
 				return nil, d.Errf("limit: tz needs a time zone name such as Europe/Paris")
 			}
 			l.Timezone, rest = rest[1], rest[2:]
-		case "gcra", "sliding", "calendar":
+		case "gcra", "sliding", "calendar", hierarchy.Fixed:
 			l.Algorithm, rest = w, rest[1:]
 			if w == "sliding" && len(rest) > 0 && rest[0] == "approx" {
 				l.Algorithm, rest = string(rate.SlidingApprox), rest[1:]

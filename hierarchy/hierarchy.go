@@ -214,8 +214,9 @@ type Limit struct {
 	Burst int64 `json:"burst,omitempty"`
 	// Algorithm is "gcra" (default), "sliding" (exact: at most Count in
 	// any window of Per), "sliding_approx" (the two-counter estimate, in
-	// constant memory), "calendar", or "concurrent": at most Count
-	// requests in flight at once (no Per; the dimension is requests, and
+	// constant memory), "calendar", "fixed" (a window of Per aligned to
+	// the Unix epoch: 30/10m fixed resets at :00, :10, :20…), or
+	// "concurrent": at most Count requests in flight at once (no Per; the dimension is requests, and
 	// each request takes one slot whatever its cost).
 	Algorithm string `json:"algorithm,omitempty"`
 	// Timezone aligns calendar windows; default UTC.
@@ -473,6 +474,9 @@ func (l *Limit) compile() error {
 		return err
 	}
 	r := rate.Limit{Algorithm: rate.Algorithm(l.Algorithm), Count: l.Count, Burst: l.Burst, Period: period}
+	if l.Algorithm == Fixed {
+		return l.compileFixed(r, unit)
+	}
 	switch {
 	case r.Algorithm == "" && unit != "":
 		r.Algorithm = rate.Calendar
@@ -517,6 +521,29 @@ func (l *Limit) compile() error {
 		per = strconv.FormatInt(period.Microseconds(), 10)
 	}
 	l.id = l.Dimension + "." + r.Algorithm.StateName() + "." + per
+	return nil
+}
+
+// Fixed is the algorithm name of a fixed window of any period, aligned to
+// the Unix epoch: a calendar limit of rate unit Fixed.
+const Fixed = "fixed"
+
+// compileFixed compiles a fixed window: r's period, from the epoch.
+func (l *Limit) compileFixed(r rate.Limit, unit rate.Unit) error {
+	switch {
+	case unit != "":
+		return fmt.Errorf("a month has no fixed length: write limit %d/month calendar, or a fixed duration such as 30d", l.Count)
+	case l.Timezone != "":
+		return errors.New("a fixed window is aligned to the Unix epoch, not a time zone: drop tz, or use the calendar algorithm")
+	case r.Period%time.Microsecond != 0:
+		return fmt.Errorf("a fixed window is a whole number of microseconds, got %v", r.Period)
+	}
+	r.Algorithm, r.Unit = rate.Calendar, rate.Fixed
+	if err := r.Validate(); err != nil {
+		return err
+	}
+	l.compiled = r
+	l.id = l.Dimension + "." + r.Algorithm.StateName() + ".fixed" + strconv.FormatInt(r.Period.Microseconds(), 10)
 	return nil
 }
 

@@ -146,10 +146,14 @@ func TestKeysNameTheFormOfTheirState(t *testing.T) {
 		{"sliding", "#requests.sliding-log.60000000", "5/min sliding"},
 		{"sliding_approx", "#requests.sliding.60000000", "5/min sliding approx"},
 		{"calendar", "#requests.calendar.hour", "5/h calendar"},
+		{"fixed", "#requests.calendar.fixed600000000", "5/10m fixed"},
 	} {
 		per := "min"
-		if tt.algorithm == "calendar" {
+		switch tt.algorithm {
+		case "calendar":
 			per = "h"
+		case "fixed":
+			per = "10m"
 		}
 		l := &Limit{Count: 5, Per: per, Algorithm: tt.algorithm}
 		tree := &Tree{Name: "t", Tiers: []*Tier{{Name: "u", Key: "{http.request.header.X-U}", Limits: []*Limit{l}}}}
@@ -214,6 +218,10 @@ func TestCompileErrors(t *testing.T) {
 		{"bad missing", Tree{Name: "t", Tiers: []*Tier{{Name: "org", Key: "k", Missing: "ignore", Limits: []*Limit{{Count: 1, Per: "s"}}}}}, "missing policy"},
 		{"duplicate tier", Tree{Name: "t", Tiers: []*Tier{{Name: "a", Key: "k", Limits: []*Limit{{Count: 1, Per: "s"}}}, {Name: "a", Key: "k", Limits: []*Limit{{Count: 1, Per: "s"}}}}}, "twice"},
 		{"empty override", Tree{Name: "t", Tiers: []*Tier{{Name: "a", Key: "k", Values: map[string]*Override{"x": {}}}}}, "no limits"},
+		{"fixed month", Tree{Name: "t", Tiers: []*Tier{{Name: "org", Key: "k", Limits: []*Limit{{Count: 1, Per: "month", Algorithm: "fixed"}}}}}, "month has no fixed length"},
+		{"fixed tz", Tree{Name: "t", Tiers: []*Tier{{Name: "org", Key: "k", Limits: []*Limit{{Count: 1, Per: "h", Algorithm: "fixed", Timezone: "Europe/Paris"}}}}}, "drop tz"},
+		{"fixed burst", Tree{Name: "t", Tiers: []*Tier{{Name: "org", Key: "k", Limits: []*Limit{{Count: 1, Per: "h", Burst: 5, Algorithm: "fixed"}}}}}, "burst applies only"},
+		{"fixed nanoseconds", Tree{Name: "t", Tiers: []*Tier{{Name: "org", Key: "k", Limits: []*Limit{{Count: 1, Per: "1500ns", Algorithm: "fixed"}}}}}, "whole number of microseconds"},
 		{"idempotent limit", Tree{Name: "t", Tiers: []*Tier{{Name: "org", Key: "k", Limits: []*Limit{{Count: 1, Per: "s", Algorithm: "idempotent"}}}}}, "not a limit"},
 	}
 	for _, tt := range tests {
