@@ -43,7 +43,8 @@ caddy rate-limit entitlements set <name> <value> [--plan <plan>] [--limit "<limi
 caddy rate-limit entitlements delete <name> <value>
 caddy rate-limit entitlements [list]
 caddy rate-limit top [-n 20]
-caddy rate-limit ui [--listen 127.0.0.1:2020]`
+caddy rate-limit ui [--listen 127.0.0.1:2020]
+caddy rate-limit simulate --config <file> --log <file>... [--format caddy|combined|jsonl] [--against <file>] [--from <time>] [--to <time>]`
 
 // synopsisFlags says what every command of synopsis takes.
 const synopsisFlags = `Every command takes --address <admin address> (else the admin address of
@@ -53,7 +54,7 @@ the API's JSON instead of a table).`
 func init() {
 	caddycmd.RegisterCommand(caddycmd.Command{
 		Name:  "rate-limit",
-		Usage: "trees|inspect|reset|override|mode|entitlements|top|ui [args]",
+		Usage: "trees|inspect|reset|override|mode|entitlements|top|ui|simulate [args]",
 		Short: "Inspects and steers Cascade's rate limits through the admin API",
 		Long: `
 Inspects and steers the rate limits of a running Caddy through its admin
@@ -89,12 +90,23 @@ func addCommands(cmd *cobra.Command) {
 	pf.Bool("json", false, "Print the API's JSON instead of a table")
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
 		if len(args) > 0 {
-			return fmt.Errorf("unknown command %q: use trees, inspect, reset, override, mode, entitlements, top or ui", args[0])
+			return fmt.Errorf("unknown command %q: use trees, inspect, reset, override, mode, entitlements, top, ui or simulate", args[0])
 		}
 		return cmd.Help()
 	}
 	cmd.AddCommand(treesCommand(), inspectCommand(), resetCommand(), overrideCommand(), modeCommand(), entitlementsCommand(), topCommand(), uiCommand())
+	for _, sub := range subcommands {
+		cmd.AddCommand(sub())
+	}
 }
+
+// subcommands are the commands of `caddy rate-limit` that other packages
+// add (the root's simulate, which this package cannot import).
+var subcommands []func() *cobra.Command
+
+// AddSubcommand adds a command to `caddy rate-limit`. Call it from an init
+// function, as modules are registered.
+func AddSubcommand(cmd func() *cobra.Command) { subcommands = append(subcommands, cmd) }
 
 // now is the clock of the relative times printed ("in 2 h").
 var now = time.Now
@@ -1012,7 +1024,7 @@ func ParseLimit(s string) (*hierarchy.Limit, error) {
 				return nil, fmt.Errorf("limit %q: tz needs a time zone name such as Europe/Paris", s)
 			}
 			l.Timezone, rest = rest[1], rest[2:]
-		case "gcra", "sliding", "calendar", "sliding_approx":
+		case "gcra", "sliding", "calendar", "sliding_approx", hierarchy.Fixed:
 			if err := once("the algorithm"); err != nil {
 				return nil, err
 			}
