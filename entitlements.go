@@ -614,21 +614,15 @@ func (p *planState) indexPlan(t *Tree, ent *hierarchy.Entitlement) {
 	}
 }
 
-// memoEntitled is what tree t makes of an answer, kept in the answer's
-// memo (entitle.Memo) for the next requests of its value.
-type memoEntitled struct {
-	tree *Tree
-	ent  hierarchy.Entitlement
-}
-
 // entitledIn is what answer e (of source c, whose plan tree t reads)
 // entitles a request to in t: its plan's index and, when t is c's tree,
-// its own limits compiled. Worked out once per answer the cache keeps.
+// its own limits compiled. Worked out once per answer the cache keeps, and
+// kept in the answer's memo.
 func (p *planState) entitledIn(t *Tree, c *EntitlementsConfig, e *entitle.Entitlement, values []string) hierarchy.Entitlement {
 	m := e.Memo()
 	if m != nil {
-		if v, ok := m.Load().(*memoEntitled); ok && v.tree == t {
-			return v.ent
+		if ent, ok := m.Entitled(t); ok {
+			return ent
 		}
 	}
 	ent := hierarchy.Entitlement{Plan: e.Plan}
@@ -641,7 +635,7 @@ func (p *planState) entitledIn(t *Tree, c *EntitlementsConfig, e *entitle.Entitl
 		}
 	}
 	if m != nil && c.tree == t { // one tree's per answer: its source's (whose own limits it compiles)
-		m.Store(&memoEntitled{tree: t, ent: ent})
+		m.SetEntitled(t, ent)
 	}
 	return ent
 }

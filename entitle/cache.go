@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 )
 
 // Options configure a Cache. Zero fields take their defaults.
@@ -71,6 +72,8 @@ const (
 	// evictSample is how many entries a full shard compares to choose
 	// the least recently used one to drop.
 	evictSample = 8
+	// maxRecent bounds the slots of Cache.recent.
+	maxRecent = 1 << 14
 )
 
 // Stats are a Cache's counters since it was made. Every Get that has a
@@ -92,8 +95,8 @@ type Stats struct {
 // Each value has at most one lookup in flight, started by a Get; no
 // lookup's goroutine outlives it. Without a Clock the cache runs a ticker
 // of its own (its coarse clock) until Close. The answers are kept in a map sharded by a
-// hash of the value, so a Get of a fresh value is a read lock and a map
-// read.
+// hash of the value, with the answers found lately also in a lock-free
+// array, so a Get of a fresh value is mostly a hash and an atomic load.
 type Cache struct {
 	src Source
 
@@ -113,6 +116,16 @@ type Cache struct {
 	shards   []shard
 	mask     uint64
 	perShard int
+
+	// recent is a direct-mapped array, indexed by the value's hash, of
+	// answers found lately: a Get whose value's answer is there, and not
+	// yet due for a refresh, reads it with one atomic load, no lock, and
+	// no memory but the answer's own. An answer is put there only under
+	// its shard's read lock, from an entry in the map, and taken out under
+	// the write lock as its entry leaves the map, so recent never holds
+	// the answer of a value the map has dropped.
+	recent     []atomic.Pointer[answer]
+	recentMask uint64
 
 	lookups, failures, misses, staleServed, timeouts, shed atomic.Uint64
 	inFlight                                               atomic.Int64
@@ -145,14 +158,34 @@ type entry struct {
 	mu      sync.Mutex
 }
 
-// answer is what a lookup said, and until when it is good. It never
-// changes once stored.
+// answer is what a lookup said of value, and until when it is good. It
+// never changes once stored, but for used and its memo (written once). The
+// fields a Get reads come first, and a short value's bytes are inline, so
+// that a Get reads little memory beside the answer's first lines.
 type answer struct {
-	e       Entitlement
+	value   string       // the value answered; its bytes in short when they fit
+	refresh int64        // from then a Get refreshes it in the background
+	used    atomic.Int64 // the last Get that read it from recent, to touchEvery
 	found   bool
-	refresh int64 // from then a Get refreshes it in the background
-	expires int64 // from then it is stale
 	memo    Memo  // e's (e.memo points here: one allocation, read together)
+	expires int64 // from then it is stale
+	e       Entitlement
+	short   [shortValue]byte
+}
+
+// shortValue is the longest value kept inline in its answer.
+const shortValue = 40
+
+// newAnswer returns an answer of value (copied into it when short).
+func newAnswer(value string, e Entitlement, found bool, refresh, expires int64) *answer {
+	a := &answer{e: e, found: found, refresh: refresh, expires: expires}
+	a.value = value
+	if n := len(value); n > 0 && n <= shortValue {
+		copy(a.short[:], value)
+		a.value = unsafe.String(&a.short[0], n)
+	}
+	a.e.memo = &a.memo
+	return a
 }
 
 // flight is a lookup in progress; ans and err are set before done closes.
@@ -195,6 +228,12 @@ func NewCache(src Source, opts Options) *Cache {
 	}
 	c.mask = uint64(n - 1)
 	c.perShard = max(opts.MaxEntries/n, 1)
+	r := 1
+	for r < maxRecent && r < opts.MaxEntries {
+		r *= 2
+	}
+	c.recent = make([]atomic.Pointer[answer], r)
+	c.recentMask = uint64(r - 1)
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	if c.clock == nil {
 		c.coarse.Store(int64(time.Since(c.epoch)))
@@ -262,9 +301,23 @@ func (c *Cache) Get(ctx context.Context, value string) (e *Entitlement, ok bool)
 		return nil, false
 	}
 	now := c.now()
-	sh := &c.shards[maphash.String(c.seed, value)&c.mask]
+	hash := maphash.String(c.seed, value)
+	sh := &c.shards[hash&c.mask]
+	slot := &c.recent[hash&c.recentMask]
+	if a := slot.Load(); a != nil && now < a.refresh && a.value == value {
+		if now-a.used.Load() >= touchEvery {
+			a.used.Store(now)
+		}
+		sh.hits.Add(1)
+		return &a.e, a.found
+	}
 	sh.mu.RLock()
 	en := sh.m[value]
+	if en != nil {
+		if a := en.ans.Load(); a != nil {
+			slot.Store(a)
+		}
+	}
 	sh.mu.RUnlock()
 	if en != nil {
 		en.touch(now)
@@ -394,8 +447,7 @@ func (c *Cache) lookup(en *entry, f *flight, value string) {
 			e, ttl = Entitlement{}, c.negativeTTL
 		}
 		e.Source = c.name
-		f.ans = &answer{e: e, found: found, refresh: now + ttl - ttl/5, expires: now + ttl}
-		f.ans.e.memo = &f.ans.memo
+		f.ans = newAnswer(value, e, found, now+ttl-ttl/5, now+ttl)
 		en.ans.Store(f.ans)
 		en.failed.Store(false)
 		en.retryAt.Store(0)
@@ -426,7 +478,7 @@ func (c *Cache) insert(sh *shard, value string, now int64) *entry {
 		return en
 	}
 	if len(sh.m) >= c.perShard {
-		sh.evict()
+		c.forget(sh, sh.victim())
 	}
 	en := &entry{}
 	en.used.Store(now)
@@ -434,19 +486,36 @@ func (c *Cache) insert(sh *shard, value string, now int64) *entry {
 	return en
 }
 
-// evict drops the least recently used of a few entries (the map's
+// victim is the least recently used of a few entries of sh (the map's
 // iteration starts at random). The caller holds sh.mu.
-func (sh *shard) evict() {
+func (sh *shard) victim() string {
 	victim, oldest, n := "", int64(0), 0
 	for value, en := range sh.m {
-		if used := en.used.Load(); n == 0 || used < oldest {
+		used := en.used.Load()
+		if a := en.ans.Load(); a != nil {
+			used = max(used, a.used.Load())
+		}
+		if n == 0 || used < oldest {
 			victim, oldest = value, used
 		}
 		if n++; n == evictSample {
 			break
 		}
 	}
-	delete(sh.m, victim)
+	return victim
+}
+
+// forget drops value's entry from sh and from recent. The caller holds
+// sh.mu for writing.
+func (c *Cache) forget(sh *shard, value string) {
+	if _, ok := sh.m[value]; !ok {
+		return
+	}
+	slot := &c.recent[maphash.String(c.seed, value)&c.recentMask]
+	if a := slot.Load(); a != nil && a.value == value {
+		slot.CompareAndSwap(a, nil)
+	}
+	delete(sh.m, value)
 }
 
 // touch records a use of en at now, unless one was recorded lately.
@@ -462,7 +531,7 @@ func (en *entry) touch(now int64) {
 func (c *Cache) Invalidate(value string) {
 	sh := &c.shards[maphash.String(c.seed, value)&c.mask]
 	sh.mu.Lock()
-	delete(sh.m, value)
+	c.forget(sh, value)
 	sh.mu.Unlock()
 }
 

@@ -397,3 +397,63 @@ func BenchmarkCacheGetHitParallel(b *testing.B) {
 		}
 	})
 }
+
+// TestCacheRecentUses: a value read only through the lock-free recent
+// answers still counts as used, so the least recently used one is dropped
+// rather than the busiest.
+func TestCacheRecentUses(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "plans.json")
+	writeFile(t, path, `{"a": {"plan": "A"}, "b": {"plan": "B"}, "c": {"plan": "C"}}`)
+	f, err := NewFile(path, FileOptions{Poll: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk := newClock()
+	c := NewCache(f, Options{MaxEntries: 2, Clock: clk.Now})
+	defer c.Close()
+	for _, v := range []string{"a", "a", "b", "b"} { // looked up, then put among the recent answers
+		clk.Add(time.Second)
+		get(c, v)
+	}
+	for range 3 { // a, from the recent answers only
+		clk.Add(time.Second)
+		if plan, ok := get(c, "a"); !ok || plan != "A" {
+			t.Fatalf("a: %q, %v", plan, ok)
+		}
+	}
+	clk.Add(time.Second)
+	get(c, "c") // drops b, used least lately
+	lookups := c.Stats().Lookups
+	if plan, ok := get(c, "a"); !ok || plan != "A" || c.Stats().Lookups != lookups {
+		t.Fatalf("a after c: %q, %v, %d lookups after %d: a was dropped", plan, ok, c.Stats().Lookups, lookups)
+	}
+}
+
+// TestCacheRecentValues: values that share a slot of the recent answers,
+// and values too long to be kept inline, each get their own answer.
+func TestCacheRecentValues(t *testing.T) {
+	plans := map[string]string{}
+	for i := range 8 {
+		plans[fmt.Sprintf("org-%d", i)] = fmt.Sprintf("P%d", i)
+	}
+	for _, n := range []int{shortValue - 1, shortValue, shortValue + 1, 300} {
+		plans[strings.Repeat("x", n)] = fmt.Sprintf("L%d", n)
+		plans[strings.Repeat("x", n-1)+"y"] = fmt.Sprintf("Y%d", n)
+	}
+	src := &funcSource{lookup: func(_ context.Context, v string) (Entitlement, bool, error) {
+		p, ok := plans[v]
+		return Entitlement{Plan: p}, ok, nil
+	}}
+	c := NewCache(src, Options{MaxEntries: 64, Clock: newClock().Now}) // 64 slots: 16 values, some sharing one
+	defer c.Close()
+	for round := range 4 {
+		for v, want := range plans {
+			if plan, ok := get(c, v); !ok || plan != want {
+				t.Fatalf("round %d, %.12s… (%d bytes): %q, %v; want %q", round, v, len(v), plan, ok, want)
+			}
+		}
+	}
+	if st := c.Stats(); st.Lookups != uint64(len(plans)) {
+		t.Fatalf("%d lookups of %d values", st.Lookups, len(plans))
+	}
+}

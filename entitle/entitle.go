@@ -20,6 +20,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"sync"
 	"sync/atomic"
 
 	"github.com/caddy-cascade/cascade/hierarchy"
@@ -46,17 +47,37 @@ type Entitlement struct {
 	memo *Memo // a Cache's answers': what its callers derive from it
 }
 
-// Memo keeps what a caller derives from an answer of a Cache (its
-// limits compiled into a tree, say), for as long as the cache keeps the
-// answer: the request path reads it rather than deriving it again.
-type Memo struct{ v atomic.Value }
+// Memo keeps what a caller derives from an answer of a Cache (the plan's
+// index in a tree and its own limits compiled there), for as long as the
+// cache keeps the answer: the request path reads it rather than deriving it
+// again. It is kept inline in the answer, so reading it touches no other
+// memory, and written once: the first Set stays.
+type Memo struct {
+	ready atomic.Bool
+	mu    sync.Mutex // serialises Sets
+	owner any
+	ent   hierarchy.Entitlement
+}
 
-// Load returns what was stored, nil if nothing was.
-func (m *Memo) Load() any { return m.v.Load() }
+// Entitled returns what owner set, and false when nothing was set or another
+// owner set it.
+func (m *Memo) Entitled(owner any) (hierarchy.Entitlement, bool) {
+	if !m.ready.Load() || m.owner != owner {
+		return hierarchy.Entitlement{}, false
+	}
+	return m.ent, true
+}
 
-// Store keeps v, replacing what was stored: always of one type (it is an
-// atomic.Value's).
-func (m *Memo) Store(v any) { m.v.Store(v) }
+// SetEntitled keeps ent for owner, unless something was set already.
+func (m *Memo) SetEntitled(owner any, ent hierarchy.Entitlement) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.ready.Load() {
+		return
+	}
+	m.owner, m.ent = owner, ent
+	m.ready.Store(true)
+}
 
 // Memo is the answer's memo; nil for an Entitlement not kept by a Cache.
 func (e *Entitlement) Memo() *Memo { return e.memo }
