@@ -204,11 +204,17 @@ func parseGraphQLOption(d *caddyfile.Dispenser, g *cost.GraphQL) error {
 			return d.Errf("%v", err)
 		}
 	case "depth_factor":
-		if g.DepthFactor, err = caddyfileopt.Float(d); err == nil {
-			if verr := (&cost.GraphQL{DepthFactor: g.DepthFactor}).Validate(); verr != nil {
-				return d.Errf("%v", verr)
-			}
+		if !d.NextArg() {
+			return d.Errf("depth_factor needs a number of at least 1, such as 1.5")
 		}
+		f, perr := strconv.ParseFloat(d.Val(), 64)
+		if perr != nil {
+			return d.Errf("depth_factor %q: use a number of at least 1, such as 1.5", d.Val())
+		}
+		if verr := (&cost.GraphQL{DepthFactor: f}).Validate(); verr != nil {
+			return d.Errf("%v", verr)
+		}
+		g.DepthFactor = f
 	case "mutation":
 		g.Mutation, err = caddyfileopt.Int64(d)
 	case "subscription":

@@ -137,6 +137,7 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"argument", "rate_limit 10 {\n}", "takes a block"},
 		{"unknown option", "rate_limit {\n\tlimits 5\n}", `rate_limit: unknown option "limits"`},
 		{"bad period", "rate_limit {\n tree t {\n  tier a k {\n   limit 5/fortnight\n  }\n }\n}", "limit 5/fortnight: unknown period"},
+		{"two algorithms", "rate_limit {\n tree t {\n  tier a k {\n   limit 30/10m fixed sliding\n  }\n }\n}", "limit: sliding after fixed: give one algorithm"},
 		{"fixed month", "rate_limit {\n tree t {\n  tier a k {\n   limit 5/month fixed\n  }\n }\n}", "limit 5/month fixed: a month has no fixed length"},
 		{"no period", "rate_limit {\n tree t {\n  tier a k {\n   limit 5\n  }\n }\n}", "limit 5: no period"},
 		{"bad count", "rate_limit {\n tree t {\n  tier a k {\n   limit -5/h\n  }\n }\n}", "must be a positive whole number"},

@@ -430,13 +430,14 @@ func parseLimit(d *caddyfile.Dispenser) (*hierarchy.Limit, error) {
 				return nil, d.Errf("limit: tz needs a time zone name such as Europe/Paris")
 			}
 			l.Timezone, rest = rest[1], rest[2:]
-		case "gcra", "sliding", "calendar", hierarchy.Fixed:
+		case "gcra", "sliding", "calendar", hierarchy.Fixed, string(rate.SlidingApprox):
+			if l.Algorithm != "" {
+				return nil, d.Errf("limit: %s after %s: give one algorithm", w, strings.ReplaceAll(l.Algorithm, "_", " "))
+			}
 			l.Algorithm, rest = w, rest[1:]
 			if w == "sliding" && len(rest) > 0 && rest[0] == "approx" {
 				l.Algorithm, rest = string(rate.SlidingApprox), rest[1:]
 			}
-		case string(rate.SlidingApprox):
-			l.Algorithm, rest = w, rest[1:]
 		default:
 			return nil, d.Errf("limit: unexpected %q; %s", w, usage)
 		}

@@ -122,7 +122,7 @@ func (c *Cost) provision() error {
 			c.GraphQL.Schema = string(sdl)
 		}
 		if err := c.GraphQL.Provision(); err != nil {
-			return fmt.Errorf("cost %s: graphql: %w", c.Dimension, err)
+			return fmt.Errorf("cost %s: %w", c.Dimension, err)
 		}
 		c.estimator = c.GraphQL
 	case c.BodySize:

@@ -50,7 +50,8 @@ func TestGraphQLCostCaddyfile(t *testing.T) {
 	}
 	for _, tc := range []struct{ opt, want string }{
 		{"depth_factor 0.5", "at least 1"},
-		{"depth_factor x", "positive number"},
+		{"depth_factor x", `depth_factor "x": use a number of at least 1`},
+		{"depth_factor", "needs a number of at least 1"},
 		{"list_fields", "glob patterns"},
 		{"list_fields [a-", "not a glob pattern"},
 		{"mutation -1", "non-negative"},

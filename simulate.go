@@ -112,6 +112,9 @@ var simEnds = []string{"static_response", "reverse_proxy", "file_server", "error
 
 // newSimulation provisions the rate_limit handlers of a configuration (Caddy
 // JSON) for simulation.
+// errNotJSON says a configuration given without an adapter is not JSON.
+var errNotJSON = errors.New("reading the configuration as Caddy's JSON")
+
 func newSimulation(cfgJSON []byte) (*simulation, error) {
 	var cfg struct {
 		Apps struct {
@@ -124,7 +127,7 @@ func newSimulation(cfgJSON []byte) (*simulation, error) {
 		} `json:"apps"`
 	}
 	if err := json.Unmarshal(cfgJSON, &cfg); err != nil {
-		return nil, fmt.Errorf("reading the configuration as Caddy's JSON (for a Caddyfile, give --adapter caddyfile): %w", err)
+		return nil, fmt.Errorf("%w: %w", errNotJSON, err)
 	}
 	if cfg.Apps.HTTP == nil || len(cfg.Apps.HTTP.Servers) == 0 {
 		return nil, errors.New("the configuration has no HTTP server: nothing to simulate")

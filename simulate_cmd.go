@@ -133,6 +133,9 @@ type simFiles struct {
 func simulateFiles(ctx context.Context, out io.Writer, opts simulate.Options, f simFiles, asJSON bool) error {
 	config, against := f.config, f.against
 	sim, err := loadSimulation(config, f.adapter)
+	if errors.Is(err, errNotJSON) {
+		return fmt.Errorf("%w (for a Caddyfile, give --adapter caddyfile)", err)
+	}
 	if err != nil {
 		return err
 	}
@@ -140,7 +143,9 @@ func simulateFiles(ctx context.Context, out io.Writer, opts simulate.Options, f 
 	sim.host = f.host
 	var old *simulation
 	if against != "" {
-		if old, err = loadSimulation(against, f.againstAdapter); err != nil {
+		if old, err = loadSimulation(against, f.againstAdapter); errors.Is(err, errNotJSON) {
+			return fmt.Errorf("--against: %w (for a Caddyfile, give --against-adapter caddyfile)", err)
+		} else if err != nil {
 			return fmt.Errorf("--against: %w", err)
 		}
 		defer old.Close()

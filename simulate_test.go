@@ -1046,6 +1046,8 @@ func TestSimulateCommandFlags(t *testing.T) {
 		want string
 	}{
 		{[]string{"--config", conf}, "give --adapter caddyfile"},
+		{[]string{"--against", conf}, "--against: " + conf + ": reading the configuration as Caddy's JSON"},
+		{[]string{"--against", conf}, "give --against-adapter caddyfile"},
 		{[]string{"--top", "0"}, "--top 0"},
 		{[]string{"--top", "1000000000"}, "--top 1000000000"},
 		{[]string{"--window", "-1"}, "--window -1"},
@@ -1079,6 +1081,25 @@ func TestSimulateJSONEmpty(t *testing.T) {
 	for _, field := range []string{"trees", "top_refused", "peaks"} {
 		if v := string(doc.Report[field]); !strings.HasPrefix(v, "[") {
 			t.Errorf("%s is %s, want a list", field, v)
+		}
+	}
+	if _, ok := doc.Report["first"]; !ok {
+		t.Error("first is left out of a report with a request")
+	}
+
+	// No request replayed: no first or last time (not year 1).
+	res = runSim(t, simulate.Options{Files: []string{simJSONL(t, nil)}}, cf, "")
+	buf.Reset()
+	if err := res.WriteJSON(&buf); err != nil {
+		t.Fatal(err)
+	}
+	doc.Report = nil
+	if err := json.Unmarshal(buf.Bytes(), &doc); err != nil {
+		t.Fatal(err)
+	}
+	for _, field := range []string{"first", "last"} {
+		if v, ok := doc.Report[field]; ok {
+			t.Errorf("%s is %s in a report of no request, want it left out", field, v)
 		}
 	}
 }

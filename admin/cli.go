@@ -66,7 +66,7 @@ endpoint (the admin.api.rate_limit module of Cascade):
 
 A limit is written as in the Caddyfile: "<count>/<per>" or
 "<count> <dimension>/<per>", then optionally "burst <n>", an algorithm
-(gcra, sliding, sliding approx, calendar) and "tz <zone>"; e.g. "50000/h",
+(gcra, sliding, sliding approx, calendar, fixed) and "tz <zone>"; e.g. "50000/h",
 "5000000 tokens/h burst 100000", "1000000 tokens/month tz Europe/Paris".
 A value is given as clients send it: ':', '/', spaces and unicode need no
 escaping (quote them for the shell).`,
@@ -954,7 +954,7 @@ func parseLimits(specs []string) ([]*hierarchy.Limit, error) {
 
 // ParseLimit parses a limit as the Caddyfile writes it: "<count>/<per>" or
 // "<count> <dimension>/<per>", then optionally "burst <n>", an algorithm
-// (gcra, sliding, sliding approx, calendar) and "tz <zone>", in any order;
+// (gcra, sliding, sliding approx, calendar, fixed) and "tz <zone>", in any order;
 // or "<count> concurrent". The limit is validated as a configuration's is.
 func ParseLimit(s string) (*hierarchy.Limit, error) {
 	const usage = `write e.g. "1000/h", "100000 tokens/h burst 5000", "1000000 tokens/month tz Europe/Paris" or "10 concurrent"`

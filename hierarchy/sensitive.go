@@ -16,7 +16,7 @@ var credentialWords = []string{"auth", "key", "token", "secret", "pass", "cookie
 // credentialWords (Authorization, Proxy-Authorization, X-Api-Key, X-Jwt…),
 // any cookie, the whole URI or query string (which may carry ?api_key=),
 // or a variable ({http.vars.X}, {vars.X}: set by another handler, it may
-// copy any of these). Both Caddy's placeholders ({http.request.header.X},
+// copy any of these) but Caddy's own client_ip. Both Caddy's placeholders ({http.request.header.X},
 // {http.request.cookie.X}, {http.request.uri.query.X}) and the Caddyfile's
 // shorthands ({header.X}, {cookie.X}, {query.X}) count.
 func CredentialKey(key string) bool {
@@ -29,6 +29,9 @@ func CredentialKey(key string) bool {
 			return true
 		case name == "uri" || name == "orig_uri" || name == "query" || name == "orig_uri.query":
 			return true
+		case name == "http.vars.client_ip" || name == "vars.client_ip":
+			// Caddy's own: the client's address (after trusted proxies),
+			// which {client_ip} in a Caddyfile becomes.
 		case strings.HasPrefix(name, "http.vars.") || strings.HasPrefix(name, "vars."):
 			return true
 		case strings.HasPrefix(name, "header."), strings.HasPrefix(name, "query."):

@@ -32,6 +32,8 @@ func TestCredentialKey(t *testing.T) {
 		"{http.request.uri.path}":                                false,
 		"{http.auth.user.id}":                                    false,
 		"{client_ip}":                                            false,
+		"{http.vars.client_ip}":                                  false, // what the Caddyfile makes of {client_ip}
+		"{vars.client_ip}":                                       false,
 		"{http.request.remote.host}":                             false,
 		"global":                                                 false,
 		`\{header.Authorization}`:                                false,

@@ -58,11 +58,20 @@ type jsonlEntry struct {
 	Duration   flexDuration `json:"duration"`
 }
 
+// jsonError says why a line did not decode: it is not JSON, or a field of
+// it is not what the format says.
+func jsonError(err error) error {
+	if _, ok := errors.AsType[*json.SyntaxError](err); ok {
+		return fmt.Errorf("not JSON: %w", err)
+	}
+	return fmt.Errorf("a field is not what the format says: %w", err)
+}
+
 // parseCaddy reads one line of Caddy's JSON access log into r.
 func parseCaddy(line []byte, r *Request) error {
 	var e caddyEntry
 	if err := json.Unmarshal(line, &e); err != nil {
-		return fmt.Errorf("not JSON: %w", err)
+		return jsonError(err)
 	}
 	if e.Request == nil {
 		return errNotAccess
@@ -90,7 +99,7 @@ func parseCaddy(line []byte, r *Request) error {
 func parseJSONL(line []byte, r *Request) error {
 	var e jsonlEntry
 	if err := json.Unmarshal(line, &e); err != nil {
-		return fmt.Errorf("not JSON: %w", err)
+		return jsonError(err)
 	}
 	if e.Time.IsZero() {
 		return errors.New("no time")

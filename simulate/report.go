@@ -33,8 +33,8 @@ type Result struct {
 type Report struct {
 	// Requests replayed; First and Last their times.
 	Requests    int64        `json:"requests"`
-	First       time.Time    `json:"first"`
-	Last        time.Time    `json:"last"`
+	First       time.Time    `json:"first,omitzero"` // left out when no request was replayed
+	Last        time.Time    `json:"last,omitzero"`
 	Admitted    int64        `json:"admitted"`
 	Refused     int64        `json:"refused"`
 	WouldBlock  int64        `json:"would_block"`            // denied by a tree in warn or shadow mode only

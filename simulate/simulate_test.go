@@ -399,6 +399,12 @@ func TestSimulateParseEdges(t *testing.T) {
 			line: `{"time":"2026-11-20T09:00:00Z","method":"GET","uri":"/","duration":"-5s"}`, err: "negative"},
 		{name: "negative duration string in Caddy's log", parse: parseCaddy,
 			line: `{"ts":1700000000.5,"request":{"method":"GET","uri":"/"},"duration":"-1h"}`, err: "negative"},
+		{name: "a bad time is a bad field, not bad JSON", parse: parseJSONL,
+			line: `{"time":"bad","method":"GET","uri":"/"}`, err: "a field is not what the format says"},
+		{name: "cut short is not JSON", parse: parseJSONL,
+			line: `{"time":"2026-11-20T09:00:00Z","method":"GE`, err: "not JSON"},
+		{name: "a field of the wrong type in Caddy's log", parse: parseCaddy,
+			line: `{"ts":1700000000.5,"request":{"method":"GET","uri":"/"},"status":"ok"}`, err: "a field is not what the format says"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for range 20 { // map order would show in a few tries
