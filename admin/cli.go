@@ -400,7 +400,7 @@ func renderBuckets(w io.Writer, b *Buckets) {
 	case b.Allowed:
 		fmt.Fprintf(w, "%s would be admitted now\n", req)
 	default:
-		fmt.Fprintf(w, "%s would wait %s\n", req, seconds(b.RetryAfter))
+		fmt.Fprintf(w, "%s would be refused now (Retry-After %s; with max_wait that long, it would wait instead)\n", req, seconds(b.RetryAfter))
 	}
 }
 

@@ -660,7 +660,7 @@ TIER  VALUE  LIMIT            SOURCE    REMAINING/CAPACITY  FULL IN  RETRY AFTER
 org   acme   5/min            tier      3/5                 24 s     now
 org   acme   100000 tokens/h  override  0/100000 (scaled)   1 h      12 s
 user  alice  100/h            tier      100/100             full     now
-a request costing 1 request, 500 tokens would wait 12 s
+a request costing 1 request, 500 tokens would be refused now (Retry-After 12 s; with max_wait that long, it would wait instead)
 `
 	if out.String() != want {
 		t.Fatalf("\n%s\nwant\n%s", out.String(), want)
