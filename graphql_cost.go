@@ -20,17 +20,6 @@ import (
 // chargedHeader is the response header a cost's ChargedHeader writes.
 const chargedHeader = "Cascade-Cost"
 
-// showsCost tells whether some cost of the handler shows what a request
-// costs (charged_header, extensions_cost).
-func (h *Handler) showsCost() bool {
-	for _, c := range h.Costs {
-		if c.shows {
-			return true
-		}
-	}
-	return false
-}
-
 // counts tells whether a bucket of d's path counts dimension dim.
 func counts(d *decision, dim string) bool {
 	for _, b := range d.Buckets {

@@ -242,6 +242,7 @@ type Handler struct {
 	money          map[string]bool // the money dimensions (moneyDimensions)
 	matchesModel   bool            // a tree's matcher reads {http.rate_limit.model}: a body whose model cannot be read is refused
 	ownHeaders     bool            // the headers include families an upstream writes too (x_ratelimit, openai, anthropic): Cascade's win
+	showsCost      bool            // some cost shows what a request costs (charged_header, extensions_cost)
 	modelBodyLimit int64           // the most of a body read for its model (readModel)
 	readsModel     bool            // a tier's key or a tree's matcher reads {http.rate_limit.model}: decide reads the body's model first
 	quietAdmit     bool            // placeholders refused: an admitted request publishes none

@@ -136,6 +136,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			return fmt.Errorf("rate_limit: cost %s configured twice", c.Dimension)
 		}
 		h.costs[c.Dimension] = c
+		h.showsCost = h.showsCost || c.shows
 	}
 	h.storeErrorLog = new(logsample.Every)
 	for _, c := range h.Costs {

@@ -140,7 +140,7 @@ func (h *Handler) serveDecided(w http.ResponseWriter, r *http.Request, next cadd
 		if h.ownHeaders {
 			w = keepOwnHeaders(w)
 		}
-		if d.Allowed && d.Request.Estimates != nil && h.showsCost() {
+		if d.Allowed && d.Request.Estimates != nil && h.showsCost {
 			return h.passShowingCost(w, r, next, d, mode)
 		}
 	}

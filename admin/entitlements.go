@@ -8,6 +8,7 @@ import (
 
 	"github.com/caddy-cascade/cascade/control"
 	"github.com/caddy-cascade/cascade/engine"
+	"github.com/caddy-cascade/cascade/hierarchy"
 	"github.com/caddy-cascade/cascade/running"
 )
 
@@ -232,22 +233,15 @@ func checkPlan(es []*engine.Engine, name, plan string) error {
 // fingerprint when none has it (an entitlement left from another
 // configuration).
 func showEntitled(es []*engine.Engine, name, v string) string {
-	known := false
-	for _, e := range es {
+	return showBy(es, v, func(e *engine.Engine) *hierarchy.Tier {
 		if b := blockOf(e, name); b != nil {
-			if s := showValue([]*engine.Engine{e}, b.Tree, b.Tier, v); s != v {
-				return s
+			if t := e.Tree(b.Tree); t != nil {
+				ti, _ := t.Tier(b.Tier)
+				return ti
 			}
-			known = true
 		}
-	}
-	switch {
-	case known:
-		return v
-	case len(es) == 0:
-		return engine.Unknown
-	}
-	return es[0].Config().Fingerprints.Value(v)
+		return nil
+	})
 }
 
 // showEntitlement returns en as the API shows it: a copy with its value

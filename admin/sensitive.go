@@ -19,15 +19,27 @@ import (
 // credential). A tier none of es has (an override left from another
 // configuration) is treated as sensitive.
 func showValue(es []*engine.Engine, tree, tier, v string) string {
+	return showBy(es, v, func(e *engine.Engine) *hierarchy.Tier {
+		if t := e.Tree(tree); t != nil {
+			ti, _ := t.Tier(tier)
+			return ti
+		}
+		return nil
+	})
+}
+
+// showBy shows v as the tier tierOf finds in each engine of es shows it:
+// a fingerprint if any shows one, v if one shows it as it is, and when
+// none has such a tier (a value left from another configuration), a
+// fingerprint.
+func showBy(es []*engine.Engine, v string, tierOf func(*engine.Engine) *hierarchy.Tier) string {
 	known := false
 	for _, e := range es {
-		if t := e.Tree(tree); t != nil {
-			if ti, _ := t.Tier(tier); ti != nil {
-				if s := e.Show(ti, v); s != v {
-					return s
-				}
-				known = true
+		if ti := tierOf(e); ti != nil {
+			if s := e.Show(ti, v); s != v {
+				return s
 			}
+			known = true
 		}
 	}
 	switch {

@@ -202,7 +202,8 @@ func (d *Decision) Mark(ctx context.Context, i int, tag string) (bool, error) {
 	l := b.Limit.Rate()
 	marker := rate.Limit{Algorithm: rate.GCRA, Count: 1, Period: l.Period}
 	if l.Algorithm == rate.Calendar {
-		marker = rate.Limit{Algorithm: rate.Calendar, Count: 1, Unit: l.Unit, Period: l.Period, Location: l.Location}
+		marker = l // its window, whatever defines it (unit, period, location)
+		marker.Count = 1
 	}
 	res, err := d.e.storeFor(d.Local, d.route).Decide(ctx, []store.Bucket{{Key: b.Key + "#mark:" + tag, Limit: marker, Cost: 1}})
 	if err != nil {
