@@ -1,7 +1,6 @@
 package cascade
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -143,7 +142,7 @@ type planState struct {
 	unknown  sync.Map     // plan names logged as unknown, by tree
 	unknowns atomic.Int64 // how many: past maxUnknown, no more are logged
 	logger   *zap.Logger
-	runtime  func() *control.Snapshot
+	runtime  *control.Runtime
 	previous *control.Snapshot
 	mu       sync.Mutex
 	closers  []func()
@@ -245,7 +244,7 @@ func (h *Handler) provisionEntitlements(ctx caddy.Context, redis *store.Redis) e
 	}
 	p.closers = append(p.closers, running.RegisterEntitlements(h.engine, blocks...))
 	if rt := h.engine.Config().Runtime; rt != nil {
-		p.runtime = rt.Snapshot
+		p.runtime = rt
 		p.previous = rt.Snapshot()
 		p.closers = append(p.closers, rt.Subscribe(p.invalidate))
 	}
@@ -342,18 +341,16 @@ func (p *planState) invalidate(snap *control.Snapshot) {
 	}
 }
 
-// entitlement is value's entitlement from source c: the runtime one set
-// through the admin API, else the source's (cached).
-func (p *planState) entitlement(ctx context.Context, value string, c *EntitlementsConfig) (*entitle.Entitlement, bool) {
-	if value == "" {
-		return nil, false
+// runtimeEntitlement is value's entitlement from source c set through the
+// admin API, if any: it wins over the source's.
+func (p *planState) runtimeEntitlement(value string, c *EntitlementsConfig) *entitle.Entitlement {
+	if p.runtime == nil {
+		return nil
 	}
-	if p.runtime != nil {
-		if e := p.runtime().Entitlement(c.Name, value); e != nil {
-			return &entitle.Entitlement{Plan: e.Plan, Limits: e.Limits, Fields: map[string]string{"plan": e.Plan}, Source: c.Name}, true
-		}
+	if e := p.runtime.Snapshot().Entitlement(c.Name, value); e != nil {
+		return &entitle.Entitlement{Plan: e.Plan, Limits: e.Limits, Fields: map[string]string{"plan": e.Plan}, Source: c.Name}
 	}
-	return c.cache.Get(ctx, value)
+	return nil
 }
 
 // ownOverride is a value's own limits, compiled for tree t once (while
@@ -429,6 +426,7 @@ func (p *planState) unknownPlan(t *Tree, name string) {
 type entSlot struct {
 	name string               // the source's
 	got  *entitle.Entitlement // nil: none (the default plan)
+	memo *entitle.Memo        // got's, when a cache keeps it
 	done bool                 // looked up
 }
 
@@ -533,7 +531,7 @@ func entitlementPlaceholderOf(e *entitle.Entitlement, name string) (any, bool) {
 // entitlementOf looks source c's entitlement up for the request, once.
 // values are tree t's values when t is c's tree (else c's tree's are
 // resolved).
-func (h *Handler) entitlementOf(r *http.Request, repl *caddy.Replacer, d *decision, c *EntitlementsConfig, t *Tree, values []string) *entitle.Entitlement {
+func (h *Handler) entitlementOf(r *http.Request, repl *caddy.Replacer, d *decision, c *EntitlementsConfig, t *Tree, values []string) *entSlot {
 	re := &d.ents
 	if re.n == 0 {
 		re.n = len(h.Entitlements)
@@ -551,11 +549,15 @@ func (h *Handler) entitlementOf(r *http.Request, repl *caddy.Replacer, d *decisi
 			value = c.tree.value(r, repl, c.index)
 		}
 		sl.got = c.none
-		if e, ok := h.plans.entitlement(r.Context(), value, c); ok {
-			sl.got = e
+		if value != "" {
+			if e := h.plans.runtimeEntitlement(value, c); e != nil {
+				sl.got = e
+			} else if e, m, ok := c.cache.GetMemo(r.Context(), value); ok {
+				sl.got, sl.memo = e, m
+			}
 		}
 	}
-	return sl.got
+	return sl
 }
 
 // publishEntitlements sets the request's entitlements as placeholders at
@@ -582,16 +584,17 @@ func publishEntitlements(repl *caddy.Replacer, re *requestEntitlements) {
 func (h *Handler) addEntitled(r *http.Request, repl *caddy.Replacer, d *decision, i int, values []string) error {
 	t := h.trees[i]
 	p := h.plans
-	if p != nil {
-		if c := t.entitledBy; c != nil {
-			e := h.entitlementOf(r, repl, d, c, t, values)
-			return h.engine.AddEntitled(&d.Decision, h.etrees[i], values, p.entitledIn(t, c, e, values))
-		}
-	}
 	var ent hierarchy.Entitlement
 	if p != nil {
+		if c := t.entitledBy; c != nil {
+			sl := h.entitlementOf(r, repl, d, c, t, values)
+			if sl.memo == nil || !sl.memo.Entitled(&t.Tree, &ent) {
+				p.entitledIn(t, c, sl, values, &ent)
+			}
+			return h.engine.AddEntitled(&d.Decision, h.etrees[i], values, &ent)
+		}
 		for _, c := range h.Entitlements { // their placeholders first: the plan may read any
-			e := h.entitlementOf(r, repl, d, c, t, values)
+			e := h.entitlementOf(r, repl, d, c, t, values).got
 			if e != nil && c.tree == t && len(e.Limits) > 0 && ent.Own == nil {
 				ent.Tier, ent.Own = c.tier, p.ownOverride(t, c.tier, values[c.index], e.Plan, e.Limits)
 			}
@@ -600,7 +603,7 @@ func (h *Handler) addEntitled(r *http.Request, repl *caddy.Replacer, d *decision
 	}
 	ent.Plan = resolveKey(repl, t.PlanKey, true)
 	p.indexPlan(t, &ent)
-	return h.engine.AddEntitled(&d.Decision, h.etrees[i], values, ent)
+	return h.engine.AddEntitled(&d.Decision, h.etrees[i], values, &ent)
 }
 
 // indexPlan looks ent's plan up in tree t, logging an unknown one (p may
@@ -614,19 +617,15 @@ func (p *planState) indexPlan(t *Tree, ent *hierarchy.Entitlement) {
 	}
 }
 
-// entitledIn is what answer e (of source c, whose plan tree t reads)
-// entitles a request to in t: its plan's index and, when t is c's tree,
-// its own limits compiled. Worked out once per answer the cache keeps, and
-// kept in the answer's memo.
-func (p *planState) entitledIn(t *Tree, c *EntitlementsConfig, e *entitle.Entitlement, values []string) hierarchy.Entitlement {
-	m := e.Memo()
-	if m != nil {
-		if ent, ok := m.Entitled(t); ok {
-			return ent
-		}
-	}
-	ent := hierarchy.Entitlement{Plan: e.Plan}
-	p.indexPlan(t, &ent)
+// entitledIn sets ent to what the answer in sl (of source c, whose plan
+// tree t reads) entitles a request to in t: its plan's index and, when t
+// is c's tree, its own limits compiled. Worked out once per answer the
+// cache keeps, and kept in the answer's memo (which the caller reads
+// first).
+func (p *planState) entitledIn(t *Tree, c *EntitlementsConfig, sl *entSlot, values []string, ent *hierarchy.Entitlement) {
+	m, e := sl.memo, sl.got
+	ent.Plan = e.Plan
+	p.indexPlan(t, ent)
 	if c.tree == t && len(e.Limits) > 0 {
 		if m != nil {
 			ent.Tier, ent.Own = c.tier, p.compileOwn(t, c.tier, e.Plan, e.Limits)
@@ -635,7 +634,6 @@ func (p *planState) entitledIn(t *Tree, c *EntitlementsConfig, e *entitle.Entitl
 		}
 	}
 	if m != nil && c.tree == t { // one tree's per answer: its source's (whose own limits it compiles)
-		m.SetEntitled(t, ent)
+		m.SetEntitled(&t.Tree, *ent)
 	}
-	return ent
 }

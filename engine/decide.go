@@ -200,14 +200,14 @@ func (err *MissingKeyError) Error() string {
 // enforcing tree, a missing key of a tier that refuses requests without it
 // is a *MissingKeyError, and d is refused (its Reason is missing_key).
 func (e *Engine) Add(d *Decision, t *Tree, values []string) error {
-	return e.AddEntitled(d, t, values, hierarchy.Entitlement{})
+	return e.AddEntitled(d, t, values, nil)
 }
 
 // AddEntitled is Add for a request whose customer's entitlement in tree t
-// is known: its plan chooses the limits of the tiers that have plans, and
-// its own limits those of its value of ent.Tier (see hierarchy.Tree's
-// Resolve for which wins).
-func (e *Engine) AddEntitled(d *Decision, t *Tree, values []string, ent hierarchy.Entitlement) error {
+// is known (nil: none): its plan chooses the limits of the tiers that have
+// plans, and its own limits those of its value of ent.Tier (see
+// hierarchy.Tree's ResolveEntitled for which wins).
+func (e *Engine) AddEntitled(d *Decision, t *Tree, values []string, ent *hierarchy.Entitlement) error {
 	d.single = false
 	if t.IPv4Prefix != 0 || t.IPv6Prefix != 0 {
 		for i, v := range values {
@@ -215,9 +215,9 @@ func (e *Engine) AddEntitled(d *Decision, t *Tree, values []string, ent hierarch
 		}
 	}
 	mode := e.Mode(t)
-	plan := hierarchy.Plan{Buckets: d.Buckets, Entitled: ent}
+	plan := hierarchy.Plan{Buckets: d.Buckets}
 	before := len(plan.Buckets)
-	t.Resolve(values, &plan)
+	t.ResolveEntitled(values, ent, &plan)
 	d.Buckets = plan.Buckets
 	d.used = max(d.used, len(d.Buckets))
 	if plan.MissingTier != nil {

@@ -7,7 +7,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unsafe"
 )
 
 // Options configure a Cache. Zero fields take their defaults.
@@ -159,33 +158,55 @@ type entry struct {
 }
 
 // answer is what a lookup said of value, and until when it is good. It
-// never changes once stored, but for used and its memo (written once). The
-// fields a Get reads come first, and a short value's bytes are inline, so
-// that a Get reads little memory beside the answer's first lines.
+// never changes once stored, but for used and its memo (written once). A
+// Get that finds it fresh reads its first cache line only (on 64-bit
+// platforms; the second too for a value longer than hotValue bytes, the
+// third and the value's own memory for one longer than shortValue): what a
+// Get reads, the memo and a short value's bytes come first, and an answer
+// is answerSize bytes, a size Go allocates on a 256-byte boundary
+// (TestAnswerLayout checks both).
 type answer struct {
-	value   string       // the value answered; its bytes in short when they fit
 	refresh int64        // from then a Get refreshes it in the background
 	used    atomic.Int64 // the last Get that read it from recent, to touchEvery
+	memo    Memo
 	found   bool
-	memo    Memo  // e's (e.memo points here: one allocation, read together)
-	expires int64 // from then it is stale
+	n       uint8            // the value's length when it is in short; 0: in long
+	short   [shortValue]byte // the value, when short
+	long    string           // the value, when longer than shortValue
+	expires int64            // from then it is stale
 	e       Entitlement
-	short   [shortValue]byte
+	_       [answerSize - 216]byte // 216: the fields' size on 64-bit platforms
 }
 
-// shortValue is the longest value kept inline in its answer.
-const shortValue = 40
+// The answer's layout: its size, the longest value kept inline, and the
+// longest whose bytes lie in the first cache line.
+const (
+	answerSize = 256
+	shortValue = 86
+	hotValue   = 64 - 42
+)
+
+// A short value's length is kept in a uint8: this fails to compile when
+// shortValue does not fit.
+const _ uint8 = shortValue
 
 // newAnswer returns an answer of value (copied into it when short).
 func newAnswer(value string, e Entitlement, found bool, refresh, expires int64) *answer {
 	a := &answer{e: e, found: found, refresh: refresh, expires: expires}
-	a.value = value
-	if n := len(value); n > 0 && n <= shortValue {
-		copy(a.short[:], value)
-		a.value = unsafe.String(&a.short[0], n)
+	if len(value) <= shortValue {
+		a.n = uint8(copy(a.short[:], value))
+	} else {
+		a.long = value
 	}
-	a.e.memo = &a.memo
 	return a
+}
+
+// is tells whether a is value's answer (value is not empty).
+func (a *answer) is(value string) bool {
+	if a.n == 0 {
+		return a.long == value
+	}
+	return int(a.n) == len(value) && string(a.short[:a.n]) == value
 }
 
 // flight is a lookup in progress; ans and err are set before done closes.
@@ -297,19 +318,36 @@ func (o Options) withDefaults() Options {
 // due, its Gets answer at once (that answer, or ok=false) and wait for no
 // lookup.
 func (c *Cache) Get(ctx context.Context, value string) (e *Entitlement, ok bool) {
+	if a := c.answer(ctx, value); a != nil {
+		return &a.e, a.found
+	}
+	return nil, false
+}
+
+// GetMemo is Get with the answer's Memo, for the caller to keep what it
+// derives from the answer in: nil with ok false.
+func (c *Cache) GetMemo(ctx context.Context, value string) (e *Entitlement, m *Memo, ok bool) {
+	if a := c.answer(ctx, value); a != nil && a.found {
+		return &a.e, &a.memo, true
+	}
+	return nil, nil, false
+}
+
+// answer is Get's answer: nil when there is none to give.
+func (c *Cache) answer(ctx context.Context, value string) *answer {
 	if value == "" {
-		return nil, false
+		return nil
 	}
 	now := c.now()
 	hash := maphash.String(c.seed, value)
 	sh := &c.shards[hash&c.mask]
 	slot := &c.recent[hash&c.recentMask]
-	if a := slot.Load(); a != nil && now < a.refresh && a.value == value {
+	if a := slot.Load(); a != nil && now < a.refresh && a.is(value) {
 		if now-a.used.Load() >= touchEvery {
 			a.used.Store(now)
 		}
 		sh.hits.Add(1)
-		return &a.e, a.found
+		return a
 	}
 	sh.mu.RLock()
 	en := sh.m[value]
@@ -326,21 +364,21 @@ func (c *Cache) Get(ctx context.Context, value string) (e *Entitlement, ok bool)
 			if now >= a.refresh && en.flight.Load() == nil && now >= en.retryAt.Load() {
 				c.start(en, value, now)
 			}
-			return &a.e, a.found
+			return a
 		}
 	}
 	return c.miss(ctx, sh, en, value, now)
 }
 
-// miss is Get for a value with no fresh answer in memory (en nil: no entry).
-func (c *Cache) miss(ctx context.Context, sh *shard, en *entry, value string, now int64) (*Entitlement, bool) {
+// miss is answer for a value with no fresh answer in memory (en nil: no entry).
+func (c *Cache) miss(ctx context.Context, sh *shard, en *entry, value string, now int64) *answer {
 	if en == nil {
 		en = c.insert(sh, value, now)
 	}
 	a := en.ans.Load()
 	if a != nil && now < a.expires { // filled since Get looked
 		sh.hits.Add(1)
-		return &a.e, a.found
+		return a
 	}
 	stale := a != nil && now < a.expires+c.stale
 	if stale && en.failed.Load() {
@@ -355,13 +393,13 @@ func (c *Cache) miss(ctx context.Context, sh *shard, en *entry, value string, no
 		// failed lately, or the cache is closed.
 		if a := en.ans.Load(); a != nil && now < a.expires {
 			sh.hits.Add(1)
-			return &a.e, a.found
+			return a
 		}
 		if stale {
 			return c.served(a)
 		}
 		c.misses.Add(1)
-		return nil, false
+		return nil
 	}
 	timer := time.NewTimer(c.timeout)
 	defer timer.Stop()
@@ -369,7 +407,7 @@ func (c *Cache) miss(ctx context.Context, sh *shard, en *entry, value string, no
 	case <-f.done:
 		if f.err == nil {
 			c.misses.Add(1)
-			return &f.ans.e, f.ans.found
+			return f.ans
 		}
 	case <-timer.C:
 		c.timeouts.Add(1)
@@ -380,13 +418,13 @@ func (c *Cache) miss(ctx context.Context, sh *shard, en *entry, value string, no
 		return c.served(a)
 	}
 	c.misses.Add(1)
-	return nil, false
+	return nil
 }
 
 // served counts a stale answer served and returns it.
-func (c *Cache) served(a *answer) (*Entitlement, bool) {
+func (c *Cache) served(a *answer) *answer {
 	c.staleServed.Add(1)
-	return &a.e, a.found
+	return a
 }
 
 // start returns value's lookup in flight, starting one if it is due: the
@@ -512,7 +550,7 @@ func (c *Cache) forget(sh *shard, value string) {
 		return
 	}
 	slot := &c.recent[maphash.String(c.seed, value)&c.recentMask]
-	if a := slot.Load(); a != nil && a.value == value {
+	if a := slot.Load(); a != nil && a.is(value) {
 		slot.CompareAndSwap(a, nil)
 	}
 	delete(sh.m, value)

@@ -3,6 +3,7 @@ package entitle
 import (
 	"context"
 	"fmt"
+	"hash/maphash"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -11,6 +12,9 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
+
+	"github.com/caddy-cascade/cascade/hierarchy"
 )
 
 // get is c.Get of value with a background context, for plans.
@@ -353,7 +357,7 @@ func TestNewCacheShards(t *testing.T) {
 }
 
 // hitCache is a cache with values v0…v999 in memory.
-func hitCache(b *testing.B) (*Cache, []string) {
+func hitCache(b testing.TB) (*Cache, []string) {
 	src := &funcSource{lookup: func(_ context.Context, value string) (Entitlement, bool, error) {
 		return Entitlement{Plan: "pro", Fields: map[string]string{"plan": "pro", "org": value}}, true, nil
 	}}
@@ -455,5 +459,134 @@ func TestCacheRecentValues(t *testing.T) {
 	}
 	if st := c.Stats(); st.Lookups != uint64(len(plans)) {
 		t.Fatalf("%d lookups of %d values", st.Lookups, len(plans))
+	}
+}
+
+// TestCacheValuesOfEveryLength: a value is told from its neighbours whether
+// its bytes lie in the answer's first line, its second, or outside it, and
+// whether it is read from the map or from the recent answers.
+func TestCacheValuesOfEveryLength(t *testing.T) {
+	src := &funcSource{lookup: func(_ context.Context, value string) (Entitlement, bool, error) {
+		if strings.HasPrefix(value, "unknown") {
+			return Entitlement{}, false, nil
+		}
+		return Entitlement{Plan: "plan-" + value}, true, nil
+	}}
+	c := NewCache(src, Options{Clock: newClock().Now})
+	defer c.Close()
+	var values []string
+	for _, n := range []int{1, hotValue - 1, hotValue, hotValue + 1, shortValue - 1, shortValue, shortValue + 1, 300} {
+		v := strings.Repeat("x", n-1)
+		values = append(values, v+"a", v+"b") // the same length, the last byte differs
+	}
+	for round := range 3 { // looked up, then from the map, then from recent
+		for _, v := range values {
+			if plan, ok := get(c, v); !ok || plan != "plan-"+v {
+				t.Fatalf("round %d, value of %d bytes: %q, %v", round, len(v), plan, ok)
+			}
+		}
+	}
+	lookups := c.Stats().Lookups
+	prefix := strings.Repeat("x", shortValue-1) // of cached values, one byte short of them
+	if plan, ok := get(c, prefix); !ok || plan != "plan-"+prefix || c.Stats().Lookups != lookups+1 {
+		t.Errorf("a prefix of cached values: %q, %v, %d lookups; want its own, looked up", plan, ok, c.Stats().Lookups-lookups)
+	}
+	e, m, ok := c.GetMemo(context.Background(), "unknown-1")
+	if ok || e != nil || m != nil {
+		t.Errorf("GetMemo of an unknown value: %v, %v, %v; want nothing", e, m, ok)
+	}
+	if st := c.Stats(); st.Hits != uint64(2*len(values)) { // the prefix's was a miss
+		t.Errorf("%d hits, want %d", st.Hits, 2*len(values))
+	}
+}
+
+func TestMemo(t *testing.T) {
+	treeA, treeB := new(hierarchy.Tree), new(hierarchy.Tree)
+	tier := new(hierarchy.Tier)
+	own := &hierarchy.Override{Unlimited: true}
+	tests := []struct {
+		name    string
+		set     []hierarchy.Entitlement // SetEntitled by treeA, in order
+		read    *hierarchy.Tree
+		want    hierarchy.Entitlement
+		wantSet bool
+	}{
+		{"nothing set", nil, treeA, hierarchy.Entitlement{}, false},
+		{"set", []hierarchy.Entitlement{{Indexed: true, Index: 2}}, treeA, hierarchy.Entitlement{Indexed: true, Index: 2}, true},
+		{"another owner's", []hierarchy.Entitlement{{Indexed: true, Index: 2}}, treeB, hierarchy.Entitlement{}, false},
+		{"the first set stays", []hierarchy.Entitlement{{Indexed: true, Index: 2}, {Indexed: true, Index: 3}}, treeA, hierarchy.Entitlement{Indexed: true, Index: 2}, true},
+		{"own limits", []hierarchy.Entitlement{{Indexed: true, Index: 1, Tier: tier, Own: own}}, treeA, hierarchy.Entitlement{Indexed: true, Index: 1, Tier: tier, Own: own}, true},
+		{"not indexed: not kept", []hierarchy.Entitlement{{Plan: "pro"}}, treeA, hierarchy.Entitlement{}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var m Memo
+			for _, ent := range tt.set {
+				m.SetEntitled(treeA, ent)
+			}
+			var got hierarchy.Entitlement
+			if ok := m.Entitled(tt.read, &got); ok != tt.wantSet || got != tt.want {
+				t.Errorf("Entitled: %+v, %v; want %+v, %v", got, ok, tt.want, tt.wantSet)
+			}
+		})
+	}
+}
+
+// TestMemoRace: readers racing the writers see nothing or the one kept,
+// never a mix (run with -race).
+func TestMemoRace(t *testing.T) {
+	tree := new(hierarchy.Tree)
+	var m Memo
+	var wg sync.WaitGroup
+	seen := make([]int, 8)
+	for i := range 8 {
+		wg.Go(func() {
+			m.SetEntitled(tree, hierarchy.Entitlement{Indexed: true, Index: i + 1})
+			var ent hierarchy.Entitlement
+			if m.Entitled(tree, &ent) {
+				seen[i] = ent.Index
+			}
+		})
+	}
+	wg.Wait()
+	var kept hierarchy.Entitlement
+	if !m.Entitled(tree, &kept) {
+		t.Fatal("nothing kept")
+	}
+	for i, s := range seen {
+		if s != 0 && s != kept.Index {
+			t.Errorf("reader %d saw %d, kept %d", i, s, kept.Index)
+		}
+	}
+}
+
+// TestAnswerLayout: on 64-bit platforms an answer is answerSize bytes (a
+// size class Go allocates on a 256-byte boundary), and a short value's
+// first hotValue bytes end its first cache line, with everything a fresh
+// Get reads before them.
+func TestAnswerLayout(t *testing.T) {
+	if unsafe.Sizeof(uintptr(0)) != 8 {
+		t.Skip("the layout is laid out for 64-bit platforms")
+	}
+	var a answer
+	if got := unsafe.Sizeof(a); got != answerSize {
+		t.Errorf("an answer is %d bytes, want %d: mend its padding", got, answerSize)
+	}
+	if end := unsafe.Offsetof(a.short) + hotValue; end != 64 {
+		t.Errorf("hotValue bytes of a short value end at byte %d, want 64", end)
+	}
+	for name, off := range map[string]uintptr{"refresh": unsafe.Offsetof(a.refresh), "used": unsafe.Offsetof(a.used),
+		"memo": unsafe.Offsetof(a.memo) + unsafe.Sizeof(a.memo) - 1, "found": unsafe.Offsetof(a.found), "n": unsafe.Offsetof(a.n)} {
+		if off >= 64 {
+			t.Errorf("%s ends past the first cache line (byte %d)", name, off)
+		}
+	}
+	c, values := hitCache(t) // a cache's answers, on the heap
+	defer c.Close()
+	for _, v := range values { // on 64-byte boundaries: the first line is one line
+		h := maphash.String(c.seed, v)
+		if p := uintptr(unsafe.Pointer(c.shards[h&c.mask].m[v].ans.Load())); p%64 != 0 {
+			t.Fatalf("the answer of %q at %#x, not on a cache line's boundary", v, p)
+		}
 	}
 }

@@ -20,7 +20,6 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"sync"
 	"sync/atomic"
 
 	"github.com/caddy-cascade/cascade/hierarchy"
@@ -43,44 +42,53 @@ type Entitlement struct {
 	// every answer the cache keeps (so that an answer alone says whose it
 	// is, for placeholders).
 	Source string
-
-	memo *Memo // a Cache's answers': what its callers derive from it
 }
 
 // Memo keeps what a caller derives from an answer of a Cache (the plan's
 // index in a tree and its own limits compiled there), for as long as the
 // cache keeps the answer: the request path reads it rather than deriving it
-// again. It is kept inline in the answer, so reading it touches no other
-// memory, and written once: the first Set stays.
+// again. It lies in the answer's first cache line, beside what a Get reads,
+// and is written once: the first Set stays.
 type Memo struct {
-	ready atomic.Bool
-	mu    sync.Mutex // serialises Sets
-	owner any
-	ent   hierarchy.Entitlement
+	state atomic.Uint32 // memoEmpty, memoSetting, memoSet
+	index int32         // the plan's index in owner (hierarchy.Entitlement.Index)
+	owner *hierarchy.Tree
+	own   *hierarchy.Entitlement // its Tier and Own when the value has limits of its own, else nil
 }
 
-// Entitled returns what owner set, and false when nothing was set or another
+// A Memo's states.
+const (
+	memoEmpty uint32 = iota
+	memoSetting
+	memoSet
+)
+
+// Entitled sets ent to what owner set (indexed: its Plan is not kept),
+// and reports false, leaving ent as it is, when nothing was set or another
 // owner set it.
-func (m *Memo) Entitled(owner any) (hierarchy.Entitlement, bool) {
-	if !m.ready.Load() || m.owner != owner {
-		return hierarchy.Entitlement{}, false
+func (m *Memo) Entitled(owner *hierarchy.Tree, ent *hierarchy.Entitlement) bool {
+	if m.state.Load() != memoSet || m.owner != owner {
+		return false
 	}
-	return m.ent, true
+	ent.Indexed, ent.Index = true, int(m.index)
+	if m.own != nil {
+		ent.Tier, ent.Own = m.own.Tier, m.own.Own
+	}
+	return true
 }
 
-// SetEntitled keeps ent for owner, unless something was set already.
-func (m *Memo) SetEntitled(owner any, ent hierarchy.Entitlement) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.ready.Load() {
+// SetEntitled keeps ent, indexed, for owner, unless something was set
+// already (or is being set: that one stays).
+func (m *Memo) SetEntitled(owner *hierarchy.Tree, ent hierarchy.Entitlement) {
+	if !ent.Indexed || ent.Index != int(int32(ent.Index)) || !m.state.CompareAndSwap(memoEmpty, memoSetting) {
 		return
 	}
-	m.owner, m.ent = owner, ent
-	m.ready.Store(true)
+	m.owner, m.index = owner, int32(ent.Index)
+	if ent.Own != nil {
+		m.own = &hierarchy.Entitlement{Tier: ent.Tier, Own: ent.Own}
+	}
+	m.state.Store(memoSet)
 }
-
-// Memo is the answer's memo; nil for an Entitlement not kept by a Cache.
-func (e *Entitlement) Memo() *Memo { return e.memo }
 
 // Source looks one value up.
 type Source interface {

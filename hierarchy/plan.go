@@ -22,22 +22,22 @@ type Plan struct {
 	// MissingTier is set when a tier whose key resolved to empty has the
 	// deny policy: the request must be refused and Buckets is incomplete.
 	MissingTier *Tier
-	// Entitled is an input: the request's plan and own limits in the tree
-	// about to be resolved. The caller sets it before each Tree.Resolve
-	// (its zero value: no plan, no limits of its own); Resolve reads it and
-	// leaves it as it is.
-	Entitled Entitlement
 }
 
-// Resolve appends the buckets of tree t for one request to plan. values[i]
+// Resolve is ResolveEntitled for a request with no entitlement: no plan
+// given (the default plan's blocks apply), no limits of its own.
+func (t *Tree) Resolve(values []string, plan *Plan) { t.ResolveEntitled(values, nil, plan) }
+
+// ResolveEntitled appends the buckets of tree t for one request, entitled
+// to ent (nil: no plan given, no limits of its own), to plan. values[i]
 // is the resolved key of t.Tiers[i] ("" when missing). Tiers beyond
 // len(values) are left out: the path then ends at the last value given (as
 // an operator inspecting a team's buckets gives no user).
 //
 // A tier's limits for its value v are, most specific first: v's runtime
-// override, v's value block, the customer's own (plan.Entitled.Own, for
-// plan.Entitled.Tier), the tier's block for the request's plan
-// (PlanOf(plan.Entitled.Plan)), the tier's own; an unlimited one leaves the
+// override, v's value block, the customer's own (ent.Own, for ent.Tier),
+// the tier's block for the request's plan (PlanOf(ent.Plan), or
+// ent.Index), the tier's own; an unlimited one leaves the
 // tier out. Keys do not depend on which: a limit's key is its path and its
 // dimension, algorithm and period, so a customer changing plans keeps
 // counting in the buckets it had.
@@ -46,7 +46,7 @@ type Plan struct {
 // tier whose key has a placeholder (the tenant): one tenant's subtree lives
 // in one Redis Cluster slot. Tiers above it, whose keys are constants
 // (global ceilings), are tagged by their own value and so live elsewhere.
-func (t *Tree) Resolve(values []string, plan *Plan) {
+func (t *Tree) ResolveEntitled(values []string, ent *Entitlement, plan *Plan) {
 	// All the keys of this tree are written into one buffer, sized
 	// exactly beforehand, and cut from it: one allocation per tree.
 	first := len(plan.Buckets)
@@ -56,9 +56,14 @@ func (t *Tree) Resolve(values []string, plan *Plan) {
 	spans := spanBuf[:0]
 	size := 0
 	tag, tenantStart := -1, 0 // the tenant's segment in path: the hash tag
-	customerPlan := plan.Entitled.Index
-	if !plan.Entitled.Indexed && t.PlanKey != "" {
-		customerPlan, _ = t.PlanIndex(plan.Entitled.Plan)
+	customerPlan := 0
+	switch {
+	case ent != nil && ent.Indexed:
+		customerPlan = ent.Index
+	case ent != nil && t.PlanKey != "":
+		customerPlan, _ = t.PlanIndex(ent.Plan)
+	case t.PlanKey != "":
+		customerPlan, _ = t.PlanIndex("")
 	}
 	for i, tier := range t.Tiers[:min(len(values), len(t.Tiers))] {
 		v := values[i]
@@ -94,7 +99,7 @@ func (t *Tree) Resolve(values []string, plan *Plan) {
 		limits := tier.Limits
 		o, _ := tier.OverrideOf(v)
 		if o == nil {
-			o = entitled(tier, customerPlan, &plan.Entitled)
+			o = entitled(tier, customerPlan, ent)
 		}
 		if o != nil {
 			if o.Unlimited {

@@ -19,8 +19,9 @@ type Entitlement struct {
 	Plan string    // the plan's name as the request gave it (PlanOf applies)
 	Tier *Tier     // the tier Own applies to (nil: none)
 	Own  *Override // limits of the customer's own for its value of Tier (compiled with Tree.CompileOverride), nil: none
-	// Indexed says Index is Tree.PlanIndex(Plan), looked up by the
-	// caller (which saves Resolve the lookup); else Resolve looks Plan up.
+	// Indexed says Index is Tree.PlanIndex of the plan's name, looked up
+	// by the caller (which saves Resolve the lookup; Plan may then be
+	// empty); else Resolve looks Plan up.
 	Indexed bool
 	Index   int
 }
@@ -84,7 +85,7 @@ func (t *Tree) PlanOf(name string) string {
 // tier, else tier's block for plan (PlanOf applied), else nil. A tier
 // without plan blocks costs no map lookup.
 func entitled(tier *Tier, plan int, e *Entitlement) *Override {
-	if e.Own != nil && e.Tier == tier {
+	if e != nil && e.Own != nil && e.Tier == tier {
 		return e.Own
 	}
 	if plan < len(tier.byPlan) {

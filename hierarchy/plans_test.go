@@ -95,13 +95,14 @@ func TestPlanPrecedence(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			p := Plan{Entitled: tt.entitled}
-			tree.Resolve([]string{tt.org, "k1"}, &p)
+			ent := tt.entitled
+			var p Plan
+			tree.ResolveEntitled([]string{tt.org, "k1"}, &ent, &p)
 			if got := countsOf(p, "org"); !slices.Equal(got, tt.want) {
 				t.Errorf("org's limits %v, want %v", got, tt.want)
 			}
-			if p.Entitled != tt.entitled {
-				t.Errorf("Resolve changed Entitled to %+v", p.Entitled)
+			if ent != tt.entitled {
+				t.Errorf("Resolve changed the entitlement to %+v", ent)
 			}
 		})
 	}
@@ -136,8 +137,8 @@ func TestPlanOf(t *testing.T) {
 	own := saas()
 	own.DefaultPlan = "trial"
 	compiled(t, own)
-	p := Plan{Entitled: Entitlement{Plan: "gold"}}
-	own.Resolve([]string{"acme", "k1"}, &p)
+	p := Plan{}
+	own.ResolveEntitled([]string{"acme", "k1"}, &Entitlement{Plan: "gold"}, &p)
 	if got := countsOf(p, "org"); !slices.Equal(got, []int64{500}) || own.KnownPlan("trial") {
 		t.Errorf("undeclared default: org's limits %v", got)
 	}
@@ -149,8 +150,8 @@ func TestPlanOf(t *testing.T) {
 func TestPlanChangeKeepsKeys(t *testing.T) {
 	tree := compiled(t, saas())
 	resolve := func(plan string) []string {
-		p := Plan{Entitled: Entitlement{Plan: plan}}
-		tree.Resolve([]string{"acme", "k1"}, &p)
+		p := Plan{}
+		tree.ResolveEntitled([]string{"acme", "k1"}, &Entitlement{Plan: plan}, &p)
 		return keysOf(p)
 	}
 	org := "{api|org=acme}org=acme"
@@ -322,8 +323,8 @@ func TestResolvePlansAllocations(t *testing.T) {
 	tree := compiled(t, saas())
 	buf := make([]Bucket, 0, 8)
 	allocs := testing.AllocsPerRun(100, func() {
-		p := Plan{Buckets: buf[:0], Entitled: Entitlement{Plan: "pro"}}
-		tree.Resolve([]string{"acme", "k1"}, &p)
+		p := Plan{Buckets: buf[:0]}
+		tree.ResolveEntitled([]string{"acme", "k1"}, &Entitlement{Plan: "pro"}, &p)
 	})
 	if allocs != 1 {
 		t.Fatalf("%v allocations, want 1", allocs)
@@ -339,8 +340,8 @@ func BenchmarkResolvePlans(b *testing.B) {
 			buf := make([]Bucket, 0, 8)
 			b.ReportAllocs()
 			for b.Loop() {
-				p := Plan{Buckets: buf[:0], Entitled: Entitlement{Plan: plan}}
-				tree.Resolve([]string{"acme", "k1"}, &p)
+				p := Plan{Buckets: buf[:0]}
+				tree.ResolveEntitled([]string{"acme", "k1"}, &Entitlement{Plan: plan}, &p)
 			}
 		})
 	}
