@@ -552,7 +552,7 @@ func (h *Handler) entitlementOf(r *http.Request, repl *caddy.Replacer, d *decisi
 		if value != "" {
 			if e := h.plans.runtimeEntitlement(value, c); e != nil {
 				sl.got = e
-			} else if e, m, ok := c.cache.GetMemo(r.Context(), value); ok {
+			} else if e, m, ok := c.cache.Get(r.Context(), value); ok {
 				sl.got, sl.memo = e, m
 			}
 		}

@@ -304,10 +304,11 @@ func (o Options) withDefaults() Options {
 }
 
 // Get returns value's entitlement, shared and read-only (the cache's own,
-// which the caller must not change); ok is false when there is none to give:
-// the source knows no such value, or has not answered in time (the caller
-// then uses its default plan). An empty value has none, and is not looked
-// up.
+// which the caller must not change), and the answer's Memo, for the caller
+// to keep what it derives from the answer in. ok is false, and e and m nil,
+// when there is none to give: the source knows no such value, or has not
+// answered in time (the caller then uses its default plan). An empty value
+// has none, and is not looked up.
 //
 // A fresh answer comes from memory; past 80% of its TTL, the first Get to
 // see it also starts a refresh in the background. With no fresh answer,
@@ -317,16 +318,7 @@ func (o Options) withDefaults() Options {
 // answer is served up to Stale past its TTL; until the value's retry is
 // due, its Gets answer at once (that answer, or ok=false) and wait for no
 // lookup.
-func (c *Cache) Get(ctx context.Context, value string) (e *Entitlement, ok bool) {
-	if a := c.answer(ctx, value); a != nil {
-		return &a.e, a.found
-	}
-	return nil, false
-}
-
-// GetMemo is Get with the answer's Memo, for the caller to keep what it
-// derives from the answer in: nil with ok false.
-func (c *Cache) GetMemo(ctx context.Context, value string) (e *Entitlement, m *Memo, ok bool) {
+func (c *Cache) Get(ctx context.Context, value string) (e *Entitlement, m *Memo, ok bool) {
 	if a := c.answer(ctx, value); a != nil && a.found {
 		return &a.e, &a.memo, true
 	}

@@ -19,7 +19,7 @@ import (
 
 // get is c.Get of value with a background context, for plans.
 func get(c *Cache, value string) (string, bool) {
-	e, ok := c.Get(context.Background(), value)
+	e, _, ok := c.Get(context.Background(), value)
 	if e == nil {
 		return "", ok
 	}
@@ -95,7 +95,7 @@ func TestCacheWaitsAtMostTimeout(t *testing.T) {
 			}
 
 			start := time.Now()
-			_, ok := c.Get(ctx, "acme")
+			_, _, ok := c.Get(ctx, "acme")
 			waited := time.Since(start)
 			if ok || waited < tt.wantWait || waited > tt.wantWait+100*time.Millisecond {
 				t.Fatalf("Get: ok %v after %v, want false after about %v", ok, waited, tt.wantWait)
@@ -252,7 +252,10 @@ func TestCacheInvalidate(t *testing.T) {
 	}
 }
 
-func TestCacheDropsTheLeastRecentlyUsed(t *testing.T) {
+// twoOfThree is a cache of at most two entries, on a test clock, in front
+// of a file of three values (a, b and c, on plans A, B and C).
+func twoOfThree(t *testing.T) (*Cache, *clock) {
+	t.Helper()
 	path := filepath.Join(t.TempDir(), "plans.json")
 	writeFile(t, path, `{"a": {"plan": "A"}, "b": {"plan": "B"}, "c": {"plan": "C"}}`)
 	f, err := NewFile(path, FileOptions{Poll: -1})
@@ -261,7 +264,12 @@ func TestCacheDropsTheLeastRecentlyUsed(t *testing.T) {
 	}
 	clk := newClock()
 	c := NewCache(f, Options{MaxEntries: 2, Clock: clk.Now})
-	defer c.Close()
+	t.Cleanup(func() { c.Close() })
+	return c, clk
+}
+
+func TestCacheDropsTheLeastRecentlyUsed(t *testing.T) {
+	c, clk := twoOfThree(t)
 
 	for _, s := range []struct {
 		value       string
@@ -365,7 +373,7 @@ func hitCache(b testing.TB) (*Cache, []string) {
 	values := make([]string, 1000)
 	for i := range values {
 		values[i] = fmt.Sprintf("org-%d", i)
-		if _, ok := c.Get(context.Background(), values[i]); !ok {
+		if _, _, ok := c.Get(context.Background(), values[i]); !ok {
 			b.Fatal("not cached")
 		}
 	}
@@ -379,7 +387,7 @@ func BenchmarkCacheGetHit(b *testing.B) {
 	b.ReportAllocs()
 	i := 0
 	for b.Loop() {
-		if _, ok := c.Get(ctx, values[i%len(values)]); !ok {
+		if _, _, ok := c.Get(ctx, values[i%len(values)]); !ok {
 			b.Fatal("miss")
 		}
 		i++
@@ -394,7 +402,7 @@ func BenchmarkCacheGetHitParallel(b *testing.B) {
 	b.RunParallel(func(pb *testing.PB) {
 		i := 0
 		for pb.Next() {
-			if _, ok := c.Get(ctx, values[i%len(values)]); !ok {
+			if _, _, ok := c.Get(ctx, values[i%len(values)]); !ok {
 				b.Fatal("miss")
 			}
 			i++
@@ -406,15 +414,7 @@ func BenchmarkCacheGetHitParallel(b *testing.B) {
 // answers still counts as used, so the least recently used one is dropped
 // rather than the busiest.
 func TestCacheRecentUses(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "plans.json")
-	writeFile(t, path, `{"a": {"plan": "A"}, "b": {"plan": "B"}, "c": {"plan": "C"}}`)
-	f, err := NewFile(path, FileOptions{Poll: -1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	clk := newClock()
-	c := NewCache(f, Options{MaxEntries: 2, Clock: clk.Now})
-	defer c.Close()
+	c, clk := twoOfThree(t)
 	for _, v := range []string{"a", "a", "b", "b"} { // looked up, then put among the recent answers
 		clk.Add(time.Second)
 		get(c, v)
@@ -491,9 +491,9 @@ func TestCacheValuesOfEveryLength(t *testing.T) {
 	if plan, ok := get(c, prefix); !ok || plan != "plan-"+prefix || c.Stats().Lookups != lookups+1 {
 		t.Errorf("a prefix of cached values: %q, %v, %d lookups; want its own, looked up", plan, ok, c.Stats().Lookups-lookups)
 	}
-	e, m, ok := c.GetMemo(context.Background(), "unknown-1")
+	e, m, ok := c.Get(context.Background(), "unknown-1")
 	if ok || e != nil || m != nil {
-		t.Errorf("GetMemo of an unknown value: %v, %v, %v; want nothing", e, m, ok)
+		t.Errorf("Get of an unknown value: %v, %v, %v; want nothing", e, m, ok)
 	}
 	if st := c.Stats(); st.Hits != uint64(2*len(values)) { // the prefix's was a miss
 		t.Errorf("%d hits, want %d", st.Hits, 2*len(values))
