@@ -321,13 +321,16 @@ func nextStructural(p []byte, i int) int {
 	return i
 }
 
+// captureKey takes the next bytes of a watched object's key. A key with
+// an escape anywhere gives up, whatever its length and however the body
+// was cut: it may spell extensions or cost (which could then be twice), and
+// what the client gets must not depend on where the chunks end.
 func (s *inserter) captureKey(b []byte) {
-	if s.keyLen < 0 {
+	if bytes.IndexByte(b, '\\') >= 0 {
+		s.giveUp("a key of its is written with escapes")
 		return
 	}
-	if bytes.IndexByte(b, '\\') >= 0 {
-		// It may spell extensions or cost: which could then be twice.
-		s.giveUp("a key of its is written with escapes")
+	if s.keyLen < 0 {
 		return
 	}
 	if s.keyLen+len(b) > len(s.key) {

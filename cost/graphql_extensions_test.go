@@ -118,6 +118,19 @@ func TestInserterLeavesUntouched(t *testing.T) {
 	}
 }
 
+// TestInserterEscapedLongKey: a key with an escape past the bytes a key
+// of ours could have is left untouched wherever the body is cut, as in one
+// piece (once cut, the first piece used to settle that the key was not
+// ours, and the escape in the next went unseen).
+func TestInserterEscapedLongKey(t *testing.T) {
+	in := `{"a_key_longer_than_16\u0020bytes":1}`
+	for c := 1; c < len(in); c++ {
+		if got, ok, reason := insert(in, c); got != in || ok || !strings.Contains(reason, "escapes") {
+			t.Errorf("cut at %d (%q | %q): %q, inserted %v, reason %q", c, in[:c], in[c:], got, ok, reason)
+		}
+	}
+}
+
 // FuzzInserter: whatever the body and wherever it is cut, the inserter
 // hands out the body exactly, or the body with the object inserted: valid
 // JSON when the body was, whose extensions.cost is Build's.
