@@ -424,7 +424,6 @@ func (p *planState) unknownPlan(t *Tree, name string) {
 
 // entSlot is one source's entitlement for one request.
 type entSlot struct {
-	name string               // the source's
 	got  *entitle.Entitlement // nil: none (the default plan)
 	memo *entitle.Memo        // got's, when a cache keeps it
 	done bool                 // looked up
@@ -438,6 +437,14 @@ type requestEntitlements struct {
 	n      int // sources
 	inline [2]entSlot
 	extra  []entSlot // beyond the inline ones
+}
+
+// begin readies re for n sources.
+func (re *requestEntitlements) begin(n int) {
+	re.n = n
+	if n > len(re.inline) {
+		re.extra = make([]entSlot, n-len(re.inline))
+	}
 }
 
 // slot is source i's.
@@ -473,12 +480,12 @@ func (re *requestEntitlements) shownOne() *entitle.Entitlement {
 	return re.inline[0].got
 }
 
-// shown is what placeholders show of re.
-func (re *requestEntitlements) shown() *shownEntitlements {
-	s := &shownEntitlements{first: shownEntitlement{re.slot(0).name, re.slot(0).got}}
+// shown is what placeholders show of re, whose sources are srcs.
+func (re *requestEntitlements) shown(srcs []*EntitlementsConfig) *shownEntitlements {
+	s := &shownEntitlements{first: shownEntitlement{srcs[0].Name, re.slot(0).got}}
 	for i := 1; i < re.n; i++ {
 		sl := re.slot(i)
-		s.more = append(s.more, shownEntitlement{sl.name, sl.got})
+		s.more = append(s.more, shownEntitlement{srcs[i].Name, sl.got})
 	}
 	return s
 }
@@ -534,28 +541,25 @@ func entitlementPlaceholderOf(e *entitle.Entitlement, name string) (any, bool) {
 func (h *Handler) entitlementOf(r *http.Request, repl *caddy.Replacer, d *decision, c *EntitlementsConfig, t *Tree, values []string) *entSlot {
 	re := &d.ents
 	if re.n == 0 {
-		re.n = len(h.Entitlements)
-		if re.n > len(re.inline) {
-			re.extra = make([]entSlot, re.n-len(re.inline))
-		}
+		re.begin(len(h.Entitlements))
 	}
 	sl := re.slot(c.slot)
 	if !sl.done {
-		sl.done, sl.name = true, c.Name
 		var value string
 		if c.tree == t && c.index < len(values) {
 			value = values[c.index]
 		} else {
 			value = c.tree.value(r, repl, c.index)
 		}
-		sl.got = c.none
+		got, memo := c.none, (*entitle.Memo)(nil)
 		if value != "" {
 			if e := h.plans.runtimeEntitlement(value, c); e != nil {
-				sl.got = e
+				got = e
 			} else if e, m, ok := c.cache.Get(r.Context(), value); ok {
-				sl.got, sl.memo = e, m
+				got, memo = e, m
 			}
 		}
+		sl.got, sl.memo, sl.done = got, memo, true
 	}
 	return sl
 }
@@ -563,16 +567,17 @@ func (h *Handler) entitlementOf(r *http.Request, repl *caddy.Replacer, d *decisi
 // publishEntitlements sets the request's entitlements as placeholders at
 // once: for a tree whose plan is read from one (its plan placeholder is
 // not a source's plain plan), before the plan is resolved.
-func publishEntitlements(repl *caddy.Replacer, re *requestEntitlements) {
+func publishEntitlements(repl *caddy.Replacer, re *requestEntitlements, srcs []*EntitlementsConfig) {
 	for i := range re.n {
 		sl := re.slot(i)
 		if sl.got == nil {
 			continue
 		}
-		repl.Set(entitlementPlaceholder(sl.name, "plan"), sl.got.Plan)
+		name := srcs[i].Name
+		repl.Set(entitlementPlaceholder(name, "plan"), sl.got.Plan)
 		for k, v := range sl.got.Fields {
 			if k != "plan" {
-				repl.Set(entitlementPlaceholder(sl.name, k), v)
+				repl.Set(entitlementPlaceholder(name, k), v)
 			}
 		}
 	}
@@ -599,7 +604,7 @@ func (h *Handler) addEntitled(r *http.Request, repl *caddy.Replacer, d *decision
 				ent.Tier, ent.Own = c.tier, p.ownOverride(t, c.tier, values[c.index], e.Plan, e.Limits)
 			}
 		}
-		publishEntitlements(repl, &d.ents)
+		publishEntitlements(repl, &d.ents, h.Entitlements)
 	}
 	ent.Plan = resolveKey(repl, t.PlanKey, true)
 	p.indexPlan(t, &ent)

@@ -83,7 +83,7 @@ func (h *Handler) setPlaceholders(r *http.Request, repl *caddy.Replacer, d *deci
 	case d.ents.n == 1:
 		p.ent = d.ents.shownOne() // no copy: the answer names its source
 	case d.ents.n > 1:
-		p.ents = d.ents.shown()
+		p.ents = d.ents.shown(h.Entitlements)
 	}
 	if d.Closest >= 0 && d.Closest < len(d.Results) {
 		c, res := &d.Buckets[d.Closest], &d.Results[d.Closest]

@@ -71,7 +71,7 @@ const (
 	// evictSample is how many entries a full shard compares to choose
 	// the least recently used one to drop.
 	evictSample = 8
-	// maxRecent bounds the slots of Cache.recent.
+	// maxRecent bounds the answers Cache.recent holds (two to a pair).
 	maxRecent = 1 << 14
 )
 
@@ -116,14 +116,16 @@ type Cache struct {
 	mask     uint64
 	perShard int
 
-	// recent is a direct-mapped array, indexed by the value's hash, of
-	// answers found lately: a Get whose value's answer is there, and not
-	// yet due for a refresh, reads it with one atomic load, no lock, and
-	// no memory but the answer's own. An answer is put there only under
-	// its shard's read lock, from an entry in the map, and taken out under
-	// the write lock as its entry leaves the map, so recent never holds
-	// the answer of a value the map has dropped.
-	recent     []atomic.Pointer[answer]
+	// recent is an array of pairs, indexed by the value's hash, of
+	// answers found lately (two ways, so that two values whose hashes
+	// meet do not push each other out on every Get): a Get whose value's
+	// answer is there, and not yet due for a refresh, reads it with one or
+	// two atomic loads of one cache line, no lock, and no memory but the
+	// answer's own. An answer is put there only under its shard's read
+	// lock, from an entry in the map, and taken out under the write lock
+	// as its entry leaves the map, so recent never holds the answer of a
+	// value the map has dropped.
+	recent     []recentPair
 	recentMask uint64
 
 	lookups, failures, misses, staleServed, timeouts, shed atomic.Uint64
@@ -135,6 +137,29 @@ type Cache struct {
 	life   sync.Mutex // guards closed and lookups' wg.Add
 	closed bool
 	wg     sync.WaitGroup // the lookups in flight
+}
+
+// recentPair is one pair of Cache.recent: 16 bytes, four to a cache line.
+type recentPair [2]atomic.Pointer[answer]
+
+// put keeps a, value's answer, in p: in the first way if that is free,
+// due for a refresh or value's, else in the second, so a value that stays
+// in the first way is never pushed out by two others that take turns.
+func (p *recentPair) put(value string, a *answer, now int64) {
+	if b := p[0].Load(); b == nil || now >= b.refresh || b.is(value) {
+		p[0].Store(a)
+		return
+	}
+	p[1].Store(a)
+}
+
+// drop takes value's answer out of p.
+func (p *recentPair) drop(value string) {
+	for i := range p {
+		if a := p[i].Load(); a != nil && a.is(value) {
+			p[i].CompareAndSwap(a, nil)
+		}
+	}
 }
 
 // shard is one part of the map, padded so that shards' locks and counters
@@ -250,10 +275,10 @@ func NewCache(src Source, opts Options) *Cache {
 	c.mask = uint64(n - 1)
 	c.perShard = max(opts.MaxEntries/n, 1)
 	r := 1
-	for r < maxRecent && r < opts.MaxEntries {
+	for r < maxRecent/2 && 2*r < opts.MaxEntries {
 		r *= 2
 	}
-	c.recent = make([]atomic.Pointer[answer], r)
+	c.recent = make([]recentPair, r)
 	c.recentMask = uint64(r - 1)
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	if c.clock == nil {
@@ -319,33 +344,47 @@ func (o Options) withDefaults() Options {
 // due, its Gets answer at once (that answer, or ok=false) and wait for no
 // lookup.
 func (c *Cache) Get(ctx context.Context, value string) (e *Entitlement, m *Memo, ok bool) {
-	if a := c.answer(ctx, value); a != nil && a.found {
-		return &a.e, &a.memo, true
-	}
-	return nil, nil, false
-}
-
-// answer is Get's answer: nil when there is none to give.
-func (c *Cache) answer(ctx context.Context, value string) *answer {
 	if value == "" {
-		return nil
+		return nil, nil, false
 	}
-	now := c.now()
+	// A fresh answer among the recent ones: the hit, written out here
+	// rather than in calls (Go inlines none of them), as it is every
+	// request's.
+	now := c.coarse.Load()
+	if c.clock != nil {
+		now = c.now()
+	}
 	hash := maphash.String(c.seed, value)
 	sh := &c.shards[hash&c.mask]
-	slot := &c.recent[hash&c.recentMask]
-	if a := slot.Load(); a != nil && now < a.refresh && a.is(value) {
+	pair := &c.recent[hash&c.recentMask]
+	a := pair[0].Load()
+	if a == nil || !a.is(value) {
+		if a = pair[1].Load(); a != nil && !a.is(value) {
+			a = nil
+		}
+	}
+	if a == nil || now >= a.refresh {
+		a = c.answer(ctx, sh, pair, value, now)
+	} else {
 		if now-a.used.Load() >= touchEvery {
 			a.used.Store(now)
 		}
 		sh.hits.Add(1)
-		return a
 	}
+	if a == nil || !a.found {
+		return nil, nil, false
+	}
+	return &a.e, &a.memo, true
+}
+
+// answer is Get's answer for a value whose answer is not among the recent
+// ones, or due for a refresh: nil when there is none to give.
+func (c *Cache) answer(ctx context.Context, sh *shard, pair *recentPair, value string, now int64) *answer {
 	sh.mu.RLock()
 	en := sh.m[value]
 	if en != nil {
 		if a := en.ans.Load(); a != nil {
-			slot.Store(a)
+			pair.put(value, a, now)
 		}
 	}
 	sh.mu.RUnlock()
@@ -541,10 +580,7 @@ func (c *Cache) forget(sh *shard, value string) {
 	if _, ok := sh.m[value]; !ok {
 		return
 	}
-	slot := &c.recent[maphash.String(c.seed, value)&c.recentMask]
-	if a := slot.Load(); a != nil && a.is(value) {
-		slot.CompareAndSwap(a, nil)
-	}
+	c.recent[maphash.String(c.seed, value)&c.recentMask].drop(value)
 	delete(sh.m, value)
 }
 
@@ -606,7 +642,7 @@ func (c *Cache) Close() error {
 
 // now is the time by Clock, in nanoseconds since the cache was made.
 // Without a Clock it is the coarse clock (to tickEvery), which a hit reads
-// for the cost of an atomic load.
+// for the cost of an atomic load (Get reads it so itself).
 func (c *Cache) now() int64 {
 	if c.clock == nil {
 		return c.coarse.Load()

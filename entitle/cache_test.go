@@ -448,7 +448,7 @@ func TestCacheRecentValues(t *testing.T) {
 		p, ok := plans[v]
 		return Entitlement{Plan: p}, ok, nil
 	}}
-	c := NewCache(src, Options{MaxEntries: 64, Clock: newClock().Now}) // 64 slots: 16 values, some sharing one
+	c := NewCache(src, Options{MaxEntries: 64, Clock: newClock().Now}) // 32 pairs: 16 values, some sharing one
 	defer c.Close()
 	for round := range 4 {
 		for v, want := range plans {
@@ -459,6 +459,50 @@ func TestCacheRecentValues(t *testing.T) {
 	}
 	if st := c.Stats(); st.Lookups != uint64(len(plans)) {
 		t.Fatalf("%d lookups of %d values", st.Lookups, len(plans))
+	}
+}
+
+// TestRecentPair: two values that share a pair of the recent answers both
+// stay in it; a third takes the second way, or the first when that one is
+// due for a refresh; a drop takes out only its own value's answer.
+func TestRecentPair(t *testing.T) {
+	a := newAnswer("a", Entitlement{}, true, 10, 20)
+	b := newAnswer("b", Entitlement{}, true, 10, 20)
+	c := newAnswer("c", Entitlement{}, true, 10, 20)
+	type step struct {
+		op    string // put, drop
+		value string
+		ans   *answer
+		now   int64
+	}
+	tests := []struct {
+		name  string
+		steps []step
+		want  [2]*answer // the pair's ways after the steps
+	}{
+		{"into an empty pair", []step{{"put", "a", a, 0}}, [2]*answer{a, nil}},
+		{"two share it", []step{{"put", "a", a, 0}, {"put", "b", b, 0}}, [2]*answer{a, b}},
+		{"a third takes the second way", []step{{"put", "a", a, 0}, {"put", "b", b, 0}, {"put", "c", c, 0}}, [2]*answer{a, c}},
+		{"a third takes the first way when due", []step{{"put", "a", a, 0}, {"put", "b", b, 0}, {"put", "c", c, 10}}, [2]*answer{c, b}},
+		{"the same value again", []step{{"put", "a", a, 0}, {"put", "b", b, 0}, {"put", "a", a, 0}}, [2]*answer{a, b}},
+		{"a drop of the second", []step{{"put", "a", a, 0}, {"put", "b", b, 0}, {"drop", "b", nil, 0}}, [2]*answer{a, nil}},
+		{"a drop of the first", []step{{"put", "a", a, 0}, {"put", "b", b, 0}, {"drop", "a", nil, 0}}, [2]*answer{nil, b}},
+		{"a drop of a value not there", []step{{"put", "a", a, 0}, {"put", "b", b, 0}, {"drop", "c", nil, 0}}, [2]*answer{a, b}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var p recentPair
+			for _, s := range tt.steps {
+				if s.op == "put" {
+					p.put(s.value, s.ans, s.now)
+				} else {
+					p.drop(s.value)
+				}
+			}
+			if got := [2]*answer{p[0].Load(), p[1].Load()}; got != tt.want {
+				t.Fatalf("ways %v, want %v", got, tt.want)
+			}
+		})
 	}
 }
 
