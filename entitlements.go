@@ -480,14 +480,23 @@ func (re *requestEntitlements) shownOne() *entitle.Entitlement {
 	return re.inline[0].got
 }
 
-// shown is what placeholders show of re, whose sources are srcs.
+// shown is what placeholders show of re, whose sources are srcs: those
+// the request looked up (another's placeholders stay unknown).
 func (re *requestEntitlements) shown(srcs []*EntitlementsConfig) *shownEntitlements {
-	s := &shownEntitlements{first: shownEntitlement{srcs[0].Name, re.slot(0).got}}
+	s := &shownEntitlements{first: re.shownSlot(srcs, 0)}
 	for i := 1; i < re.n; i++ {
-		sl := re.slot(i)
-		s.more = append(s.more, shownEntitlement{srcs[i].Name, sl.got})
+		s.more = append(s.more, re.shownSlot(srcs, i))
 	}
 	return s
+}
+
+// shownSlot is what placeholders show of source i: nothing (no name, which
+// no placeholder asks for) when the request did not look it up.
+func (re *requestEntitlements) shownSlot(srcs []*EntitlementsConfig, i int) shownEntitlement {
+	if sl := re.slot(i); sl.done {
+		return shownEntitlement{srcs[i].Name, sl.got}
+	}
+	return shownEntitlement{}
 }
 
 // lookup answers {http.rate_limit.entitlement.<name>.<field>} (name is

@@ -23,6 +23,8 @@ import (
 	"github.com/caddy-cascade/cascade/entitle"
 	"github.com/caddy-cascade/cascade/hierarchy"
 	"github.com/caddy-cascade/cascade/internal/redistest"
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -385,5 +387,65 @@ func TestPlansFromNamedRedis(t *testing.T) {
 	}
 	if n := admitN(t, 5, site, "X-Org: other"); n != 1 {
 		t.Fatalf("an org the named Redis does not know: %d admitted, want 1 (free)", n)
+	}
+}
+
+// TestPlansPlaceholdersOfSourcesNotLookedUp: of a handler's several
+// sources, only those a request looked up show as placeholders; another's
+// stay unknown (a header that names one keeps its text), whichever others
+// were looked up.
+func TestPlansPlaceholdersOfSourcesNotLookedUp(t *testing.T) {
+	dir := t.TempDir()
+	sources := map[string]string{"a": "pro", "b": "gold", "c": "silver"}
+	var ents []string
+	for name, plan := range sources {
+		file := filepath.Join(dir, name+".json")
+		if err := os.WriteFile(file, []byte(fmt.Sprintf(`{"v%s": {"plan": %q, "who": %q}}`, name, plan, name)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		ents = append(ents, fmt.Sprintf(`{"name": %q, "source": {"file": %q}, "key": "k%s"}`, name, file, name))
+	}
+	tier := func(name string) string {
+		return fmt.Sprintf(`{"name": "k%s", "key": "{http.request.header.X-%s}", "limits": [{"count": 1000, "per": "h"}]}`, name, name)
+	}
+	tests := []struct {
+		name   string
+		treeB  string // tree b's plan ("": none, so source b is not looked up)
+		shown  []string
+		hidden []string
+	}{
+		{"only a looked up", "", []string{"a"}, []string{"b", "c"}},
+		{"a and b looked up", "{http.rate_limit.entitlement.b.plan}", []string{"a", "b"}, []string{"c"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			treeB := fmt.Sprintf(`{"name": "tb", "tiers": [%s, %s]`, tier("b"), tier("c"))
+			if tt.treeB != "" {
+				treeB += fmt.Sprintf(`, "plan": %q, "default_plan": "free"`, tt.treeB)
+			}
+			cfg := fmt.Sprintf(`{"store": {"memory": {"name": %q}}, "entitlements": [%s], "trees": [
+				{"name": "ta", "tiers": [%s], "plan": "{http.rate_limit.entitlement.a.plan}", "default_plan": "free"},
+				%s}]}`, t.Name(), strings.Join(ents, ","), tier("a"), treeB)
+			h := provisionJSON(t, cfg)
+			r := httptest.NewRequest("GET", "/", nil)
+			for name := range sources {
+				r.Header.Set("X-"+name, "v"+name)
+			}
+			repl := caddy.NewReplacer()
+			r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, repl))
+			if err := h.ServeHTTP(&headerWriter{hdr: http.Header{}}, r, caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return nil })); err != nil {
+				t.Fatal(err)
+			}
+			for _, name := range tt.shown {
+				if v, ok := repl.Get("http.rate_limit.entitlement." + name + ".who"); !ok || v != name {
+					t.Errorf("source %s looked up: who = %v, %v; want %q", name, v, ok, name)
+				}
+			}
+			for _, name := range tt.hidden {
+				if v, ok := repl.Get("http.rate_limit.entitlement." + name + ".plan"); ok {
+					t.Errorf("source %s not looked up: plan = %q, known; want unknown", name, v)
+				}
+			}
+		})
 	}
 }
