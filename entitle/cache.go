@@ -124,7 +124,9 @@ type Cache struct {
 	// answer's own. An answer is put there only under its shard's read
 	// lock, from an entry in the map, and taken out under the write lock
 	// as its entry leaves the map, so recent never holds the answer of a
-	// value the map has dropped.
+	// value the map has dropped. Two values that share a pair share a
+	// shard too (there are at least as many pairs as shards, both chosen
+	// by the hash's low bits), so a pair changes under one shard's lock.
 	recent     []recentPair
 	recentMask uint64
 

@@ -506,6 +506,20 @@ func TestRecentPair(t *testing.T) {
 	}
 }
 
+// TestRecentPairsShareShards: whatever MaxEntries, a value's pair of the
+// recent answers tells its shard (the pairs' mask covers the shards'), as
+// put and drop rely on.
+func TestRecentPairsShareShards(t *testing.T) {
+	src := &funcSource{lookup: func(context.Context, string) (Entitlement, bool, error) { return Entitlement{}, false, nil }}
+	for max := 1; max <= 1<<24; max = max*2 + max%3 {
+		c := NewCache(src, Options{MaxEntries: max, Clock: newClock().Now})
+		if c.recentMask&c.mask != c.mask {
+			t.Errorf("MaxEntries %d: %d pairs, %d shards: a pair may hold values of two shards", max, c.recentMask+1, c.mask+1)
+		}
+		c.Close()
+	}
+}
+
 // TestCacheValuesOfEveryLength: a value is told from its neighbours whether
 // its bytes lie in the answer's first line, its second, or outside it, and
 // whether it is read from the map or from the recent answers.
