@@ -27,7 +27,19 @@ func benchHandler(b *testing.B, tiers int) (*Handler, func()) {
 // benchHandlerOf is benchHandler with each tier's JSON changed by tier
 // (nil: as is) and the handler's JSON given more fields.
 func benchHandlerOf(b *testing.B, tiers int, tier func(map[string]any), more map[string]any) (*Handler, func()) {
-	tree := map[string]any{"name": "bench"}
+	cfg := map[string]any{"store": map[string]any{"memory": map[string]any{"name": b.Name()}}}
+	if tiers > 0 { // else more has the limits (mholt's zones)
+		cfg["trees"] = []any{benchTree(tiers, tier)}
+	}
+	for k, v := range more {
+		cfg[k] = v
+	}
+	return provisionBench(b, cfg)
+}
+
+// benchTree is benchHandler's tree as JSON, each tier's changed by tier
+// (nil: as is).
+func benchTree(tiers int, tier func(map[string]any)) map[string]any {
 	var ts []map[string]any
 	for i := 0; i < tiers; i++ {
 		ts = append(ts, map[string]any{
@@ -38,14 +50,12 @@ func benchHandlerOf(b *testing.B, tiers int, tier func(map[string]any), more map
 			tier(ts[i])
 		}
 	}
-	tree["tiers"] = ts
-	cfg := map[string]any{"store": map[string]any{"memory": map[string]any{"name": b.Name()}}}
-	if tiers > 0 { // else more has the limits (mholt's zones)
-		cfg["trees"] = []any{tree}
-	}
-	for k, v := range more {
-		cfg[k] = v
-	}
+	return map[string]any{"name": "bench", "tiers": ts}
+}
+
+// provisionBench provisions a handler from its JSON config; the function
+// returned cleans it up.
+func provisionBench(b *testing.B, cfg map[string]any) (*Handler, func()) {
 	raw, _ := json.Marshal(cfg)
 	h := new(Handler)
 	if err := json.Unmarshal(raw, h); err != nil {
@@ -53,6 +63,7 @@ func benchHandlerOf(b *testing.B, tiers int, tier func(map[string]any), more map
 	}
 	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
 	if err := h.Provision(ctx); err != nil {
+		cancel()
 		b.Fatal(err)
 	}
 	return h, func() { h.Cleanup(); cancel() }
@@ -95,41 +106,63 @@ func runHandler(b *testing.B, h *Handler, tiers int, next caddyhttp.Handler) {
 // runHandlerWith is runHandler with each request's headers changed by
 // vary (given the request's number) before it is built, outside the timer.
 func runHandlerWith(b *testing.B, h *Handler, tiers int, next caddyhttp.Handler, vary func(hdr http.Header, n int)) {
-	const batch = 1000
-	reqs := make([]*http.Request, batch)
-	ws := make([]headerWriter, batch)
-	hdrs := make([]http.Header, batch)
-	for n := range hdrs {
-		hdrs[n] = http.Header{}
-		for i := 0; i < tiers; i++ {
-			hdrs[n].Set(fmt.Sprintf("X-T%d", i), fmt.Sprintf("v%d", (n+i)%1000))
-		}
-	}
-	proto := httptest.NewRequest("GET", "/", nil)
+	bb := newBenchBatch(tiers)
+	reqs, ws := bb.reqs, bb.ws // the timed loop reads no more than it did before benchBatch
 	b.ReportAllocs()
 	b.ResetTimer()
 	for n := 0; n < b.N; n++ {
-		k := n % batch
+		k := n % len(reqs)
 		if k == 0 {
 			b.StopTimer()
-			for j := range reqs {
-				if vary != nil {
-					vary(hdrs[j], n+j)
-				}
-				proto.Header = hdrs[j]
-				// As Caddy's server does before any handler: its
-				// HTTP variables in the replacer, its name in the
-				// response.
-				repl := caddy.NewReplacer()
-				repl.Map(func(string) (any, bool) { return nil, false })
-				reqs[j] = proto.WithContext(context.WithValue(proto.Context(), caddy.ReplacerCtxKey, repl))
-				ws[j] = headerWriter{hdr: http.Header{"Server": {"Caddy"}}}
-			}
+			bb.build(vary, n)
 			b.StartTimer()
 		}
 		if err := h.ServeHTTP(&ws[k], reqs[k], next); err != nil || ws[k].code == http.StatusTooManyRequests {
 			b.Fatal(err, ws[k].code)
 		}
+	}
+}
+
+// benchBatch is a batch of 1,000 requests, each with tiers headers X-T<i>
+// (1,000 values each, each value once a batch), and their response writers.
+type benchBatch struct {
+	hdrs  []http.Header
+	reqs  []*http.Request
+	ws    []headerWriter
+	proto *http.Request
+}
+
+func newBenchBatch(tiers int) *benchBatch {
+	const batch = 1000
+	bb := &benchBatch{
+		hdrs:  make([]http.Header, batch),
+		reqs:  make([]*http.Request, batch),
+		ws:    make([]headerWriter, batch),
+		proto: httptest.NewRequest("GET", "/", nil),
+	}
+	for n := range bb.hdrs {
+		bb.hdrs[n] = http.Header{}
+		for i := 0; i < tiers; i++ {
+			bb.hdrs[n].Set(fmt.Sprintf("X-T%d", i), fmt.Sprintf("v%d", (n+i)%1000))
+		}
+	}
+	return bb
+}
+
+// build makes the batch's requests afresh, their headers first changed by
+// vary (nil: as they are), given each request's number from n.
+func (bb *benchBatch) build(vary func(hdr http.Header, n int), n int) {
+	for j := range bb.reqs {
+		if vary != nil {
+			vary(bb.hdrs[j], n+j)
+		}
+		bb.proto.Header = bb.hdrs[j]
+		// As Caddy's server does before any handler: its HTTP variables
+		// in the replacer, its name in the response.
+		repl := caddy.NewReplacer()
+		repl.Map(func(string) (any, bool) { return nil, false })
+		bb.reqs[j] = bb.proto.WithContext(context.WithValue(bb.proto.Context(), caddy.ReplacerCtxKey, repl))
+		bb.ws[j] = headerWriter{hdr: http.Header{"Server": {"Caddy"}}}
 	}
 }
 

@@ -5,13 +5,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 )
 
@@ -40,37 +38,22 @@ func BenchmarkHandlerPlansRatio(b *testing.B) {
 	defer doneNone()
 	cached, doneCached := plansHandler(b, true)
 	defer doneCached()
-	const batch = 1000
 	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error { return nil })
-	hdrs := make([]http.Header, batch)
-	for n := range hdrs {
-		hdrs[n] = http.Header{}
-		for i := range planTiers {
-			hdrs[n].Set(fmt.Sprintf("X-T%d", i), fmt.Sprintf("v%d", (n+i)%1000))
-		}
-	}
-	reqs, ws := make([]*http.Request, batch), make([]headerWriter, batch)
-	proto := httptest.NewRequest("GET", "/", nil)
+	bb := newBenchBatch(planTiers)
 	// serve times one batch through h, its requests built beforehand.
 	serve := func(h *Handler) time.Duration {
-		for j := range reqs {
-			proto.Header = hdrs[j]
-			repl := caddy.NewReplacer()
-			repl.Map(func(string) (any, bool) { return nil, false })
-			reqs[j] = proto.WithContext(context.WithValue(proto.Context(), caddy.ReplacerCtxKey, repl))
-			ws[j] = headerWriter{hdr: http.Header{"Server": {"Caddy"}}}
-		}
+		bb.build(nil, 0)
 		start := time.Now()
-		for j := range reqs {
-			if err := h.ServeHTTP(&ws[j], reqs[j], next); err != nil || ws[j].code == http.StatusTooManyRequests {
-				b.Fatal(err, ws[j].code)
+		for k := range bb.reqs {
+			if err := h.ServeHTTP(&bb.ws[k], bb.reqs[k], next); err != nil || bb.ws[k].code == http.StatusTooManyRequests {
+				b.Fatal(err, bb.ws[k].code)
 			}
 		}
 		return time.Since(start)
 	}
 	var tNone, tCached time.Duration
 	b.ResetTimer()
-	for round := 0; round*batch < b.N; round++ {
+	for round := 0; round*len(bb.reqs) < b.N; round++ {
 		if round%2 == 0 {
 			tNone += serve(none)
 			tCached += serve(cached)
@@ -90,22 +73,16 @@ const planTiers = 4
 // plansHandler provisions a handler for the plans benchmarks: with plans,
 // every value's entitlement cached; without, the same tree's own limits.
 func plansHandler(b *testing.B, plans bool) (*Handler, func()) {
-	tree := map[string]any{"name": "bench"}
-	var ts []map[string]any
-	for i := range planTiers {
-		tier := map[string]any{
-			"name": fmt.Sprintf("t%d", i), "key": fmt.Sprintf("{http.request.header.X-T%d}", i),
-			"limits": []map[string]any{{"count": int64(1) << 40, "per": "h"}},
-		}
-		if plans {
+	var withPlans func(map[string]any)
+	if plans {
+		withPlans = func(tier map[string]any) {
 			tier["plans"] = map[string]any{
 				"free": map[string]any{"limits": []map[string]any{{"count": int64(1) << 39, "per": "h"}}},
 				"pro":  map[string]any{"limits": []map[string]any{{"count": int64(1) << 40, "per": "h"}}},
 			}
 		}
-		ts = append(ts, tier)
 	}
-	tree["tiers"] = ts
+	tree := benchTree(planTiers, withPlans)
 	name := b.Name() + "/none"
 	if plans {
 		name = b.Name() + "/cached"
@@ -125,23 +102,11 @@ func plansHandler(b *testing.B, plans bool) (*Handler, func()) {
 		cfg["entitlements"] = []any{map[string]any{"name": "customers", "source": map[string]any{"file": path}, "key": "t0"}}
 	}
 	cfg["trees"] = []any{tree}
-	raw, _ := json.Marshal(cfg)
-	h := new(Handler)
-	if err := json.Unmarshal(raw, h); err != nil {
-		b.Fatal(err)
-	}
-	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
-	if err := h.Provision(ctx); err != nil {
-		cancel()
-		b.Fatal(err)
-	}
+	h, done := provisionBench(b, cfg)
 	for _, c := range h.Entitlements { // cached before the clock starts
 		for v := range 1000 {
 			c.cache.Get(context.Background(), fmt.Sprintf("v%d", v))
 		}
 	}
-	return h, func() {
-		h.Cleanup()
-		cancel()
-	}
+	return h, done
 }
