@@ -439,14 +439,6 @@ type requestEntitlements struct {
 	extra  []entSlot // beyond the inline ones
 }
 
-// begin readies re for n sources.
-func (re *requestEntitlements) begin(n int) {
-	re.n = n
-	if n > len(re.inline) {
-		re.extra = make([]entSlot, n-len(re.inline))
-	}
-}
-
 // slot is source i's.
 func (re *requestEntitlements) slot(i int) *entSlot {
 	if i < len(re.inline) {
@@ -550,7 +542,10 @@ func entitlementPlaceholderOf(e *entitle.Entitlement, name string) (any, bool) {
 func (h *Handler) entitlementOf(r *http.Request, repl *caddy.Replacer, d *decision, c *EntitlementsConfig, t *Tree, values []string) *entSlot {
 	re := &d.ents
 	if re.n == 0 {
-		re.begin(len(h.Entitlements))
+		re.n = len(h.Entitlements)
+		if re.n > len(re.inline) {
+			re.extra = make([]entSlot, re.n-len(re.inline))
+		}
 	}
 	sl := re.slot(c.slot)
 	if !sl.done {
