@@ -21,6 +21,7 @@
 #   ROUNDS=12 DURATION=3s scripts/load.sh
 #   LEASE=$'lease {\n\tttl 2s\n}' scripts/load.sh   # the lease run's options
 #   MHOLT=1 scripts/load.sh              # the memory store against mholt
+#   PLANS=1 scripts/load.sh              # the memory store with plans, and without
 #
 # With MHOLT=1 the five Caddys are: plain; mholt/caddy-ratelimit v0.1.0
 # (built by scripts/build-mholt.sh) with one zone keyed by the user header
@@ -347,6 +348,62 @@ PY
 	# heap goal, and so collect several times less often).
 	cpu_medians plain mholt cascade-none cascade-quiet cascade-default \
 		mholt-with-cascade-none cascade-none-at-once mholt-with-cascade-quiet cascade-quiet-at-once
+	exit 0
+fi
+if [ -n "${PLANS:-}" ]; then
+	# The same tree with a free and a pro plan on each tier (both far above
+	# the load: every request is admitted), the plan from an entitlements
+	# file of the 1,000 users, half of them pro; the file is read once, and
+	# each user's entitlement is looked up by its first request (during the
+	# warm-up) and read from memory after that. Its cost is what plans add
+	# to a request through a real Caddy.
+	python3 - "$work/entitlements.json" <<'PY'
+import json, sys
+json.dump({"user%d" % u: {"plan": ("free", "pro")[u % 2]} for u in range(1000)}, open(sys.argv[1], "w"))
+PY
+	plans='
+		entitlements customers {
+			source file '"$work"'/entitlements.json
+			key user
+		}
+		tree acme {
+			plan {http.rate_limit.entitlement.customers.plan} default free'
+	for tier in org:X-Org team:X-Team user:X-User agent:X-Agent; do
+		plans+="
+			tier ${tier%%:*} {header.${tier#*:}} {
+				plan free {
+					limit 1000000000/h
+				}
+				plan pro {
+					limit 2000000000/h
+				}
+			}"
+	done
+	plans+='
+		}'
+	start plain ""
+	start cascade-memory "rate_limit {$limits
+	}"
+	start cascade-plans "rate_limit {$plans
+	}"
+	# A pro user's policy is the pro plan's, or the runs measure nothing.
+	curl -fsi "http://127.0.0.1:$(cat "$work/cascade-plans.port")/" -H 'X-Org: org1' -H 'X-Team: team1' -H 'X-User: user1' -H 'X-Agent: agent1' |
+		grep -qi '^ratelimit-policy:.*q=2000000000' || {
+		echo "== cascade-plans: user1 is not on its pro plan; its log:" >&2
+		cat "$work/cascade-plans.log" >&2
+		exit 2
+	}
+	rounds plain cascade-memory cascade-plans
+	echo "== throughput against plain Caddy, and with plans against without (each in the same round)"
+	python3 - "$work" "$ROUNDS" <<'PY'
+import statistics, sys
+work, rounds = sys.argv[1], int(sys.argv[2])
+rps = lambda name: float(open("%s/%s.rps" % (work, name)).read())
+for kind, base in (("cascade-memory", "plain"), ("cascade-plans", "plain"), ("cascade-plans", "cascade-memory")):
+    ratios = [rps("%s-%d" % (kind, r)) / rps("%s-%d" % (base, r)) for r in range(1, rounds + 1)]
+    print("%-16s %.3f x %s (median of %s)" % (kind, statistics.median(ratios), base, " ".join("%.3f" % x for x in ratios)))
+PY
+	cpu_medians plain cascade-memory cascade-plans
 	exit 0
 fi
 start plain ""
