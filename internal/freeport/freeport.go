@@ -10,6 +10,13 @@
 // to outgoing connections, so Pick draws from there, at random (test
 // binaries of several packages pick at once), and checks that the port is
 // free on 127.0.0.1 before returning it.
+//
+// A port picked but not yet bound looks free to the next Pick, and Caddy
+// binds with SO_REUSEPORT (its servers in one process share a listener of
+// an address): two servers given the same port would both start and take
+// each other's connections, silently. So Pick never gives a port twice:
+// it claims each port it returns, for the life of the process, and on
+// Linux among processes too (see claim).
 package freeport
 
 import (
@@ -31,13 +38,18 @@ const (
 	defaultFirst = 32768
 )
 
-// Pick returns a port on 127.0.0.1 that nothing listens on now and that
-// the kernel does not give to outgoing connections.
+// Pick returns a port on 127.0.0.1 that nothing listens on now, that the
+// kernel does not give to outgoing connections, and that no Pick has
+// returned before, in this process or (on Linux) another that still runs.
 func Pick() (int, error) {
 	hi := ephemeralFirst()
 	var lastErr error
 	for range 100 {
 		port := lowest + rand.IntN(hi-lowest)
+		if err := claim(port); err != nil {
+			lastErr = err
+			continue
+		}
 		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
 		if err != nil {
 			lastErr = err

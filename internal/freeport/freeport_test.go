@@ -36,3 +36,21 @@ func TestInUse(t *testing.T) {
 		t.Fatal("InUse is true for an error that is not a taken port")
 	}
 }
+
+// Two servers given one port would both start under Caddy (SO_REUSEPORT)
+// and share its connections: Pick never gives a port twice.
+func TestPickNeverGivesAPortTwice(t *testing.T) {
+	seen := map[int]bool{}
+	for range 1000 {
+		port := Get(t)
+		if seen[port] {
+			t.Fatalf("port %d picked twice", port)
+		}
+		seen[port] = true
+	}
+	for port := range seen {
+		if err := claim(port); err == nil {
+			t.Fatalf("port %d, picked, claimed again", port)
+		}
+	}
+}

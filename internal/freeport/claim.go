@@ -1,0 +1,36 @@
+package freeport
+
+import (
+	"fmt"
+	"net"
+	"sync"
+)
+
+// claims are the ports this process has picked, each with what holds its
+// claim among processes (nil where there is none): kept until the process
+// exits, as a port handed out may be bound at any time after.
+var claims struct {
+	sync.Mutex
+	ports map[int]net.Listener
+}
+
+// claim takes port for this process, or says why it cannot: picked
+// already, by this process or (on Linux) by another test binary that is
+// still running. A claim is never given back; the ports Pick draws from
+// outnumber by far those a test binary picks.
+func claim(port int) error {
+	claims.Lock()
+	defer claims.Unlock()
+	if _, ok := claims.ports[port]; ok {
+		return fmt.Errorf("freeport: %d was picked already", port)
+	}
+	held, err := claimAmongProcesses(port)
+	if err != nil {
+		return err
+	}
+	if claims.ports == nil {
+		claims.ports = map[int]net.Listener{}
+	}
+	claims.ports[port] = held
+	return nil
+}
