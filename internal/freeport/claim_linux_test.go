@@ -2,6 +2,7 @@ package freeport
 
 import (
 	"bufio"
+	"io"
 	"os"
 	"os/exec"
 	"strconv"
@@ -9,7 +10,8 @@ import (
 )
 
 // claimChildEnv makes the test binary a child that claims the port it
-// names, says so on stdout, and waits to be killed.
+// names, says so on stdout, and holds the claim until it is killed (or its
+// stdin closes, as it does if the parent dies first).
 const claimChildEnv = "FREEPORT_CLAIM_CHILD"
 
 func TestMain(m *testing.M) {
@@ -20,7 +22,8 @@ func TestMain(m *testing.M) {
 			os.Exit(1)
 		}
 		os.Stdout.WriteString("claimed\n")
-		select {}
+		io.Copy(io.Discard, os.Stdin)
+		os.Exit(0)
 	}
 	os.Exit(m.Run())
 }
@@ -36,6 +39,11 @@ func TestClaimAmongProcesses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	in, err := child.StdinPipe() // open until the child is killed
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Close()
 	if err := child.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -58,12 +66,17 @@ func TestClaimAmongProcesses(t *testing.T) {
 	l.Close()
 }
 
-// unclaimedHere is a port this process has not claimed.
+// unclaimedHere is a port no process claims now (this one has not, and
+// its claim, tried, is given back).
 func unclaimedHere(t *testing.T) int {
 	claims.Lock()
 	defer claims.Unlock()
 	for port := lowest; port < lowest+1000; port++ {
-		if _, ok := claims.ports[port]; !ok {
+		if _, ok := claims.ports[port]; ok {
+			continue
+		}
+		if l, err := claimAmongProcesses(port); err == nil {
+			l.Close()
 			return port
 		}
 	}
