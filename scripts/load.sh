@@ -37,10 +37,19 @@
 # request serves more (the ratio of those is reported too, with each one's
 # CPU per request over the same seconds).
 #
+# With PLANS=1 the three Caddys are: plain; Cascade on the memory store;
+# and Cascade with the same tree given a free and a pro plan on each tier,
+# the plan from an entitlements file of the 1,000 users (half of them
+# pro); the ratios are against plain Caddy, and with plans against without.
+#
 # It installs wrk and redis-server from Debian if absent, builds ./cmd/caddy,
 # starts its own redis-server on a free port, and stops everything at exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ -n "${MHOLT:-}" ] && [ -n "${PLANS:-}" ]; then
+	echo "load.sh: MHOLT and PLANS are two different runs: set one" >&2
+	exit 2
+fi
 if [ -n "${MHOLT:-}" ]; then # short runs, many rounds (see below)
 	DURATION=${DURATION:-3s}
 	ROUNDS=${ROUNDS:-12}
@@ -363,7 +372,7 @@ json.dump({"user%d" % u: {"plan": ("free", "pro")[u % 2]} for u in range(1000)},
 PY
 	plans='
 		entitlements customers {
-			source file '"$work"'/entitlements.json
+			source file "'"$work"'/entitlements.json"
 			key user
 		}
 		tree acme {
@@ -387,7 +396,11 @@ PY
 	start cascade-plans "rate_limit {$plans
 	}"
 	# A pro user's policy is the pro plan's, or the runs measure nothing.
-	pro=$(curl -fsi "http://127.0.0.1:$(cat "$work/cascade-plans.port")/" -H 'X-Org: org1' -H 'X-Team: team1' -H 'X-User: user1' -H 'X-Agent: agent1') || true
+	pro=$(curl -fsi "http://127.0.0.1:$(cat "$work/cascade-plans.port")/" -H 'X-Org: org1' -H 'X-Team: team1' -H 'X-User: user1' -H 'X-Agent: agent1') || {
+		echo "== cascade-plans: no answer to user1's request; its log:" >&2
+		cat "$work/cascade-plans.log" >&2
+		exit 2
+	}
 	grep -qi '^ratelimit-policy:.*q=2000000000' <<<"$pro" || {
 		echo "== cascade-plans: user1 is not on its pro plan; its log:" >&2
 		cat "$work/cascade-plans.log" >&2

@@ -8,7 +8,8 @@ import (
 
 // claims are the ports this process has picked, each with what holds its
 // claim among processes (nil where there is none): kept until the process
-// exits, as a port handed out may be bound at any time after.
+// exits, as a port handed out may be bound at any time after (the map also
+// keeps each listener from being closed as garbage).
 var claims struct {
 	sync.Mutex
 	ports map[int]net.Listener
@@ -33,4 +34,15 @@ func claim(port int) error {
 	}
 	claims.ports[port] = held
 	return nil
+}
+
+// release gives back the claim of a port Pick did not return (something
+// listens on it already).
+func release(port int) {
+	claims.Lock()
+	defer claims.Unlock()
+	if held := claims.ports[port]; held != nil {
+		held.Close()
+	}
+	delete(claims.ports, port)
 }

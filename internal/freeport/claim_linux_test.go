@@ -3,27 +3,33 @@ package freeport
 import (
 	"bufio"
 	"io"
+	"math/rand/v2"
 	"os"
 	"os/exec"
+	"runtime"
 	"strconv"
+	"strings"
 	"testing"
 )
 
-// claimChildEnv makes the test binary a child that claims the port it
-// names, says so on stdout, and holds the claim until it is killed (or its
-// stdin closes, as it does if the parent dies first).
+// claimChildEnv makes the test binary a child that claims a port no
+// process claims, says which on stdout, and holds the claim until it is
+// killed (or its stdin closes, as it does if the parent dies first).
 const claimChildEnv = "FREEPORT_CLAIM_CHILD"
 
 func TestMain(m *testing.M) {
-	if s := os.Getenv(claimChildEnv); s != "" {
-		port, _ := strconv.Atoi(s)
-		if _, err := claimAmongProcesses(port); err != nil {
-			os.Stdout.WriteString("error: " + err.Error() + "\n")
-			os.Exit(1)
+	if os.Getenv(claimChildEnv) != "" {
+		for range 100 {
+			port := lowest + rand.IntN(1000)
+			if l, err := claimAmongProcesses(port); err == nil && l != nil {
+				os.Stdout.WriteString("claimed " + strconv.Itoa(port) + "\n")
+				io.Copy(io.Discard, os.Stdin)
+				runtime.KeepAlive(l)
+				os.Exit(0)
+			}
 		}
-		os.Stdout.WriteString("claimed\n")
-		io.Copy(io.Discard, os.Stdin)
-		os.Exit(0)
+		os.Stdout.WriteString("no port claimed\n")
+		os.Exit(1)
 	}
 	os.Exit(m.Run())
 }
@@ -32,9 +38,8 @@ func TestMain(m *testing.M) {
 // runs, and is free again once it has exited (killed, as a test binary
 // that times out is).
 func TestClaimAmongProcesses(t *testing.T) {
-	port := unclaimedHere(t)
 	child := exec.Command(os.Args[0], "-test.run=^$")
-	child.Env = append(os.Environ(), claimChildEnv+"="+strconv.Itoa(port))
+	child.Env = append(os.Environ(), claimChildEnv+"=1")
 	out, err := child.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -48,38 +53,23 @@ func TestClaimAmongProcesses(t *testing.T) {
 		t.Fatal(err)
 	}
 	line, _ := bufio.NewReader(out).ReadString('\n')
-	if line != "claimed\n" {
+	port, err := strconv.Atoi(strings.TrimSpace(strings.TrimPrefix(line, "claimed ")))
+	if err != nil {
 		child.Process.Kill()
 		child.Wait()
-		t.Fatalf("child claiming %d: %q", port, line)
+		t.Fatalf("child: %q", line)
 	}
 	if l, err := claimAmongProcesses(port); err == nil {
-		l.Close()
+		if l != nil {
+			l.Close()
+		}
 		t.Fatalf("port %d claimed here while another process holds it", port)
 	}
 	child.Process.Kill()
 	child.Wait()
 	l, err := claimAmongProcesses(port)
-	if err != nil {
-		t.Fatalf("port %d still claimed after its process exited: %v", port, err)
+	if err != nil || l == nil {
+		t.Fatalf("port %d not claimed after its process exited: %v", port, err)
 	}
 	l.Close()
-}
-
-// unclaimedHere is a port no process claims now (this one has not, and
-// its claim, tried, is given back).
-func unclaimedHere(t *testing.T) int {
-	claims.Lock()
-	defer claims.Unlock()
-	for port := lowest; port < lowest+1000; port++ {
-		if _, ok := claims.ports[port]; ok {
-			continue
-		}
-		if l, err := claimAmongProcesses(port); err == nil {
-			l.Close()
-			return port
-		}
-	}
-	t.Fatal("no unclaimed port")
-	return 0
 }

@@ -52,6 +52,7 @@ func Pick() (int, error) {
 		}
 		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
 		if err != nil {
+			release(port)
 			lastErr = err
 			continue
 		}

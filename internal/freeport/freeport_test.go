@@ -54,3 +54,18 @@ func TestPickNeverGivesAPortTwice(t *testing.T) {
 		}
 	}
 }
+
+// A port Pick probed and found taken is given back, not held for nothing.
+func TestReleaseGivesAClaimBack(t *testing.T) {
+	for port := lowest + 1000; port < lowest+2000; port++ {
+		if claim(port) != nil {
+			continue
+		}
+		release(port)
+		if err := claim(port); err != nil {
+			t.Fatalf("port %d, released, cannot be claimed again: %v", port, err)
+		}
+		return
+	}
+	t.Fatal("no port to claim")
+}
