@@ -17,8 +17,9 @@ var claims struct {
 
 // claim takes port for this process, or says why it cannot: picked
 // already, by this process or (on Linux) by another test binary that is
-// still running. A claim is never given back; the ports Pick draws from
-// outnumber by far those a test binary picks.
+// still running. A port Pick returns stays claimed (the ports it draws
+// from outnumber by far those a test binary picks); only one it found
+// taken is given back, by release.
 func claim(port int) error {
 	claims.Lock()
 	defer claims.Unlock()
