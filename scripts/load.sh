@@ -100,21 +100,24 @@ request = function()
 end
 LUA
 
-limits='
-		tree acme {
-			tier org {header.X-Org} {
-				limit 1000000000/h
-			}
-			tier team {header.X-Team} {
-				limit 1000000000/h
-			}
-			tier user {header.X-User} {
-				limit 1000000000/h
-			}
-			tier agent {header.X-Agent} {
-				limit 1000000000/h
-			}
-		}'
+# The tiers of the tree acme, each NAME:HEADER (the headers headers.lua sets).
+tiers="org:X-Org team:X-Team user:X-User agent:X-Agent"
+
+# acme_tree HEAD BODY: the tree acme, HEAD's lines first, each tier's block
+# BODY.
+acme_tree() {
+	local t tree="
+		tree acme {$1"
+	for t in $tiers; do
+		tree+="
+			tier ${t%%:*} {header.${t#*:}} {$2
+			}"
+	done
+	printf '%s\n\t\t}' "$tree"
+}
+
+limits=$(acme_tree "" "
+				limit 1000000000/h")
 
 # start NAME BLOCK [BINARY]: starts a Caddy serving BLOCK ("" for none) in
 # front of `respond`, and warms it up; its port and pid go to NAME.port and
@@ -283,6 +286,21 @@ if rows: print("%-26s cpu/req %.1f µs, gc %.1f µs, %.2f gcs/1k req" % (sys.arg
 	done
 }
 
+# ratios KIND:BASE...: the throughput of each KIND over its BASE's, taken
+# within each round: the median, and each round's.
+ratios() {
+	python3 - "$work" "$ROUNDS" "$@" <<'PY'
+import statistics, sys
+work, rounds = sys.argv[1], int(sys.argv[2])
+rps = lambda name: float(open("%s/%s.rps" % (work, name)).read())
+for pair in sys.argv[3:]:
+    kind, base = pair.split(":")
+    ratios = [rps("%s-%d" % (kind, r)) / rps("%s-%d" % (base, r)) for r in range(1, rounds + 1)]
+    print("%-16s %.3f x %s (median of %s)" % (kind, statistics.median(ratios), "plain Caddy" if base == "plain" else base,
+        " ".join("%.3f" % x for x in ratios)))
+PY
+}
+
 # rounds KIND...: ROUNDS rounds of one run against each of the Caddys
 # started as KIND; then stops them. The rounds go in pairs: the first of a
 # pair runs the kinds in an order turned by one from the previous pair's,
@@ -374,22 +392,14 @@ PY
 		entitlements customers {
 			source file "'"$work"'/entitlements.json"
 			key user
-		}
-		tree acme {
-			plan {http.rate_limit.entitlement.customers.plan} default free'
-	for tier in org:X-Org team:X-Team user:X-User agent:X-Agent; do
-		plans+="
-			tier ${tier%%:*} {header.${tier#*:}} {
+		}'$(acme_tree "
+			plan {http.rate_limit.entitlement.customers.plan} default free" "
 				plan free {
 					limit 1000000000/h
 				}
 				plan pro {
 					limit 2000000000/h
-				}
-			}"
-	done
-	plans+='
-		}'
+				}")
 	start plain ""
 	start cascade-memory "rate_limit {$limits
 	}"
@@ -408,14 +418,7 @@ PY
 	}
 	rounds plain cascade-memory cascade-plans
 	echo "== throughput against plain Caddy, and with plans against without (each in the same round)"
-	python3 - "$work" "$ROUNDS" <<'PY'
-import statistics, sys
-work, rounds = sys.argv[1], int(sys.argv[2])
-rps = lambda name: float(open("%s/%s.rps" % (work, name)).read())
-for kind, base in (("cascade-memory", "plain"), ("cascade-plans", "plain"), ("cascade-plans", "cascade-memory")):
-    ratios = [rps("%s-%d" % (kind, r)) / rps("%s-%d" % (base, r)) for r in range(1, rounds + 1)]
-    print("%-16s %.3f x %s (median of %s)" % (kind, statistics.median(ratios), base, " ".join("%.3f" % x for x in ratios)))
-PY
+	ratios cascade-memory:plain cascade-plans:plain cascade-plans:cascade-memory
 	cpu_medians plain cascade-memory cascade-plans
 	exit 0
 fi
@@ -438,14 +441,7 @@ start cascade-lease "rate_limit {$limits
 rounds plain cascade-memory cascade-redis cascade-lease
 
 echo "== throughput against plain Caddy (each in the same round)"
-python3 - "$work" "$ROUNDS" <<'PY'
-import statistics, sys
-work, rounds = sys.argv[1], int(sys.argv[2])
-rps = lambda name: float(open("%s/%s.rps" % (work, name)).read())
-for kind in ("cascade-memory", "cascade-redis", "cascade-lease"):
-    ratios = [rps("%s-%d" % (kind, r)) / rps("plain-%d" % r) for r in range(1, rounds + 1)]
-    print("%-16s %.3f x plain Caddy (median of %s)" % (kind, statistics.median(ratios), " ".join("%.3f" % x for x in ratios)))
-PY
+ratios cascade-memory:plain cascade-redis:plain cascade-lease:plain
 # Redis's own accounting of the measured runs: its script calls (several
 # decisions each under load: the store batches what queues up), the server
 # time they took, and the Redis process's CPU (the commands, and the
